@@ -1,0 +1,95 @@
+"""Node: allocatable resources, GPU labels, taints, schedulability."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, as_list, ident
+from kai_opt.errors import InputError
+from kai_opt.units import GPU_RESOURCE, QuantityError, to_internal
+
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per device (GPU feature discovery)
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+DEFAULT_GPU_MEMORY_MIB = 81920  # used when a GPU node lacks the memory label (gpu-memory requests need it)
+
+
+class Taint(BaseModel):
+    model_config = MODEL
+    key: str
+    value: str = ""
+    effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+def parse_resource_list(raw: Any, *, obj: str, field: str) -> dict[str, int]:
+    """A Kubernetes ResourceList in internal units (see kai_opt.units)."""
+    out: dict[str, int] = {}
+    for name, value in as_dict(raw, obj=obj, field=field).items():
+        try:
+            out[str(name)] = to_internal(str(name), value)
+        except QuantityError as exc:
+            raise InputError(str(exc), obj=obj, field=f"{field}.{name}") from exc
+    return out
+
+
+class Node(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    allocatable: dict[str, int]  # internal units; GPU under "nvidia.com/gpu" in milli-GPUs
+    capacity: dict[str, int] = {}
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.meta.labels
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPU devices."""
+        return self.allocatable.get(GPU_RESOURCE, 0) // 1000
+
+    @property
+    def gpu_memory_mib(self) -> int:
+        raw = self.meta.labels.get(GPU_MEMORY_LABEL)
+        try:
+            return int(raw) if raw else DEFAULT_GPU_MEMORY_MIB
+        except ValueError:
+            return DEFAULT_GPU_MEMORY_MIB
+
+    @property
+    def gpu_product(self) -> str:
+        return self.meta.labels.get(GPU_PRODUCT_LABEL, "")
+
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> Node:
+        who = ident("Node", obj)
+        meta = ObjectMeta.from_k8s("Node", obj, namespaced=False)
+        spec = as_dict(obj.get("spec"), obj=who, field="spec")
+        status = as_dict(obj.get("status"), obj=who, field="status")
+        capacity = parse_resource_list(status.get("capacity"), obj=who, field="status.capacity")
+        allocatable = parse_resource_list(status.get("allocatable"), obj=who, field="status.allocatable")
+        if not allocatable:
+            allocatable = dict(capacity)
+        gpu = allocatable.get(GPU_RESOURCE, 0)
+        if gpu % 1000:
+            raise InputError("GPU count must be a whole number", obj=who, field=f"status.allocatable.{GPU_RESOURCE}")
+        taints = []
+        for i, t in enumerate(as_list(spec.get("taints"), obj=who, field="spec.taints")):
+            t = as_dict(t, obj=who, field=f"spec.taints[{i}]")
+            if not t.get("key") or not t.get("effect"):
+                raise InputError("taint needs key and effect", obj=who, field=f"spec.taints[{i}]")
+            taints.append(Taint(key=str(t["key"]), value=str(t.get("value") or ""), effect=str(t["effect"])))
+        ready = True
+        conditions = as_list(status.get("conditions"), obj=who, field="status.conditions")
+        for c in conditions:
+            if isinstance(c, dict) and c.get("type") == "Ready":
+                ready = str(c.get("status")) == "True"
+        return cls(meta=meta, allocatable=allocatable, capacity=capacity, taints=tuple(taints),
+                   unschedulable=bool(spec.get("unschedulable", False)), ready=ready)

@@ -1,0 +1,339 @@
+"""Pod: what it asks for (effective requests, GPU sharing), where it may go, and where it is."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, field_validator, model_validator
+
+from kai_opt.api.meta import (
+    MODEL,
+    LabelSelector,
+    NodeSelectorTerm,
+    ObjectMeta,
+    PodAffinityTerm,
+    Toleration,
+    as_dict,
+    as_list,
+    ident,
+    parse_requirements,
+    parse_time,
+    str_map,
+)
+from kai_opt.api.node import parse_resource_list
+from kai_opt.errors import InputError
+from kai_opt.units import GPU_RESOURCE
+
+# KAI-Scheduler's pod annotations and labels
+GPU_FRACTION_ANNOTATION = "gpu-fraction"
+GPU_MEMORY_ANNOTATION = "gpu-memory"
+GPU_FRACTION_NUM_DEVICES_ANNOTATION = "gpu-fraction-num-devices"
+PODGROUP_ANNOTATION = "pod-group-name"
+QUEUE_LABEL = "kai.scheduler/queue"
+LEGACY_QUEUE_LABEL = "runai/queue"
+SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
+GPU_GROUP_LABEL = "runai-gpu-group"
+# kai-opt's own record of the GPU devices a pod was given (written by the binder)
+GPU_DEVICES_ANNOTATION = "kai-opt.io/gpu-devices"
+
+
+class PodPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class PreferredTerm(BaseModel):
+    model_config = MODEL
+    weight: int
+    term: NodeSelectorTerm
+
+
+class Pod(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    scheduler_name: str = "default-scheduler"
+    phase: PodPhase = PodPhase.PENDING
+    node_name: str | None = None
+    requests: dict[str, int] = {}  # effective requests, internal units (kai_opt.units), incl. "pods": 1
+    gpu_fraction: float | None = None  # 0 < f < 1 of one device (per device when num_devices > 1)
+    gpu_memory_mib: int | None = None  # GPU memory per device, converted with the node's GPU memory
+    gpu_fraction_num_devices: int = 1
+    podgroup: str | None = None
+    queue: str | None = None
+    subgroup: str | None = None
+    priority: int | None = None
+    priority_class_name: str | None = None
+    node_selector: dict[str, str] = {}
+    node_affinity: tuple[NodeSelectorTerm, ...] = ()  # required terms, ORed; empty = no constraint
+    node_affinity_preferred: tuple[PreferredTerm, ...] = ()
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()  # required
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()  # required
+    tolerations: tuple[Toleration, ...] = ()
+    scheduling_gates: tuple[str, ...] = ()
+    start_time: float | None = None
+    gpu_devices: tuple[int, ...] | None = None  # devices already assigned (running pods)
+    gpu_group: str | None = None  # KAI's shared-GPU group id of a fractional pod
+
+    @field_validator("gpu_fraction")
+    @classmethod
+    def _fraction_in_open_unit_interval(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v < 1:
+            raise ValueError(f"gpu-fraction must be in (0, 1), got {v}")
+        return v
+
+    @field_validator("gpu_memory_mib")
+    @classmethod
+    def _gpu_memory_positive(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"gpu-memory must be a positive number of MiB, got {v}")
+        return v
+
+    @field_validator("gpu_fraction_num_devices")
+    @classmethod
+    def _num_devices_positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"gpu-fraction-num-devices must be >= 1, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _sharing_excludes_whole_gpus(self) -> Pod:
+        if (self.gpu_fraction is not None or self.gpu_memory_mib is not None) and self.requests.get(GPU_RESOURCE):
+            raise ValueError("gpu-fraction/gpu-memory cannot be combined with a whole-GPU request")
+        if self.gpu_fraction is not None and self.gpu_memory_mib is not None:
+            raise ValueError("gpu-fraction and gpu-memory are mutually exclusive")
+        return self
+
+    # -- convenience ---------------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def namespace(self) -> str:
+        return self.meta.namespace or "default"
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.meta.name}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.meta.labels
+
+    @property
+    def whole_gpus(self) -> int:
+        return self.requests.get(GPU_RESOURCE, 0) // 1000
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.gpu_fraction is not None or self.gpu_memory_mib is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+
+    @property
+    def releasing(self) -> bool:
+        return self.meta.deletion_timestamp is not None and not self.finished
+
+    # -- conversion ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> Pod:
+        who = ident("Pod", obj)
+        meta = ObjectMeta.from_k8s("Pod", obj, namespaced=True)
+        spec = as_dict(obj.get("spec"), obj=who, field="spec")
+        status = as_dict(obj.get("status"), obj=who, field="status")
+        ann, labels = meta.annotations, meta.labels
+        requests = effective_requests(spec, who)
+        fraction = _float_annotation(ann, GPU_FRACTION_ANNOTATION, who)
+        gpu_mem = _int_annotation(ann, GPU_MEMORY_ANNOTATION, who)
+        num_dev = _int_annotation(ann, GPU_FRACTION_NUM_DEVICES_ANNOTATION, who)
+        affinity = as_dict(spec.get("affinity"), obj=who, field="spec.affinity")
+        phase = status.get("phase") or "Pending"
+        if phase not in PodPhase.__members__.values():
+            raise InputError(f"unknown phase {phase!r}", obj=who, field="status.phase")
+        devices = None
+        if ann.get(GPU_DEVICES_ANNOTATION):
+            try:
+                devices = tuple(int(x) for x in ann[GPU_DEVICES_ANNOTATION].split(",") if x.strip())
+            except ValueError as exc:
+                raise InputError(f"expected comma-separated device indexes, got {ann[GPU_DEVICES_ANNOTATION]!r}",
+                                 obj=who, field=f"metadata.annotations.{GPU_DEVICES_ANNOTATION}") from exc
+        gates = tuple(str(as_dict(g, obj=who, field="spec.schedulingGates").get("name", ""))
+                      for g in as_list(spec.get("schedulingGates"), obj=who, field="spec.schedulingGates"))
+        try:
+            return cls(
+                meta=meta,
+                scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+                phase=PodPhase(phase),
+                node_name=spec.get("nodeName") or None,
+                requests=requests,
+                gpu_fraction=fraction,
+                gpu_memory_mib=gpu_mem,
+                gpu_fraction_num_devices=num_dev if num_dev is not None else 1,
+                podgroup=ann.get(PODGROUP_ANNOTATION) or labels.get(PODGROUP_ANNOTATION) or None,
+                queue=labels.get(QUEUE_LABEL) or labels.get(LEGACY_QUEUE_LABEL) or None,
+                subgroup=labels.get(SUBGROUP_LABEL) or None,
+                priority=spec.get("priority"),
+                priority_class_name=spec.get("priorityClassName") or None,
+                node_selector=str_map(spec.get("nodeSelector"), obj=who, field="spec.nodeSelector"),
+                node_affinity=_node_affinity_required(affinity, who),
+                node_affinity_preferred=_node_affinity_preferred(affinity, who),
+                pod_affinity=_pod_affinity_terms(affinity, "podAffinity", who),
+                pod_anti_affinity=_pod_affinity_terms(affinity, "podAntiAffinity", who),
+                tolerations=_tolerations(spec, who),
+                scheduling_gates=gates,
+                start_time=parse_time(status.get("startTime"), obj=who, field="status.startTime"),
+                gpu_devices=devices,
+                gpu_group=labels.get(GPU_GROUP_LABEL) or None,
+            )
+        except ValueError as exc:  # pydantic ValidationError is a ValueError
+            raise InputError(_first_error(exc), obj=who, field=_annotation_field(exc)) from exc
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return str(first.get("msg", exc)).removeprefix("Value error, ")
+    return str(exc)
+
+
+def _annotation_field(exc: ValueError) -> str | None:
+    msg = _first_error(exc)
+    for name in (GPU_FRACTION_NUM_DEVICES_ANNOTATION, GPU_FRACTION_ANNOTATION, GPU_MEMORY_ANNOTATION):
+        if name in msg:
+            return f"metadata.annotations.{name}"
+    return None
+
+
+def _float_annotation(ann: dict[str, str], key: str, who: str) -> float | None:
+    raw = ann.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise InputError(f"expected a number, got {raw!r}", obj=who, field=f"metadata.annotations.{key}") from exc
+    if not 0 < value < 1:
+        raise InputError(f"must be in (0, 1), got {raw}", obj=who, field=f"metadata.annotations.{key}")
+    return value
+
+
+def _int_annotation(ann: dict[str, str], key: str, who: str) -> int | None:
+    raw = ann.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise InputError(f"expected a whole number, got {raw!r}", obj=who, field=f"metadata.annotations.{key}") from exc
+    if value < 1:
+        raise InputError(f"must be >= 1, got {raw}", obj=who, field=f"metadata.annotations.{key}")
+    return value
+
+
+def _container_requests(c: dict[str, Any], who: str, field: str) -> dict[str, int]:
+    res = as_dict(c.get("resources"), obj=who, field=f"{field}.resources")
+    limits = parse_resource_list(res.get("limits"), obj=who, field=f"{field}.resources.limits")
+    requests = parse_resource_list(res.get("requests"), obj=who, field=f"{field}.resources.requests")
+    for k, v in limits.items():  # API defaulting: a request left out takes the limit
+        requests.setdefault(k, v)
+    return requests
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def _max(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = max(out.get(k, 0), v)
+    return out
+
+
+def effective_requests(spec: dict[str, Any], who: str) -> dict[str, int]:
+    """What kube-scheduler reserves: max(sum of app containers + sidecars, any init step) + overhead, plus 1 pod."""
+    total: dict[str, int] = {}
+    for i, c in enumerate(as_list(spec.get("containers"), obj=who, field="spec.containers")):
+        total = _add(total, _container_requests(as_dict(c, obj=who, field=f"spec.containers[{i}]"), who,
+                                                f"spec.containers[{i}]"))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for i, c in enumerate(as_list(spec.get("initContainers"), obj=who, field="spec.initContainers")):
+        c = as_dict(c, obj=who, field=f"spec.initContainers[{i}]")
+        req = _container_requests(c, who, f"spec.initContainers[{i}]")
+        if c.get("restartPolicy") == "Always":  # native sidecar: runs alongside the app containers
+            total = _add(total, req)
+            sidecars = _add(sidecars, req)
+        else:
+            init_peak = _max(init_peak, _add(req, sidecars))
+    total = _max(total, init_peak)
+    total = _add(total, parse_resource_list(spec.get("overhead"), obj=who, field="spec.overhead"))
+    total["pods"] = 1
+    return {k: v for k, v in total.items() if v or k == "pods"}
+
+
+def _node_affinity_required(affinity: dict[str, Any], who: str) -> tuple[NodeSelectorTerm, ...]:
+    na = as_dict(affinity.get("nodeAffinity"), obj=who, field="spec.affinity.nodeAffinity")
+    req = as_dict(na.get("requiredDuringSchedulingIgnoredDuringExecution"), obj=who,
+                  field="spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
+    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    return tuple(_term(t, who, f"{base}[{i}]")
+                 for i, t in enumerate(as_list(req.get("nodeSelectorTerms"), obj=who, field=base)))
+
+
+def _node_affinity_preferred(affinity: dict[str, Any], who: str) -> tuple[PreferredTerm, ...]:
+    na = as_dict(affinity.get("nodeAffinity"), obj=who, field="spec.affinity.nodeAffinity")
+    base = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+    out = []
+    for i, p in enumerate(as_list(na.get("preferredDuringSchedulingIgnoredDuringExecution"), obj=who, field=base)):
+        p = as_dict(p, obj=who, field=f"{base}[{i}]")
+        out.append(PreferredTerm(weight=int(p.get("weight", 1)), term=_term(p.get("preference"), who,
+                                                                           f"{base}[{i}].preference")))
+    return tuple(out)
+
+
+def _term(raw: Any, who: str, field: str) -> NodeSelectorTerm:
+    raw = as_dict(raw, obj=who, field=field)
+    return NodeSelectorTerm(
+        match_expressions=parse_requirements(raw.get("matchExpressions"), obj=who, field=f"{field}.matchExpressions"),
+        match_fields=parse_requirements(raw.get("matchFields"), obj=who, field=f"{field}.matchFields"),
+    )
+
+
+def _pod_affinity_terms(affinity: dict[str, Any], kind: str, who: str) -> tuple[PodAffinityTerm, ...]:
+    pa = as_dict(affinity.get(kind), obj=who, field=f"spec.affinity.{kind}")
+    base = f"spec.affinity.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
+    out = []
+    for i, t in enumerate(as_list(pa.get("requiredDuringSchedulingIgnoredDuringExecution"), obj=who, field=base)):
+        t = as_dict(t, obj=who, field=f"{base}[{i}]")
+        key = t.get("topologyKey")
+        if not key:
+            raise InputError("topologyKey is required", obj=who, field=f"{base}[{i}].topologyKey")
+        out.append(PodAffinityTerm(
+            selector=LabelSelector.from_k8s(t.get("labelSelector"), obj=who, field=f"{base}[{i}].labelSelector"),
+            topology_key=str(key),
+            namespaces=tuple(str(n) for n in as_list(t.get("namespaces"), obj=who, field=f"{base}[{i}].namespaces")),
+        ))
+    return tuple(out)
+
+
+def _tolerations(spec: dict[str, Any], who: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(as_list(spec.get("tolerations"), obj=who, field="spec.tolerations")):
+        t = as_dict(t, obj=who, field=f"spec.tolerations[{i}]")
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise InputError(f"unknown operator {op!r}", obj=who, field=f"spec.tolerations[{i}].operator")
+        out.append(Toleration(key=str(t.get("key") or ""), operator=op, value=str(t.get("value") or ""),
+                              effect=str(t.get("effect") or "")))
+    return tuple(out)

@@ -1,0 +1,1 @@
+"""The `kai-opt` command line (typer). Each command lives in its own module and registers on `app`."""

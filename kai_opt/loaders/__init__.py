@@ -1,0 +1,46 @@
+"""One entry point for every snapshot format, chosen by content:
+
+(a) Kubernetes objects as kubectl writes them: a `List`, multi-document YAML, JSON, or a directory of such files;
+(b) KAI-Scheduler's snapshot ZIP (`snapshot.json` with `rawObjects`);
+(c) kai-opt's native scenario YAML (`kind: Scenario`), written by hand;
+(d) a KAI-Scheduler behaviour case (the schema of ../shared/scenarios/kai), used by `kai-opt conformance`.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from kai_opt.errors import InputError
+from kai_opt.loaders.documents import read_documents
+from kai_opt.loaders.kubeobjects import objects_from_documents
+from kai_opt.snapshot import Snapshot
+
+
+def load_snapshot(path: str | Path, *, scheduler_names: tuple[str, ...] | None = None,
+                  now: float | None = None) -> Snapshot:
+    """Read any supported snapshot file or directory into a validated `Snapshot` (strict: errors raise)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError("no such file or directory", source=str(p))
+    if p.is_file() and zipfile.is_zipfile(p):
+        from kai_opt.loaders.kaizip import load_kai_zip
+
+        return load_kai_zip(p, scheduler_names=scheduler_names, now=now)
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in (".yaml", ".yml", ".json")) \
+        if p.is_dir() else [p]
+    if p.is_dir() and not files:
+        raise InputError("directory holds no .yaml, .yml or .json files", source=str(p))
+    docs = [d for f in files for d in read_documents(f)]
+    if len(files) == 1 and docs:
+        first = docs[0].data
+        if isinstance(first, dict) and first.get("kind") == "Scenario":
+            from kai_opt.loaders.scenario import snapshot_from_scenario
+
+            return snapshot_from_scenario(docs[0], scheduler_names=scheduler_names, now=now)
+        if isinstance(first, dict) and "expected" in first and "jobs" in first and "nodes" in first:
+            from kai_opt.loaders.kaicase import load_case
+
+            return load_case(p).snapshot
+    return Snapshot.from_objects(objects_from_documents(docs), scheduler_names=scheduler_names, now=now,
+                                 source=str(p))

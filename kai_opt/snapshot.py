@@ -1,0 +1,216 @@
+"""Snapshot: every API object of one scheduling cycle, validated across objects.
+
+`Snapshot.from_objects` turns raw Kubernetes objects (from any loader or the watch cache) into typed models.
+In strict mode (files) the first bad object raises an `InputError`; in lenient mode (a live cluster) the bad object
+is set aside in `rejected` so the rest is still scheduled, and the caller reports it on that object.
+Problems that affect one workload only (a PodGroup naming an unknown queue, a pod naming an unknown PodGroup) are
+never errors: they become `warnings` and that workload stays pending with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
+from kai_opt.api.meta import ident
+from kai_opt.errors import InputError
+
+KINDS: dict[str, type] = {
+    "Node": Node,
+    "Pod": Pod,
+    "PodGroup": PodGroup,
+    "Queue": Queue,
+    "PriorityClass": PriorityClass,
+    "Topology": Topology,
+}
+
+DEFAULT_SCHEDULER_NAMES = ("kai-opt",)
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A problem found on one object: `reason` is machine-readable (e.g. QueueDoesNotExist)."""
+
+    kind: str
+    name: str  # ns/name or name
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
+class RawObject:
+    """One object as read, with where it came from (for error messages)."""
+
+    kind: str
+    obj: dict[str, Any]
+    source: str | None = None
+    line: int | None = None
+
+
+@dataclass
+class Snapshot:
+    nodes: list[Node] = field(default_factory=list)
+    pods: list[Pod] = field(default_factory=list)
+    podgroups: list[PodGroup] = field(default_factory=list)
+    queues: list[Queue] = field(default_factory=list)
+    priority_classes: list[PriorityClass] = field(default_factory=list)
+    topologies: list[Topology] = field(default_factory=list)
+    warnings: list[Issue] = field(default_factory=list)
+    rejected: list[Issue] = field(default_factory=list)  # lenient mode: objects left out, with why
+    scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # pods with these schedulerNames are ours
+    now: float | None = None  # time the snapshot describes (None: the wall clock when used)
+    source: str | None = None
+    ignored_kinds: dict[str, int] = field(default_factory=dict)
+
+    # -- construction ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_objects(
+        cls,
+        objects: Iterable[RawObject],
+        *,
+        strict: bool = True,
+        scheduler_names: tuple[str, ...] | None = None,
+        now: float | None = None,
+        source: str | None = None,
+    ) -> Snapshot:
+        snap = cls(now=now, source=source)
+        if scheduler_names:
+            snap.scheduler_names = tuple(scheduler_names)
+        buckets: dict[str, list[Any]] = {k: [] for k in KINDS}
+        for raw in objects:
+            model = KINDS.get(raw.kind)
+            if model is None:
+                snap.ignored_kinds[raw.kind] = snap.ignored_kinds.get(raw.kind, 0) + 1
+                continue
+            if not isinstance(raw.obj, dict):
+                err = InputError(f"expected an object, got {type(raw.obj).__name__}", source=raw.source,
+                                 line=raw.line, obj=raw.kind)
+                if strict:
+                    raise err
+                snap.rejected.append(Issue(raw.kind, "?", "Invalid", err.message))
+                continue
+            try:
+                buckets[raw.kind].append(model.from_k8s(raw.obj))
+            except InputError as exc:
+                located = exc.at(source=raw.source, line=raw.line)
+                if strict:
+                    raise located from None
+                snap.rejected.append(Issue(raw.kind, _name_of(raw.obj), "Invalid", exc.render()))
+        snap.nodes = buckets["Node"]
+        snap.pods = buckets["Pod"]
+        snap.podgroups = buckets["PodGroup"]
+        snap.queues = buckets["Queue"]
+        snap.priority_classes = buckets["PriorityClass"]
+        snap.topologies = buckets["Topology"]
+        snap.validate(strict=strict)
+        return snap
+
+    # -- cross-object validation -----------------------------------------------------------------------------------
+    def validate(self, *, strict: bool = True) -> None:
+        """Duplicates and the queue tree are errors (strict) or rejections; dangling workload links are warnings."""
+        src = self.source
+        for kind, items, keyf in (
+            ("Node", self.nodes, lambda o: o.name),
+            ("Pod", self.pods, lambda o: o.key),
+            ("PodGroup", self.podgroups, lambda o: o.key),
+            ("Queue", self.queues, lambda o: o.name),
+            ("PriorityClass", self.priority_classes, lambda o: o.name),
+            ("Topology", self.topologies, lambda o: o.name),
+        ):
+            seen: set[str] = set()
+            keep = []
+            for o in items:
+                k = keyf(o)
+                if k in seen:
+                    err = InputError("duplicate name", source=src, obj=f"{kind} {k}", field="metadata.name")
+                    if strict:
+                        raise err
+                    self.rejected.append(Issue(kind, k, "Duplicate", err.message))
+                    continue
+                seen.add(k)
+                keep.append(o)
+            items[:] = keep
+        self._validate_queue_tree(strict)
+        queues = {q.name for q in self.queues}
+        groups = {g.key for g in self.podgroups}
+        for g in self.podgroups:
+            if g.queue is not None and g.queue not in queues:
+                self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
+                                           f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
+        for p in self.pods:
+            if p.podgroup and f"{p.namespace}/{p.podgroup}" not in groups and p.scheduler_name in self.scheduler_names:
+                if p.node_name is None and not p.finished:
+                    self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
+                                               f"podgroup {p.podgroup!r} does not exist; the pod is not scheduled"))
+        topologies = {t.name: t for t in self.topologies}
+        for g in self.podgroups:
+            for tc, where in [(g.topology_constraint, "spec.topologyConstraint")] + [
+                    (s.topology_constraint, f"subgroup {s.name}") for s in g.sub_groups]:
+                if tc is None:
+                    continue
+                topo = topologies.get(tc.topology) if tc.topology else None
+                if tc.topology and topo is None:
+                    self.warnings.append(Issue("PodGroup", g.key, "TopologyDoesNotExist",
+                                               f"{where}: topology {tc.topology!r} does not exist"))
+                    continue
+                levels = set(topo.levels) if topo else None
+                for lvl in (tc.required_level, tc.preferred_level):
+                    if lvl and levels is not None and lvl not in levels:
+                        self.warnings.append(Issue("PodGroup", g.key, "TopologyLevelDoesNotExist",
+                                                   f"{where}: level {lvl!r} is not a level of topology {tc.topology!r}"))
+
+    def _validate_queue_tree(self, strict: bool) -> None:
+        by_name = {q.name: q for q in self.queues}
+        bad: set[str] = set()
+        for q in self.queues:
+            if q.parent is not None and q.parent not in by_name:
+                err = InputError(f"parent queue {q.parent!r} does not exist", source=self.source,
+                                 obj=f"Queue {q.name}", field="spec.parentQueue")
+                if strict:
+                    raise err
+                bad.add(q.name)
+                self.rejected.append(Issue("Queue", q.name, "ParentQueueDoesNotExist", err.message))
+        for q in self.queues:
+            seen, cur = [q.name], q.parent
+            while cur is not None and cur in by_name:
+                if cur in seen:
+                    cycle = " -> ".join([*seen[seen.index(cur):], cur])
+                    err = InputError(f"parent links form a cycle: {cycle}", source=self.source,
+                                     obj=f"Queue {q.name}", field="spec.parentQueue")
+                    if strict:
+                        raise err
+                    bad.update(seen)
+                    self.rejected.append(Issue("Queue", q.name, "QueueCycle", err.message))
+                    break
+                seen.append(cur)
+                cur = by_name[cur].parent
+        if bad:
+            # children of rejected queues go too, so the tree that remains is consistent
+            changed = True
+            while changed:
+                changed = False
+                for q in self.queues:
+                    if q.name not in bad and q.parent in bad:
+                        bad.add(q.name)
+                        changed = True
+                        self.rejected.append(Issue("Queue", q.name, "ParentQueueRejected",
+                                                   f"parent queue {q.parent!r} was rejected"))
+            self.queues = [q for q in self.queues if q.name not in bad]
+
+    # -- lookups --------------------------------------------------------------------------------------------------
+    def is_ours(self, pod: Pod) -> bool:
+        return pod.scheduler_name in self.scheduler_names
+
+    def counts(self) -> dict[str, int]:
+        return {"nodes": len(self.nodes), "pods": len(self.pods), "podgroups": len(self.podgroups),
+                "queues": len(self.queues), "priorityclasses": len(self.priority_classes),
+                "topologies": len(self.topologies)}
+
+
+def _name_of(obj: dict[str, Any]) -> str:
+    return ident("", obj).strip()

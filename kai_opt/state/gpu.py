@@ -1,0 +1,163 @@
+"""GPU devices held by bound pods: which device each pod sits on, and how much of each device is used.
+
+Devices are known from kai-opt's annotation when present; otherwise, as KAI-Scheduler does, fractional pods with
+the same GPU group on a node share one device, a fractional pod without a group gets a fresh device, and
+whole-GPU pods take the lowest free devices.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+
+
+def assign_devices(
+    *,
+    dev_start: np.ndarray,
+    node_gpu_mem_mib: np.ndarray,
+    holders: np.ndarray,  # int64[H] pods holding resources (bound or releasing)
+    pod_node: np.ndarray,
+    releasing: np.ndarray,  # bool[P]
+    whole: np.ndarray,  # int32[P]
+    frac: np.ndarray,  # int32[P] milli per device
+    mem: np.ndarray,  # int64[P] MiB per device
+    ndev: np.ndarray,  # int32[P]
+    explicit: dict[int, tuple[int, ...]],  # pod -> device indexes within its node (annotation)
+    groups: dict[int, str],  # pod -> GPU group label
+    n_pods: int,
+    pod_name: Callable[[int], str] = str,
+    node_name: Callable[[int], str] = str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Returns dev_used, dev_releasing, pod_dev_start (int64[P+1]), pod_dev, warnings."""
+    n_dev = int(dev_start[-1])
+    dev_used = np.zeros(n_dev, dtype=np.int64)
+    dev_rel = np.zeros(n_dev, dtype=np.int64)
+    warnings: list[str] = []
+    gpu_holders = holders[(whole[holders] > 0) | (frac[holders] > 0) | (mem[holders] > 0)]
+    per_pod: dict[int, list[int]] = {}
+    if len(gpu_holders) == 0:
+        return dev_used, dev_rel, np.zeros(n_pods + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), warnings
+
+    nodes_of = pod_node[gpu_holders]
+    simple_whole = (whole[gpu_holders] > 0) & np.array([p not in explicit for p in gpu_holders.tolist()], dtype=bool) \
+        if explicit else whole[gpu_holders] > 0
+    complex_nodes = np.zeros(len(dev_start) - 1, dtype=bool)
+    complex_nodes[nodes_of[~simple_whole]] = True
+
+    # fast path: nodes with only whole-GPU pods of unknown devices: consecutive devices in pod order
+    fast = simple_whole & ~complex_nodes[nodes_of]
+    fp = gpu_holders[fast]
+    if len(fp):
+        order = np.argsort(pod_node[fp], kind="stable")
+        fp = fp[order]
+        fn = pod_node[fp]
+        k = whole[fp].astype(np.int64)
+        cs = np.cumsum(k)
+        first_of_run = np.ones(len(fp), dtype=bool)
+        first_of_run[1:] = fn[1:] != fn[:-1]
+        run_base = np.maximum.accumulate(np.where(first_of_run, cs - k, 0))
+        offset = cs - k - run_base
+        capacity = dev_start[fn + 1] - dev_start[fn]
+        for p, n, o, kk, cap in zip(fp.tolist(), fn.tolist(), offset.tolist(), k.tolist(), capacity.tolist(),
+                                    strict=True):
+            take = min(kk, max(0, cap - o))
+            if take < kk:
+                warnings.append(f"Node {node_name(n)}: pods hold more GPUs than the node has")
+            per_pod[p] = [int(dev_start[n]) + o + i for i in range(take)]
+        all_devs = np.fromiter((d for p in fp.tolist() for d in per_pod[p]), dtype=np.int64)
+        np.add.at(dev_used, all_devs, 1000)
+        rel_devs = np.fromiter((d for p in fp.tolist() if releasing[p] for d in per_pod[p]), dtype=np.int64)
+        if len(rel_devs):
+            np.add.at(dev_rel, rel_devs, 1000)
+
+    # careful path: nodes with explicit devices or shared GPUs
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for p in gpu_holders[~fast].tolist():
+        by_node[int(pod_node[p])].append(p)
+    for n, pods in by_node.items():
+        base, count = int(dev_start[n]), int(dev_start[n + 1] - dev_start[n])
+
+        def per_device(p: int, n: int = n) -> int:
+            if frac[p]:
+                return int(frac[p])
+            if mem[p]:
+                return min(1000, -(-int(mem[p]) * 1000 // max(1, int(node_gpu_mem_mib[n]))))
+            return 1000
+
+        def put(p: int, d: int, amount: int) -> None:
+            dev_used[d] += amount
+            if releasing[p]:
+                dev_rel[d] += amount
+            per_pod.setdefault(p, []).append(d)
+
+        # 1) explicit devices
+        for p in pods:
+            if p in explicit:
+                amount = per_device(p)
+                for local in explicit[p]:
+                    if 0 <= local < count:
+                        put(p, base + local, amount)
+                    else:
+                        warnings.append(f"Pod {pod_name(p)}: GPU device {local} does not exist on its node")
+        # 2) shared GPUs by group
+        group_dev: dict[str, int] = {}
+        for p in pods:
+            if p in explicit or whole[p] or p not in groups:
+                continue
+            g = groups[p]
+            if g in group_dev:
+                put(p, group_dev[g], per_device(p))
+                continue
+            d = _pick_shared(dev_used[base:base + count], per_device(p), fresh_first=True)
+            if d is None:
+                warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
+                continue
+            group_dev[g] = base + d
+            put(p, base + d, per_device(p))
+        # 3) whole GPUs: lowest free devices
+        for p in pods:
+            if p in explicit or not whole[p]:
+                continue
+            free = np.nonzero(dev_used[base:base + count] == 0)[0][: int(whole[p])]
+            if len(free) < whole[p]:
+                warnings.append(f"Node {node_name(n)}: pods hold more GPUs than the node has")
+            for d in free.tolist():
+                put(p, base + d, 1000)
+        # 4) shares without a group: a fresh device each (num-devices fresh devices)
+        for p in pods:
+            if p in explicit or whole[p] or p in groups:
+                continue
+            amount = per_device(p)
+            for _ in range(int(ndev[p])):
+                d = _pick_shared(dev_used[base:base + count], amount, fresh_first=True,
+                                 exclude=[x - base for x in per_pod.get(p, [])])
+                if d is None:
+                    warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
+                    break
+                put(p, base + d, amount)
+
+    counts = np.zeros(n_pods, dtype=np.int64)
+    for p, devs in per_pod.items():
+        counts[p] = len(devs)
+    pod_dev_start = np.zeros(n_pods + 1, dtype=np.int64)
+    np.cumsum(counts, out=pod_dev_start[1:])
+    pod_dev = np.zeros(int(pod_dev_start[-1]), dtype=np.int64)
+    for p, devs in per_pod.items():
+        pod_dev[pod_dev_start[p]:pod_dev_start[p + 1]] = devs
+    return dev_used, dev_rel, pod_dev_start, pod_dev, warnings
+
+
+def _pick_shared(used: np.ndarray, amount: int, *, fresh_first: bool, exclude: list[int] | None = None) -> int | None:
+    """A device for a share: a fresh (unused) one first, else the fullest one it still fits on."""
+    ok = np.ones(len(used), dtype=bool)
+    if exclude:
+        ok[exclude] = False
+    fresh = np.nonzero((used == 0) & ok)[0]
+    if fresh_first and len(fresh):
+        return int(fresh[0])
+    fits = np.nonzero((used + amount <= 1000) & ok & (used > 0))[0]
+    if len(fits):
+        return int(fits[np.argmax(used[fits])])
+    return None

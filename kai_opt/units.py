@@ -1,0 +1,88 @@
+"""Kubernetes resource quantities and kai-opt's internal units.
+
+Internal units (int64 everywhere in the engine):
+  cpu     millicores
+  memory  bytes
+  gpu     milli-GPUs (1000 = one whole device), so fractions are exact integers
+  pods    count
+  other   the quantity's integer value (extended resources)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_MILLI = 1000  # milli-GPUs per device
+
+_BIN = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DEC = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+        "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
+        "P": Decimal("1e15"), "E": Decimal("1e18")}
+_QTY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+
+
+class QuantityError(ValueError):
+    """Not a Kubernetes quantity."""
+
+
+@lru_cache(maxsize=4096)
+def parse_quantity(value: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity ("500m", "16Gi", "1e3", 2) into an exact Decimal."""
+    if isinstance(value, bool):
+        raise QuantityError(f"invalid quantity {value!r}")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"invalid quantity {value!r}")
+        return Decimal(repr(value))
+    text = str(value).strip()
+    m = _QTY.match(text)
+    if not m:
+        raise QuantityError(f"invalid quantity {value!r}")
+    number, exponent, suffix = m.groups()
+    try:
+        base = Decimal(number)
+        if exponent:
+            return base * (Decimal(10) ** int(exponent[1:]))
+        if suffix in _BIN:
+            return base * _BIN[suffix]
+        return base * _DEC[suffix or ""]
+    except InvalidOperation as exc:  # pragma: no cover - regex already guards
+        raise QuantityError(f"invalid quantity {value!r}") from exc
+
+
+def _ceil(d: Decimal) -> int:
+    return int(d.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def to_internal(resource: str, value: str | int | float) -> int:
+    """Quantity of `resource` in kai-opt's internal integer unit (see module docstring)."""
+    q = parse_quantity(value)
+    if q < 0:
+        raise QuantityError(f"negative quantity {value!r}")
+    if resource == "cpu":
+        return _ceil(q * 1000)
+    if resource == GPU_RESOURCE:
+        return _ceil(q * GPU_MILLI)
+    return _ceil(q)
+
+
+def gpu_milli_from_fraction(fraction: float) -> int:
+    """A GPU fraction (0 < f < 1) as milli-GPUs, rounded to the nearest milli and at least 1."""
+    return max(1, min(GPU_MILLI, round(fraction * GPU_MILLI)))
+
+
+def format_quantity(resource: str, value: int | float) -> str:
+    """Human form of an internal value: cpu cores, memory GiB, GPUs (fractional)."""
+    if resource == "cpu":
+        return f"{value / 1000:g}"
+    if resource == "memory":
+        return f"{value / 2**30:.1f}Gi"
+    if resource in ("gpu", GPU_RESOURCE):
+        return f"{value / GPU_MILLI:g}"
+    return f"{value:g}"

@@ -1,0 +1,64 @@
+"""What each queue holds and asks for (KAI units, subtree sums): allocated, non-preemptible part, requested."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.state import ClusterState, PodStatus
+
+
+@dataclass
+class QueueUsage:
+    allocated: np.ndarray  # float64[Q, 3]: pods holding resources (bound, releasing) in the queue's subtree
+    allocated_np: np.ndarray  # float64[Q, 3]: of which non-preemptible
+    pending: np.ndarray  # float64[Q, 3]: pods waiting to be placed (not gated, group schedulable)
+    requested: np.ndarray  # float64[Q, 3]: allocated + pending
+
+
+def subtree_sum(state: ClusterState, leaf_values: np.ndarray) -> np.ndarray:
+    """Add each queue's values into all its ancestors (values given per queue, own contribution only)."""
+    out = leaf_values.copy()
+    depth = np.array([len(a) for a in state.q_ancestors], dtype=np.int64)
+    for q in np.argsort(-depth, kind="stable").tolist():
+        p = int(state.q_parent[q])
+        if p >= 0:
+            out[p] += out[q]
+    return out
+
+
+def pod_queue(state: ClusterState) -> np.ndarray:
+    """int32[P]: leaf queue of each of our pods (-1: not ours or no known queue)."""
+    out = np.full(state.n_pods, -1, dtype=np.int32)
+    has = state.pod_pg >= 0
+    out[has] = state.pg_queue[state.pod_pg[has]]
+    return out
+
+
+def queue_usage(state: ClusterState) -> QueueUsage:
+    Q = state.n_queues
+    pq = pod_queue(state)
+    holding = (state.pod_status == PodStatus.BOUND) | (state.pod_status == PodStatus.RELEASING)
+    schedulable_group = np.array([p is None for p in state.pg_problem], dtype=bool)
+    pg = state.pod_pg
+    waiting = (state.pod_status == PodStatus.PENDING) & (pg >= 0)
+    waiting[waiting] = schedulable_group[pg[waiting]]
+    own_alloc = np.zeros((Q, 3))
+    own_np = np.zeros((Q, 3))
+    own_pend = np.zeros((Q, 3))
+    for mask, target in ((holding & (pq >= 0), own_alloc), (waiting & (pq >= 0), own_pend)):
+        idx = np.nonzero(mask)[0]
+        if len(idx):
+            req = state.pod_queue_request(idx, state.pod_node[idx])
+            np.add.at(target, pq[idx], req)
+    idx = np.nonzero(holding & (pq >= 0))[0]
+    if len(idx):
+        nonpre = ~state.pg_preemptible[pg[idx]]
+        idx = idx[nonpre]
+        if len(idx):
+            np.add.at(own_np, pq[idx], state.pod_queue_request(idx, state.pod_node[idx]))
+    alloc = subtree_sum(state, own_alloc)
+    pend = subtree_sum(state, own_pend)
+    return QueueUsage(allocated=alloc, allocated_np=subtree_sum(state, own_np), pending=pend,
+                      requested=alloc + pend)
