@@ -143,10 +143,10 @@ class Snapshot:
                 self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
                                            f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
         for p in self.pods:
-            if p.podgroup and f"{p.namespace}/{p.podgroup}" not in groups and p.scheduler_name in self.scheduler_names:
-                if p.node_name is None and not p.finished:
-                    self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
-                                               f"podgroup {p.podgroup!r} does not exist; the pod is not scheduled"))
+            dangling = p.podgroup and f"{p.namespace}/{p.podgroup}" not in groups
+            if dangling and self.is_ours(p) and p.node_name is None and not p.finished:
+                self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
+                                           f"podgroup {p.podgroup!r} does not exist; the pod is not scheduled"))
         topologies = {t.name: t for t in self.topologies}
         for g in self.podgroups:
             for tc, where in [(g.topology_constraint, "spec.topologyConstraint")] + [
@@ -161,8 +161,8 @@ class Snapshot:
                 levels = set(topo.levels) if topo else None
                 for lvl in (tc.required_level, tc.preferred_level):
                     if lvl and levels is not None and lvl not in levels:
-                        self.warnings.append(Issue("PodGroup", g.key, "TopologyLevelDoesNotExist",
-                                                   f"{where}: level {lvl!r} is not a level of topology {tc.topology!r}"))
+                        msg = f"{where}: level {lvl!r} is not a level of topology {tc.topology!r}"
+                        self.warnings.append(Issue("PodGroup", g.key, "TopologyLevelDoesNotExist", msg))
 
     def _validate_queue_tree(self, strict: bool) -> None:
         by_name = {q.name: q for q in self.queues}

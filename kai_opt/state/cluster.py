@@ -51,7 +51,8 @@ class SchedulingSig:
         for t in taints:
             if t.effect in ("NoSchedule", "NoExecute") and not any(
                     tol.tolerates(t.key, t.value, t.effect) for tol in self.tolerations):
-                return f"had untolerated taint {{{t.key}: {t.value}}}" if t.value else f"had untolerated taint {{{t.key}}}"
+                shown = f"{t.key}: {t.value}" if t.value else t.key
+                return f"had untolerated taint {{{shown}}}"
         return None
 
 
