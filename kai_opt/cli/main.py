@@ -8,9 +8,19 @@ from kai_opt.cli.app import app
 from kai_opt.errors import KaiOptError
 
 
+_NOT_COMMANDS = {"app", "main", "render"}
+
+
 def _register() -> None:
-    # importing a command module registers its command on `app`
-    from kai_opt.cli import show  # noqa: F401
+    """Import every command module of this package: each registers its command(s) on `app`."""
+    import importlib
+    import pkgutil
+
+    import kai_opt.cli as pkg
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        if mod not in _NOT_COMMANDS and not mod.startswith("_"):
+            importlib.import_module(f"kai_opt.cli.{mod}")
 
 
 def main(argv: list[str] | None = None) -> None:
