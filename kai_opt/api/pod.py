@@ -58,6 +58,7 @@ class Pod(BaseModel):
     scheduler_name: str = "default-scheduler"
     phase: PodPhase = PodPhase.PENDING
     node_name: str | None = None
+    nominated_node: str | None = None  # status.nominatedNodeName: placed onto resources still being released
     requests: dict[str, int] = {}  # effective requests, internal units (kai_opt.units), incl. "pods": 1
     gpu_fraction: float | None = None  # 0 < f < 1 of one device (per device when num_devices > 1)
     gpu_memory_mib: int | None = None  # GPU memory per device, converted with the node's GPU memory
@@ -171,6 +172,7 @@ class Pod(BaseModel):
                 scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
                 phase=PodPhase(phase),
                 node_name=spec.get("nodeName") or None,
+                nominated_node=status.get("nominatedNodeName") or None,
                 requests=requests,
                 gpu_fraction=fraction,
                 gpu_memory_mib=gpu_mem,
