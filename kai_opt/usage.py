@@ -11,7 +11,8 @@ from kai_opt.state import ClusterState, PodStatus
 
 @dataclass
 class QueueUsage:
-    allocated: np.ndarray  # float64[Q, 3]: pods holding resources (bound, releasing) in the queue's subtree
+    allocated: np.ndarray  # float64[Q, 3]: bound pods in the queue's subtree (releasing pods count in neither
+    # allocated nor requested, as in KAI-Scheduler: their resources are on their way back)
     allocated_np: np.ndarray  # float64[Q, 3]: of which non-preemptible
     pending: np.ndarray  # float64[Q, 3]: pods waiting to be placed (not gated, group schedulable)
     requested: np.ndarray  # float64[Q, 3]: allocated + pending
@@ -39,7 +40,7 @@ def pod_queue(state: ClusterState) -> np.ndarray:
 def queue_usage(state: ClusterState) -> QueueUsage:
     Q = state.n_queues
     pq = pod_queue(state)
-    holding = (state.pod_status == PodStatus.BOUND) | (state.pod_status == PodStatus.RELEASING)
+    holding = state.pod_status == PodStatus.BOUND
     schedulable_group = np.array([p is None for p in state.pg_problem], dtype=bool)
     pg = state.pod_pg
     waiting = (state.pod_status == PodStatus.PENDING) & (pg >= 0)

@@ -1,0 +1,143 @@
+"""Divide one resource among sibling queues, as KAI-Scheduler's proportion plugin does.
+
+For one sibling set and one resource:
+1. deserved pass: each queue gets min(deserved, requestable); deserved -1 means the whole amount;
+2. over-quota, by queue priority (highest first): rounds split what is left among unsatisfied queues by
+   over-quota weight; a queue whose remaining request fits its share takes exactly that, otherwise it takes the
+   whole units of its share and the fraction is remembered; rounds repeat while some queue took less than its
+   share; a priority level with a single queue takes everything left;
+3. leftovers: per priority level, one unit (or what is left, if less) to each remembered queue by largest
+   remembered fraction, then older creation time, then name.
+Requestable = request capped by the limit (-1: no cap). Weight 0 gets no over-quota.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+UNLIMITED = -1.0
+
+
+@dataclass
+class QueueShare:
+    """One queue's numbers for one resource while dividing."""
+
+    index: int
+    name: str
+    deserved: float
+    limit: float
+    weight: float
+    priority: int
+    creation: float
+    request: float
+    fair_share: float = 0.0
+    steps: list[str] = field(default_factory=list)  # a readable trace (kai-opt explain --queue)
+
+    @property
+    def requestable(self) -> float:
+        return self.request if self.limit == UNLIMITED else min(self.limit, self.request)
+
+    @property
+    def remaining_request(self) -> float:
+        return max(0.0, self.requestable - self.fair_share)
+
+    @property
+    def satisfied(self) -> bool:
+        if self.request <= self.fair_share:
+            return True
+        return self.limit != UNLIMITED and self.limit <= self.fair_share
+
+    def give(self, amount: float, why: str, trace: bool) -> None:
+        self.fair_share += amount
+        if trace:
+            self.steps.append(f"{why}: +{amount:g} -> {self.fair_share:g}")
+
+
+def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False) -> float:
+    """Set `fair_share` of each sibling queue; returns what is left undivided."""
+    remaining = total
+    for q in queues:
+        deserved = total if q.deserved == UNLIMITED else q.deserved
+        amount = min(deserved, q.requestable)
+        q.give(amount, "deserved", trace)
+        remaining -= amount
+    if remaining <= 0:
+        return 0.0
+    return _divide_over_quota(remaining, queues, trace)
+
+
+def _order_key(q: QueueShare) -> tuple[float, str]:
+    return (q.creation if not math.isnan(q.creation) else math.inf, q.name)
+
+
+def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool) -> float:
+    by_priority: dict[int, list[QueueShare]] = {}
+    for q in sorted(queues, key=_order_key):
+        by_priority.setdefault(q.priority, []).append(q)
+    priorities = sorted(by_priority, reverse=True)
+    remembered: dict[int, dict[int, float]] = {}
+    remaining = total
+    for prio in priorities:
+        remaining, remembered[prio] = _rounds(remaining, by_priority[prio], trace)
+    for prio in priorities:
+        if remaining <= 0:
+            break
+        remaining = _leftovers(remaining, by_priority[prio], remembered[prio], trace)
+    return remaining
+
+
+def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, dict[int, float]]:
+    remembered: dict[int, float] = {}
+    round_no = 0
+    while True:
+        round_no += 1
+        if len(group) == 1:
+            group[0].give(total, f"over-quota (only queue at priority {group[0].priority})", trace)
+            return 0.0, remembered
+        weights_total = sum(q.weight for q in group if q.remaining_request > 0)
+        if weights_total == 0:
+            break
+        weights = {q.index: q.weight / weights_total for q in group if not q.satisfied}
+        weight_sum = sum(weights.values())
+        if weight_sum == 0:
+            break
+        amount_this_round = total
+        another_round = False
+        for q in group:
+            if total == 0:
+                break
+            if q.satisfied or q.weight == 0:
+                continue
+            requested = q.remaining_request
+            share = amount_this_round * weights[q.index] / weight_sum
+            if requested <= share:
+                give = requested
+                remembered.pop(q.index, None)
+            else:
+                give = math.floor(share)
+                if give < 0:
+                    give = 0.0
+                if share - give > 0:
+                    remembered[q.index] = share - give
+            if give == 0:
+                continue
+            q.give(give, f"over-quota round {round_no} (share {share:g})", trace)
+            total -= give
+            another_round = another_round or requested < share
+        if not another_round or total == 0:
+            break
+    return total, remembered
+
+
+def _leftovers(total: float, group: list[QueueShare], remembered: dict[int, float], trace: bool) -> float:
+    by_index = {q.index: q for q in group}
+    order = sorted(remembered.items(), key=lambda kv: (-kv[1], *_order_key(by_index[kv[0]])))
+    for index, _fraction in order:
+        if total == 0:
+            break
+        give = min(1.0, total)
+        by_index[index].give(give, "leftover unit (largest remainder)", trace)
+        total -= give
+    return total

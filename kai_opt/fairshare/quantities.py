@@ -1,0 +1,28 @@
+"""Comparisons of per-resource vectors where -1 means unlimited (KAI's ResourceQuantities rules)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+UNLIMITED = -1.0
+
+
+def le(a: np.ndarray, b: np.ndarray) -> bool:
+    """a <= b in every resource, with -1 as +infinity on either side."""
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+        if x == UNLIMITED:
+            if y != UNLIMITED:
+                return False
+        elif y != UNLIMITED and x > y:
+            return False
+    return True
+
+
+def less_all(a: np.ndarray, b: np.ndarray) -> bool:
+    """a < b in every resource (plain comparison, as KAI's `Less`)."""
+    return bool(np.all(a < b))
+
+
+def less_somewhere(a: np.ndarray, b: np.ndarray) -> bool:
+    """a is less than b in at least one resource (= not b <= a)."""
+    return not le(b, a)

@@ -1,0 +1,94 @@
+"""Fair share of every queue and resource over the queue tree (KAI proportion plugin semantics).
+
+Cluster total = allocatable of Ready, schedulable nodes minus what other schedulers' pods hold there.
+A queue's request = allocated (bound pods) + pending pods of its subtree. Top-level queues divide the total;
+the children of a queue divide their parent's fair share, level by level (kai_opt.fairshare.division).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.fairshare.division import QueueShare, divide
+from kai_opt.state import ClusterState, PodStatus
+from kai_opt.state.resources import QR, QR_COLUMN, QR_DIVISOR
+from kai_opt.usage import queue_usage
+
+UNLIMITED = -1.0
+NO_SHARE_DRF_PENALTY = 1000.0  # DRF of a resource with no allocatable share: allocated x this
+
+
+@dataclass
+class FairShare:
+    total: np.ndarray  # float64[3] divisible cluster amount per queue resource (QR order)
+    deserved: np.ndarray  # float64[Q, 3] (-1 = the whole amount)
+    limit: np.ndarray  # float64[Q, 3] (-1 = unlimited)
+    over_quota_weight: np.ndarray  # float64[Q, 3]
+    fair_share: np.ndarray  # float64[Q, 3]
+    allocated: np.ndarray  # float64[Q, 3] subtree, at the start of the cycle
+    allocated_np: np.ndarray  # float64[Q, 3] non-preemptible part
+    requested: np.ndarray  # float64[Q, 3] allocated + pending, subtree
+    steps: list[list[list[str]]] | None = None  # [queue][resource] -> readable division steps
+
+    @property
+    def allocatable_share(self) -> np.ndarray:
+        """float64[Q, 3]: max(deserved, fair share) capped by the limit; deserved -1 gives the limit (maybe -1)."""
+        out = np.maximum(self.deserved, self.fair_share)
+        capped = self.limit != UNLIMITED
+        out[capped] = np.minimum(out[capped], self.limit[capped])
+        unlimited_deserved = self.deserved == UNLIMITED
+        out[unlimited_deserved] = self.limit[unlimited_deserved]
+        return out
+
+    def dominant_share(self, allocated: np.ndarray | None = None) -> np.ndarray:
+        """float64[Q]: DRF share = max over resources of allocated / allocatable share."""
+        alloc = self.allocated if allocated is None else allocated
+        share = self.allocatable_share
+        share = np.where(share == UNLIMITED, self.total[None, :], share)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(share == 0, alloc * NO_SHARE_DRF_PENALTY, alloc / np.where(share == 0, 1, share))
+        return ratio.max(axis=1) if ratio.size else np.zeros(len(alloc))
+
+
+def cluster_total(state: ClusterState) -> np.ndarray:
+    """float64[3]: allocatable of Ready, schedulable nodes minus what other schedulers' pods hold on them."""
+    ok = state.node_ok
+    alloc = state.node_alloc[ok]
+    total = np.array([alloc[:, c].sum() / d for c, d in zip(QR_COLUMN, QR_DIVISOR, strict=True)], dtype=np.float64)
+    foreign = np.nonzero(~state.pod_ours & ((state.pod_status == PodStatus.BOUND)
+                                          | (state.pod_status == PodStatus.RELEASING)))[0]
+    foreign = foreign[ok[state.pod_node[foreign]]] if len(foreign) else foreign
+    if len(foreign):
+        total -= state.pod_queue_request(foreign, state.pod_node[foreign]).sum(axis=0)
+    return np.maximum(total, 0.0)
+
+
+def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None) -> FairShare:
+    usage = queue_usage(state)
+    total = cluster_total(state) if total is None else total
+    Q = state.n_queues
+    fair = np.zeros((Q, len(QR)))
+    steps: list[list[list[str]]] | None = [[[] for _ in QR] for _ in range(Q)] if trace else None
+    children = state.q_children
+    top = [q for q in range(Q) if state.q_parent[q] < 0]
+    for r in range(len(QR)):
+        pending_levels: list[tuple[float, list[int]]] = [(float(total[r]), top)]
+        while pending_levels:
+            amount, siblings = pending_levels.pop()
+            if not siblings:
+                continue
+            shares = [QueueShare(index=q, name=state.q_names[q], deserved=float(state.q_deserved[q, r]),
+                                 limit=float(state.q_limit[q, r]), weight=float(state.q_oqw[q, r]),
+                                 priority=int(state.q_priority[q]), creation=float(state.q_creation[q]),
+                                 request=float(usage.requested[q, r])) for q in siblings]
+            divide(amount, shares, trace=trace)
+            for s in shares:
+                fair[s.index, r] = s.fair_share
+                if steps is not None:
+                    steps[s.index][r] = s.steps
+                pending_levels.append((s.fair_share, children[s.index]))
+    return FairShare(total=total, deserved=state.q_deserved.copy(), limit=state.q_limit.copy(),
+                     over_quota_weight=state.q_oqw.copy(), fair_share=fair, allocated=usage.allocated,
+                     allocated_np=usage.allocated_np, requested=usage.requested, steps=steps)
