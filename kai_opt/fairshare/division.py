@@ -1,13 +1,17 @@
 """Divide one resource among sibling queues, as KAI-Scheduler's proportion plugin does.
 
 For one sibling set and one resource:
-1. deserved pass: each queue gets min(deserved, requestable); deserved -1 means the whole amount;
+1. deserved pass: each queue gets min(deserved, requestable); deserved -1 means the whole amount. When these
+   add up to more than there is (quotas over-committed, or nodes down), kai-opt scales them down in proportion
+   so siblings never share out more than their parent has (KAI would hand out the full quotas regardless);
 2. over-quota, by queue priority (highest first): rounds split what is left among unsatisfied queues by
    over-quota weight; a queue whose remaining request fits its share takes exactly that, otherwise it takes the
    whole units of its share and the fraction is remembered; rounds repeat while some queue took less than its
-   share; a priority level with a single queue takes everything left;
+   share;
 3. leftovers: per priority level, one unit (or what is left, if less) to each remembered queue by largest
-   remembered fraction, then older creation time, then name.
+   remembered fraction, then older creation time, then name. Unlike KAI, a leftover unit never takes a queue
+   above its remaining request (KAI may overshoot by a fraction of a unit); what it would overshoot stays for
+   the next queue.
 Requestable = request capped by the limit (-1: no cap). Weight 0 gets no over-quota.
 """
 
@@ -57,13 +61,16 @@ class QueueShare:
 
 def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False) -> float:
     """Set `fair_share` of each sibling queue; returns what is left undivided."""
+    wanted = [min(total if q.deserved == UNLIMITED else q.deserved, q.requestable) for q in queues]
+    asked = sum(wanted)
+    scale = 1.0 if asked <= total else (total / asked if asked > 0 else 0.0)
     remaining = total
-    for q in queues:
-        deserved = total if q.deserved == UNLIMITED else q.deserved
-        amount = min(deserved, q.requestable)
-        q.give(amount, "deserved", trace)
+    for q, amount in zip(queues, wanted, strict=True):
+        amount *= scale
+        q.give(amount, "deserved" if scale == 1.0 else f"deserved (scaled to {scale:.3g} of quota: over-committed)",
+               trace)
         remaining -= amount
-    if remaining <= 0:
+    if remaining <= 1e-9:
         return 0.0
     return _divide_over_quota(remaining, queues, trace)
 
@@ -93,9 +100,6 @@ def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, 
     round_no = 0
     while True:
         round_no += 1
-        if len(group) == 1:
-            group[0].give(total, f"over-quota (only queue at priority {group[0].priority})", trace)
-            return 0.0, remembered
         weights_total = sum(q.weight for q in group if q.remaining_request > 0)
         if weights_total == 0:
             break
@@ -137,7 +141,10 @@ def _leftovers(total: float, group: list[QueueShare], remembered: dict[int, floa
     for index, _fraction in order:
         if total == 0:
             break
-        give = min(1.0, total)
-        by_index[index].give(give, "leftover unit (largest remainder)", trace)
+        q = by_index[index]
+        give = min(1.0, total, q.remaining_request)
+        if give <= 0:
+            continue
+        q.give(give, "leftover unit (largest remainder)", trace)
         total -= give
     return total

@@ -20,7 +20,6 @@ from kai_opt.fairshare.quantities import le
 from kai_opt.fairshare.share import FairShare
 
 
-
 def can_reclaim(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndarray, *, preemptible: bool) -> bool:
     """Whether the reclaimer's queue may reclaim at all: allocated + request within fair share (and quota)."""
     if not le(ledger.allocated[queue] + request, fs.fair_share[queue]):

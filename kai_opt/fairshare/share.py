@@ -13,7 +13,7 @@ import numpy as np
 
 from kai_opt.fairshare.division import QueueShare, divide
 from kai_opt.state import ClusterState, PodStatus
-from kai_opt.state.resources import QR, QR_COLUMN, QR_DIVISOR
+from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR
 from kai_opt.usage import queue_usage
 
 UNLIMITED = -1.0
@@ -65,30 +65,50 @@ def cluster_total(state: ClusterState) -> np.ndarray:
     return np.maximum(total, 0.0)
 
 
-def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None) -> FairShare:
-    usage = queue_usage(state)
-    total = cluster_total(state) if total is None else total
-    Q = state.n_queues
-    fair = np.zeros((Q, len(QR)))
-    steps: list[list[list[str]]] | None = [[[] for _ in QR] for _ in range(Q)] if trace else None
-    children = state.q_children
-    top = [q for q in range(Q) if state.q_parent[q] < 0]
-    for r in range(len(QR)):
-        pending_levels: list[tuple[float, list[int]]] = [(float(total[r]), top)]
-        while pending_levels:
-            amount, siblings = pending_levels.pop()
+def divide_tree(
+    total: np.ndarray,  # float64[3]
+    parent: np.ndarray,  # int[Q], -1 = top level
+    deserved: np.ndarray,  # float64[Q, 3]
+    limit: np.ndarray,
+    weight: np.ndarray,
+    priority: np.ndarray,  # int[Q]
+    creation: np.ndarray,  # float64[Q]
+    names: list[str],
+    requested: np.ndarray,  # float64[Q, 3], subtree sums
+    *,
+    trace: bool = False,
+) -> tuple[np.ndarray, list[list[list[str]]] | None]:
+    """Fair share of every queue: top-level queues divide `total`, children divide their parent's share."""
+    Q = len(names)
+    fair = np.zeros((Q, total.shape[0]))
+    steps: list[list[list[str]]] | None = [[[] for _ in range(total.shape[0])] for _ in range(Q)] if trace else None
+    children: list[list[int]] = [[] for _ in range(Q)]
+    top = []
+    for q in range(Q):
+        (children[int(parent[q])] if parent[q] >= 0 else top).append(q)
+    for r in range(total.shape[0]):
+        pending: list[tuple[float, list[int]]] = [(float(total[r]), top)]
+        while pending:
+            amount, siblings = pending.pop()
             if not siblings:
                 continue
-            shares = [QueueShare(index=q, name=state.q_names[q], deserved=float(state.q_deserved[q, r]),
-                                 limit=float(state.q_limit[q, r]), weight=float(state.q_oqw[q, r]),
-                                 priority=int(state.q_priority[q]), creation=float(state.q_creation[q]),
-                                 request=float(usage.requested[q, r])) for q in siblings]
+            shares = [QueueShare(index=q, name=names[q], deserved=float(deserved[q, r]), limit=float(limit[q, r]),
+                                 weight=float(weight[q, r]), priority=int(priority[q]),
+                                 creation=float(creation[q]), request=float(requested[q, r])) for q in siblings]
             divide(amount, shares, trace=trace)
             for s in shares:
                 fair[s.index, r] = s.fair_share
                 if steps is not None:
                     steps[s.index][r] = s.steps
-                pending_levels.append((s.fair_share, children[s.index]))
+                pending.append((s.fair_share, children[s.index]))
+    return fair, steps
+
+
+def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None) -> FairShare:
+    usage = queue_usage(state)
+    total = cluster_total(state) if total is None else total
+    fair, steps = divide_tree(total, state.q_parent, state.q_deserved, state.q_limit, state.q_oqw, state.q_priority,
+                              state.q_creation, state.q_names, usage.requested, trace=trace)
     return FairShare(total=total, deserved=state.q_deserved.copy(), limit=state.q_limit.copy(),
                      over_quota_weight=state.q_oqw.copy(), fair_share=fair, allocated=usage.allocated,
                      allocated_np=usage.allocated_np, requested=usage.requested, steps=steps)
