@@ -99,6 +99,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
             status.append(PodStatus.RELEASING if pod.meta.deletion_timestamp is not None else PodStatus.BOUND)
         elif not ours or pod.meta.deletion_timestamp is not None:
             continue
+        elif pod.nominated_node and pod.nominated_node in node_index and not pod.scheduling_gates:
+            status.append(PodStatus.PIPELINED)
         elif pod.scheduling_gates:
             status.append(PodStatus.GATED)
         else:
@@ -250,6 +252,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     for i, pod in enumerate(pods):
         if pod.node_name:
             pod_node[i] = node_index[pod.node_name]
+        elif status[i] == PodStatus.PIPELINED:
+            pod_node[i] = node_index[pod.nominated_node]  # type: ignore[index]
         row = pod_req[i]
         for r, v in pod.requests.items():
             if r == "cpu":
@@ -306,7 +310,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     pg_pods = ours_idx[order].astype(np.int64)
 
     # -- node usage and GPU devices --------------------------------------------------------------------------------
-    holders = np.nonzero((pod_status == PodStatus.BOUND) | (pod_status == PodStatus.RELEASING))[0]
+    holders = np.nonzero((pod_status == PodStatus.BOUND) | (pod_status == PodStatus.RELEASING)
+                         | (pod_status == PodStatus.PIPELINED))[0]
     releasing = pod_status == PodStatus.RELEASING
     node_used = np.zeros((N, R), dtype=np.int64)
     node_rel = np.zeros((N, R), dtype=np.int64)
@@ -315,6 +320,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         rel = holders[releasing[holders]]
         if len(rel):
             np.add.at(node_rel, pod_node[rel], pod_req[rel])
+
     dev_used, dev_rel, pod_dev_start, pod_dev, dev_warn = assign_devices(
         dev_start=dev_start, node_gpu_mem_mib=node_gpu_mem, holders=holders, pod_node=pod_node,
         releasing=releasing, whole=pod_whole, frac=pod_frac, mem=pod_mem, ndev=pod_ndev, explicit=explicit,
@@ -331,6 +337,10 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
             np.add.at(rel_sum, dev_node, dev_rel)
         node_used[has_dev, R_GPU] = np.maximum(node_used[has_dev, R_GPU], dev_sum[has_dev])
         node_rel[has_dev, R_GPU] = np.maximum(node_rel[has_dev, R_GPU], rel_sum[has_dev])
+    piped = holders[pod_status[holders] == PodStatus.PIPELINED]
+    if len(piped):  # a pipelined pod takes over resources being released: they are no longer "releasing"
+        np.subtract.at(node_rel, pod_node[piped], pod_req[piped])
+        np.maximum(node_rel, 0, out=node_rel)
         over = np.nonzero((node_used > node_alloc).any(axis=1))[0]
         for n in over[:20].tolist():
             warnings.append(f"Node {node_names[n]}: pods on it hold more than its allocatable")

@@ -19,6 +19,7 @@ class PodStatus(IntEnum):
     BOUND = 2  # holds resources on a node (running, or bound and starting); ours or another scheduler's
     RELEASING = 3  # bound and being deleted: still holds its resources until it is gone
     IGNORED = 4  # not ours and not on a node, or ours but deleted before placement
+    PIPELINED = 5  # ours, nominated onto a node whose resources are still being released (holds them there)
 
 
 @dataclass(frozen=True)
