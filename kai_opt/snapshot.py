@@ -66,6 +66,7 @@ class Snapshot:
     now: float | None = None  # time the snapshot describes (None: the wall clock when used)
     source: str | None = None
     ignored_kinds: dict[str, int] = field(default_factory=dict)
+    origins: dict[tuple[str, str], tuple[str | None, int | None]] = field(default_factory=dict, repr=False)
 
     # -- construction ----------------------------------------------------------------------------------------------
     @classmethod
@@ -95,7 +96,11 @@ class Snapshot:
                 snap.rejected.append(Issue(raw.kind, "?", "Invalid", err.message))
                 continue
             try:
-                buckets[raw.kind].append(model.from_k8s(raw.obj))
+                parsed = model.from_k8s(raw.obj)
+                buckets[raw.kind].append(parsed)
+                if raw.line is not None:
+                    key = parsed.key if hasattr(parsed, "key") else parsed.name
+                    snap.origins.setdefault((raw.kind, key), (raw.source, raw.line))
             except InputError as exc:
                 located = exc.at(source=raw.source, line=raw.line)
                 if strict:
@@ -113,7 +118,6 @@ class Snapshot:
     # -- cross-object validation -----------------------------------------------------------------------------------
     def validate(self, *, strict: bool = True) -> None:
         """Duplicates and the queue tree are errors (strict) or rejections; dangling workload links are warnings."""
-        src = self.source
         for kind, items, keyf in (
             ("Node", self.nodes, lambda o: o.name),
             ("Pod", self.pods, lambda o: o.key),
@@ -127,7 +131,8 @@ class Snapshot:
             for o in items:
                 k = keyf(o)
                 if k in seen:
-                    err = InputError("duplicate name", source=src, obj=f"{kind} {k}", field="metadata.name")
+                    err = InputError("duplicate name", **self._where(kind, k), obj=f"{kind} {k}",
+                                     field="metadata.name")
                     if strict:
                         raise err
                     self.rejected.append(Issue(kind, k, "Duplicate", err.message))
@@ -169,7 +174,7 @@ class Snapshot:
         bad: set[str] = set()
         for q in self.queues:
             if q.parent is not None and q.parent not in by_name:
-                err = InputError(f"parent queue {q.parent!r} does not exist", source=self.source,
+                err = InputError(f"parent queue {q.parent!r} does not exist", **self._where("Queue", q.name),
                                  obj=f"Queue {q.name}", field="spec.parentQueue")
                 if strict:
                     raise err
@@ -180,7 +185,7 @@ class Snapshot:
             while cur is not None and cur in by_name:
                 if cur in seen:
                     cycle = " -> ".join([*seen[seen.index(cur):], cur])
-                    err = InputError(f"parent links form a cycle: {cycle}", source=self.source,
+                    err = InputError(f"parent links form a cycle: {cycle}", **self._where("Queue", q.name),
                                      obj=f"Queue {q.name}", field="spec.parentQueue")
                     if strict:
                         raise err
@@ -201,6 +206,11 @@ class Snapshot:
                         self.rejected.append(Issue("Queue", q.name, "ParentQueueRejected",
                                                    f"parent queue {q.parent!r} was rejected"))
             self.queues = [q for q in self.queues if q.name not in bad]
+
+    def _where(self, kind: str, key: str) -> dict[str, Any]:
+        """source/line of an object for an error (the first object of that name, for duplicates)."""
+        source, line = self.origins.get((kind, key), (None, None))
+        return {"source": source or self.source, "line": line}
 
     # -- lookups --------------------------------------------------------------------------------------------------
     def is_ours(self, pod: Pod) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from builders import node, pod, podgroup, queue, state
+
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota, over_limit
 from kai_opt.fairshare.division import QueueShare, divide

@@ -122,11 +122,4 @@ def test_over_quota_follows_weights_within_one_unit(weights: list[float], total:
 def test_more_capacity_never_lowers_a_share_by_more_than_one_unit(t: dict, extra: int) -> None:
     before = run(t)
     after = run(t, t["total"] + extra)
-    depth = np.zeros(len(before))
-    for q in range(len(before)):
-        cur = t["parent"][q]
-        while cur >= 0:
-            depth[q] += 1
-            cur = t["parent"][cur]
-    # whole-unit rounding can move one unit at each level of the tree
-    assert np.all(after >= before - (depth + 1) - EPS)
+    assert np.all(after >= before - 1 - EPS), (before, after)

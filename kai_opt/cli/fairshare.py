@@ -49,7 +49,8 @@ def _value(res: str, x: float) -> str:
 def render(rows: list[dict[str, Any]], total: list[float]) -> None:
     c = console()
     head = ", ".join(f"{res} {_value(res, t)}" for res, t in zip(QR, total, strict=True))
-    tree = Tree(f"[bold]Cluster[/] {head}   " + escape("(per resource: allocated/fair share [deserved, limit, weight])"))
+    legend = escape("(per resource: allocated/fair share [deserved, limit, weight])")
+    tree = Tree(f"[bold]Cluster[/] {head}   {legend}")
     nodes: dict[str | None, Any] = {None: tree}
     remaining = list(rows)
     while remaining:

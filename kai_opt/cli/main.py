@@ -7,7 +7,6 @@ import sys
 from kai_opt.cli.app import app
 from kai_opt.errors import KaiOptError
 
-
 _NOT_COMMANDS = {"app", "main", "render"}
 
 

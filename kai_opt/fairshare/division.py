@@ -8,10 +8,12 @@ For one sibling set and one resource:
    over-quota weight; a queue whose remaining request fits its share takes exactly that, otherwise it takes the
    whole units of its share and the fraction is remembered; rounds repeat while some queue took less than its
    share;
-3. leftovers: per priority level, one unit (or what is left, if less) to each remembered queue by largest
-   remembered fraction, then older creation time, then name. Unlike KAI, a leftover unit never takes a queue
-   above its remaining request (KAI may overshoot by a fraction of a unit); what it would overshoot stays for
-   the next queue.
+3. leftovers: one unit (or what is left, if less) to each remembered queue by largest remembered fraction, then
+   older creation time, then name.
+Two refinements over KAI, both so that more capacity never takes a share away and a priority level really gets
+all surplus before the next: a level's leftovers are handed out right after its own rounds (KAI runs the rounds
+of every level first, so a lower level could take whole units the higher level lost to rounding), and a leftover
+unit never takes a queue above its remaining request (KAI may overshoot by a fraction of a unit).
 Requestable = request capped by the limit (-1: no cap). Weight 0 gets no over-quota.
 """
 
@@ -83,15 +85,12 @@ def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool) 
     by_priority: dict[int, list[QueueShare]] = {}
     for q in sorted(queues, key=_order_key):
         by_priority.setdefault(q.priority, []).append(q)
-    priorities = sorted(by_priority, reverse=True)
-    remembered: dict[int, dict[int, float]] = {}
     remaining = total
-    for prio in priorities:
-        remaining, remembered[prio] = _rounds(remaining, by_priority[prio], trace)
-    for prio in priorities:
+    for prio in sorted(by_priority, reverse=True):
         if remaining <= 0:
             break
-        remaining = _leftovers(remaining, by_priority[prio], remembered[prio], trace)
+        remaining, remembered = _rounds(remaining, by_priority[prio], trace)
+        remaining = _leftovers(remaining, by_priority[prio], remembered, trace)
     return remaining
 
 

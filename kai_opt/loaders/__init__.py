@@ -32,6 +32,11 @@ def load_snapshot(path: str | Path, *, scheduler_names: tuple[str, ...] | None =
     if p.is_dir() and not files:
         raise InputError("directory holds no .yaml, .yml or .json files", source=str(p))
     docs = [d for f in files for d in read_documents(f)]
+    scenario_docs = [d for d in docs if isinstance(d.data, dict) and d.data.get("kind") == "Scenario"]
+    if scenario_docs and (len(files) > 1 or len(docs) > 1):
+        where = scenario_docs[0]
+        raise InputError("a Scenario must be the only document of its file, and a snapshot directory cannot "
+                         "hold one", source=where.source, line=where.line, obj="Scenario")
     if len(files) == 1 and docs:
         first = docs[0].data
         if isinstance(first, dict) and first.get("kind") == "Scenario":

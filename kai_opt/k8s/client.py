@@ -1,0 +1,286 @@
+"""Connecting to a cluster: an `ApiClient` from a kubeconfig, in-cluster config or explicit credentials; the
+kai-opt CRDs; raw JSON requests; and applying multi-document YAML (create, or replace what exists)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from kai_opt.errors import KaiOptError
+
+DEFAULT_TIMEOUT = (5.0, 120.0)  # (connect, read) seconds for one request
+
+
+class ClusterError(KaiOptError):
+    """The cluster cannot be reached, refused a request, or the connection settings are wrong (one line)."""
+
+
+@dataclass(frozen=True)
+class CRD:
+    """A custom resource kai-opt reads or writes."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @property
+    def name(self) -> str:
+        """The CustomResourceDefinition's name."""
+        return f"{self.plural}.{self.group}"
+
+
+SCHEDULING_GROUP = "scheduling.run.ai"
+KAI_GROUP = "kai.scheduler"
+QUEUE = CRD(SCHEDULING_GROUP, "v2", "queues", "Queue", namespaced=False)
+PODGROUP = CRD(SCHEDULING_GROUP, "v2alpha2", "podgroups", "PodGroup", namespaced=True)
+TOPOLOGY = CRD(KAI_GROUP, "v1alpha1", "topologies", "Topology", namespaced=False)
+CRDS = (QUEUE, PODGROUP, TOPOLOGY)
+
+
+# -- connecting ------------------------------------------------------------------------------------------------------
+def make_api_client(
+    *,
+    kubeconfig: str | Path | None = None,
+    context: str | None = None,
+    in_cluster: bool = False,
+    host: str | None = None,
+    token: str | None = None,
+    ca_file: str | Path | None = None,
+    insecure: bool = False,
+) -> client.ApiClient:
+    """An ApiClient from explicit `host` (+ bearer `token`, `ca_file` or `insecure`), in-cluster config, or a
+    kubeconfig (`kubeconfig`, else $KUBECONFIG / ~/.kube/config; in-cluster when none exists and running in a pod)."""
+    cfg = client.Configuration()
+    try:
+        if host:
+            cfg.host = host.rstrip("/")
+            if token:
+                cfg.api_key = {"authorization": f"Bearer {token}"}
+            if ca_file:
+                cfg.ssl_ca_cert = str(ca_file)
+            cfg.verify_ssl = not insecure
+        elif kubeconfig and not Path(kubeconfig).is_file():
+            raise ClusterError(f"cannot load kubeconfig {kubeconfig}: no such file")
+        elif in_cluster:
+            config.load_incluster_config(client_configuration=cfg)
+        else:
+            try:
+                config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                                        client_configuration=cfg, persist_config=False)
+            except ConfigException:
+                if kubeconfig or not _in_pod():
+                    if not kubeconfig and not _default_kubeconfig_exists():
+                        raise ClusterError("no kubeconfig (--kubeconfig, $KUBECONFIG or ~/.kube/config) and not "
+                                           "running in a pod") from None
+                    raise
+                config.load_incluster_config(client_configuration=cfg)
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "cluster configuration"
+        raise ClusterError(f"cannot load {where}: {_one_line(exc)}") from exc
+    cfg.retries = urllib3.Retry(total=3, connect=1, backoff_factor=0.2)  # an unreachable server fails fast
+    if not cfg.verify_ssl:  # the user asked for it (insecure-skip-tls-verify); kubectl does not warn either
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    api = client.ApiClient(configuration=cfg)
+    api.user_agent = "kai-opt"
+    return api
+
+
+def _default_kubeconfig_exists() -> bool:
+    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    return any(Path(p).is_file() for p in paths.split(os.pathsep) if p)
+
+
+def _in_pod() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def cluster_error(exc: BaseException, what: str, api: client.ApiClient | None = None) -> ClusterError:
+    """A one-line `ClusterError` for a failed request (`what`: e.g. "list nodes")."""
+    server = f" at {api.configuration.host}" if api is not None else ""
+    if isinstance(exc, ApiException):
+        detail = status_message(exc)
+        return ClusterError(f"{what}: the API server{server} answered {exc.status} {exc.reason}"
+                            + (f": {detail}" if detail and detail != exc.reason else ""))
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.SSLError | urllib3.exceptions.ProtocolError
+                  | urllib3.exceptions.NewConnectionError):
+        return ClusterError(f"{what}: cannot connect to the API server{server}: {_short_reason(exc)}")
+    return ClusterError(f"{what}: cannot reach the API server{server}: {_short_reason(exc)}")
+
+
+def _short_reason(exc: BaseException) -> str:
+    # urllib3 prefixes "<...HTTPSConnection object at 0x...>: " or "HTTPSConnection(host=..., port=...): "
+    return re.sub(r"^(<[^>]*>|\w*Connection\([^)]*\)): ", "", _one_line(exc))
+
+
+def status_message(exc: ApiException) -> str:
+    """The `message` of the Status the server answered with, else the raw body (one line)."""
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
+    try:
+        return " ".join(str(json.loads(body).get("message") or body).split())
+    except (TypeError, ValueError, AttributeError):
+        return " ".join(str(body or "").split())
+
+
+# -- raw JSON requests -----------------------------------------------------------------------------------------------
+def request(api: client.ApiClient, method: str, path: str, *, body: Any = None,
+            query: dict[str, Any] | None = None, timeout: Any = DEFAULT_TIMEOUT) -> Any:
+    """One authenticated JSON request; returns the decoded body. Errors raise `ApiException` (HTTP status)
+    or urllib3 errors (connection): callers turn them into `ClusterError` with `cluster_error`."""
+    params = [(k, v) for k, v in (query or {}).items() if v is not None]
+    method, url, headers, data, post = api.param_serialize(
+        method=method, resource_path=path, query_params=params, body=body, auth_settings=["BearerToken"],
+        header_params={"Accept": "application/json", **({"Content-Type": "application/json"} if body else {})})
+    resp = api.call_api(method, url, header_params=headers, body=data, post_params=post, _request_timeout=timeout)
+    raw = resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=raw.decode("utf-8", "replace"), data=None)
+    return json.loads(raw) if raw else None
+
+
+def read_json(resp: Any) -> Any:
+    """Decode a `_preload_content=False` response of a typed API call."""
+    return json.loads(resp.data)
+
+
+# -- manifests and apply ---------------------------------------------------------------------------------------------
+def crd_manifests() -> str:
+    """kai-opt's CustomResourceDefinitions (package data) as YAML text."""
+    return resources.files("kai_opt.k8s").joinpath("manifests/crds.yaml").read_text(encoding="utf-8")
+
+
+def parse_yaml(text: str) -> list[dict[str, Any]]:
+    """The non-empty documents of a multi-document YAML text; `List` kinds are flattened."""
+    out: list[dict[str, Any]] = []
+    for doc in yaml.safe_load_all(text):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+            raise KaiOptError(f"not a Kubernetes object (needs apiVersion and kind): {str(doc)[:60]!r}")
+        if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):
+            out.extend(doc["items"])
+        else:
+            out.append(doc)
+    return out
+
+
+class _Discovery:
+    """kind -> (plural, namespaced) per apiVersion, asked from the server once."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._cache: dict[str, dict[str, tuple[str, bool]]] = {}
+
+    def resource(self, api_version: str, kind: str, *, wait: float = 10.0) -> tuple[str, bool]:
+        deadline = time.monotonic() + wait  # a just-established CRD can take a moment to appear in discovery
+        while kind not in self._cache.get(api_version, {}):
+            path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            try:
+                found = request(self.api, "GET", path)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                found = {}
+            self._cache[api_version] = {r["kind"]: (r["name"], bool(r.get("namespaced")))
+                                        for r in found.get("resources", []) if "/" not in r["name"]}
+            if kind in self._cache[api_version]:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the API server does not serve kind {kind} in {api_version}")
+            time.sleep(0.2)
+        return self._cache[api_version][kind]
+
+
+def object_path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{ns}/{plural}" + (f"/{name}" if name else "")
+
+
+def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
+                  crd_timeout: float = 60.0) -> list[str]:
+    """Create each object, or replace it when it exists (CRDs and Namespaces first; new CRDs are waited for
+    until Established). Returns lines like "queue.scheduling.run.ai/team-a created". Like kubectl, this writes
+    spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update."""
+    objs = list(objects)
+    first = [o for o in objs if o["kind"] in ("CustomResourceDefinition", "Namespace")]
+    rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
+    disco = _Discovery(api)
+    done: list[str] = []
+    for batch in (first, rest):
+        for obj in batch:
+            done.append(_apply_one(api, disco, obj))
+        crds = [o["metadata"]["name"] for o in batch if o["kind"] == "CustomResourceDefinition"]
+        if crds:
+            wait_crds_established(api, crds, timeout=crd_timeout)
+    return done
+
+
+def _apply_one(api: client.ApiClient, disco: _Discovery, obj: dict[str, Any]) -> str:
+    api_version, kind = obj["apiVersion"], obj["kind"]
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    label = f"{kind.lower()}.{api_version.split('/')[0]}/{name}" if "/" in api_version else f"{kind.lower()}/{name}"
+    try:
+        plural, namespaced = disco.resource(api_version, kind)
+        namespace = (meta.get("namespace") or "default") if namespaced else None
+        try:
+            request(api, "POST", object_path(api_version, plural, namespace), body=obj)
+            return f"{label} created"
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        current = request(api, "GET", object_path(api_version, plural, namespace, name))
+        body = {**obj, "metadata": {**meta, "resourceVersion": current["metadata"]["resourceVersion"]}}
+        request(api, "PUT", object_path(api_version, plural, namespace, name), body=body)
+        return f"{label} configured"
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        raise cluster_error(exc, f"apply {label}", api) from exc
+
+
+def wait_crds_established(api: client.ApiClient, names: Iterable[str], *, timeout: float = 60.0) -> None:
+    """Block until every named CRD has condition Established=True (or raise `ClusterError`)."""
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for name in sorted(pending):
+            try:
+                crd = request(api, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            except (ApiException, urllib3.exceptions.HTTPError) as exc:
+                raise cluster_error(exc, f"read CRD {name}", api) from exc
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Established" and c.get("status") == "True" for c in conds):
+                pending.discard(name)
+        if pending and time.monotonic() > deadline:
+            raise ClusterError(f"CRDs not established after {timeout:g}s: {', '.join(sorted(pending))}")
+        if pending:
+            time.sleep(0.1)
+
+
+def install_crds(api: client.ApiClient, *, timeout: float = 60.0) -> list[str]:
+    """Create or replace kai-opt's CRDs and wait until they are served."""
+    return apply_objects(api, parse_yaml(crd_manifests()), crd_timeout=timeout)
