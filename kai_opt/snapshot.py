@@ -66,7 +66,7 @@ class Snapshot:
     now: float | None = None  # time the snapshot describes (None: the wall clock when used)
     source: str | None = None
     ignored_kinds: dict[str, int] = field(default_factory=dict)
-    origins: dict[tuple[str, str], tuple[str | None, int | None]] = field(default_factory=dict, repr=False)
+    origins: dict[int, tuple[str | None, int | None]] = field(default_factory=dict, repr=False)  # id(obj) ->
 
     # -- construction ----------------------------------------------------------------------------------------------
     @classmethod
@@ -98,9 +98,7 @@ class Snapshot:
             try:
                 parsed = model.from_k8s(raw.obj)
                 buckets[raw.kind].append(parsed)
-                if raw.line is not None:
-                    key = parsed.key if hasattr(parsed, "key") else parsed.name
-                    snap.origins.setdefault((raw.kind, key), (raw.source, raw.line))
+                snap.origins[id(parsed)] = (raw.source, raw.line)
             except InputError as exc:
                 located = exc.at(source=raw.source, line=raw.line)
                 if strict:
@@ -131,7 +129,7 @@ class Snapshot:
             for o in items:
                 k = keyf(o)
                 if k in seen:
-                    err = InputError("duplicate name", **self._where(kind, k), obj=f"{kind} {k}",
+                    err = InputError("duplicate name", **self._where(o), obj=f"{kind} {k}",
                                      field="metadata.name")
                     if strict:
                         raise err
@@ -174,7 +172,7 @@ class Snapshot:
         bad: set[str] = set()
         for q in self.queues:
             if q.parent is not None and q.parent not in by_name:
-                err = InputError(f"parent queue {q.parent!r} does not exist", **self._where("Queue", q.name),
+                err = InputError(f"parent queue {q.parent!r} does not exist", **self._where(q),
                                  obj=f"Queue {q.name}", field="spec.parentQueue")
                 if strict:
                     raise err
@@ -185,7 +183,7 @@ class Snapshot:
             while cur is not None and cur in by_name:
                 if cur in seen:
                     cycle = " -> ".join([*seen[seen.index(cur):], cur])
-                    err = InputError(f"parent links form a cycle: {cycle}", **self._where("Queue", q.name),
+                    err = InputError(f"parent links form a cycle: {cycle}", **self._where(q),
                                      obj=f"Queue {q.name}", field="spec.parentQueue")
                     if strict:
                         raise err
@@ -207,9 +205,9 @@ class Snapshot:
                                                    f"parent queue {q.parent!r} was rejected"))
             self.queues = [q for q in self.queues if q.name not in bad]
 
-    def _where(self, kind: str, key: str) -> dict[str, Any]:
-        """source/line of an object for an error (the first object of that name, for duplicates)."""
-        source, line = self.origins.get((kind, key), (None, None))
+    def _where(self, obj: object) -> dict[str, Any]:
+        """source/line an object was read from, for an error message."""
+        source, line = self.origins.get(id(obj), (None, None))
         return {"source": source or self.source, "line": line}
 
     # -- lookups --------------------------------------------------------------------------------------------------
