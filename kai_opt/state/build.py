@@ -313,34 +313,35 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     holders = np.nonzero((pod_status == PodStatus.BOUND) | (pod_status == PodStatus.RELEASING)
                          | (pod_status == PodStatus.PIPELINED))[0]
     releasing = pod_status == PodStatus.RELEASING
+    pipelined = pod_status == PodStatus.PIPELINED
     node_used = np.zeros((N, R), dtype=np.int64)
     node_rel = np.zeros((N, R), dtype=np.int64)
+    node_pipe = np.zeros((N, R), dtype=np.int64)
     if len(holders):
-        np.add.at(node_used, pod_node[holders], pod_req[holders])
+        occupying = holders[~pipelined[holders]]
+        np.add.at(node_used, pod_node[occupying], pod_req[occupying])
         rel = holders[releasing[holders]]
         if len(rel):
             np.add.at(node_rel, pod_node[rel], pod_req[rel])
+        piped = holders[pipelined[holders]]
+        if len(piped):
+            np.add.at(node_pipe, pod_node[piped], pod_req[piped])
 
-    dev_used, dev_rel, pod_dev_start, pod_dev, dev_warn = assign_devices(
+    dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev, dev_warn = assign_devices(
         dev_start=dev_start, node_gpu_mem_mib=node_gpu_mem, holders=holders, pod_node=pod_node,
         releasing=releasing, whole=pod_whole, frac=pod_frac, mem=pod_mem, ndev=pod_ndev, explicit=explicit,
-        groups=gpu_groups, n_pods=P, pod_name=lambda i: pods[i].key, node_name=lambda n: node_names[n])
+        groups=gpu_groups, n_pods=P, pod_name=lambda i: pods[i].key, node_name=lambda n: node_names[n],
+        pipelined=pipelined)
     warnings.extend(dev_warn)
     if N:
         # GPU usage per node from the devices (gpu-memory pods are converted there)
         has_dev = gpus > 0
-        dev_sum = np.zeros(N, dtype=np.int64)
-        rel_sum = np.zeros(N, dtype=np.int64)
-        if len(dev_used):
-            dev_node = np.repeat(np.arange(N), gpus)
-            np.add.at(dev_sum, dev_node, dev_used)
-            np.add.at(rel_sum, dev_node, dev_rel)
-        node_used[has_dev, R_GPU] = np.maximum(node_used[has_dev, R_GPU], dev_sum[has_dev])
-        node_rel[has_dev, R_GPU] = np.maximum(node_rel[has_dev, R_GPU], rel_sum[has_dev])
-    piped = holders[pod_status[holders] == PodStatus.PIPELINED]
-    if len(piped):  # a pipelined pod takes over resources being released: they are no longer "releasing"
-        np.subtract.at(node_rel, pod_node[piped], pod_req[piped])
-        np.maximum(node_rel, 0, out=node_rel)
+        dev_node = np.repeat(np.arange(N), gpus)
+        for dev_arr, node_arr in ((dev_used, node_used), (dev_rel, node_rel), (dev_pipe, node_pipe)):
+            per_node = np.zeros(N, dtype=np.int64)
+            if len(dev_arr):
+                np.add.at(per_node, dev_node, dev_arr)
+            node_arr[has_dev, R_GPU] = np.maximum(node_arr[has_dev, R_GPU], per_node[has_dev])
         over = np.nonzero((node_used > node_alloc).any(axis=1))[0]
         for n in over[:20].tolist():
             warnings.append(f"Node {node_names[n]}: pods on it hold more than its allocatable")
@@ -351,9 +352,10 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     return ClusterState(
         now=now, resources=resources,
         node_names=node_names, node_alloc=node_alloc, node_used=node_used, node_releasing=node_rel,
+        node_pipelined=node_pipe,
         node_ok=node_ok, node_gpu_mem_mib=node_gpu_mem, node_labels=[n.labels for n in snapshot.nodes],
         node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
-        dev_start=dev_start, dev_used=dev_used, dev_releasing=dev_rel,
+        dev_start=dev_start, dev_used=dev_used, dev_releasing=dev_rel, dev_pipelined=dev_pipe,
         pods=pods, pod_status=pod_status, pod_ours=pod_ours, pod_node=pod_node, pod_req=pod_req,
         pod_gpu_whole=pod_whole, pod_gpu_frac=pod_frac, pod_gpu_mem=pod_mem, pod_gpu_ndev=pod_ndev,
         pod_dev_start=pod_dev_start, pod_dev=pod_dev, pod_pg=pod_pg, pod_sg=pod_sg, pod_sig=pod_sig,

@@ -77,8 +77,9 @@ class ClusterState:
     # -- nodes (N) -------------------------------------------------------------------------------------------------
     node_names: list[str]
     node_alloc: np.ndarray  # int64[N, R]
-    node_used: np.ndarray  # int64[N, R]: held by bound and releasing pods (ours and others')
+    node_used: np.ndarray  # int64[N, R]: held now by bound and releasing pods (ours and others')
     node_releasing: np.ndarray  # int64[N, R]: the part of node_used that releasing pods hold
+    node_pipelined: np.ndarray  # int64[N, R]: claimed by pipelined pods once releases finish (not in node_used)
     node_ok: np.ndarray  # bool[N]: Ready and not cordoned
     node_gpu_mem_mib: np.ndarray  # int64[N]
     node_labels: list[dict[str, str]]
@@ -86,8 +87,9 @@ class ClusterState:
     node_class: np.ndarray  # int32[N]: nodes alike for every pod signature (labels that matter + taints)
     # -- GPU devices (D), grouped by node: devices of node n are dev_start[n]:dev_start[n+1] ------------------------
     dev_start: np.ndarray  # int64[N+1]
-    dev_used: np.ndarray  # int64[D] milli-GPU held (incl. releasing)
+    dev_used: np.ndarray  # int64[D] milli-GPU held now (incl. releasing)
     dev_releasing: np.ndarray  # int64[D] milli-GPU held by releasing pods
+    dev_pipelined: np.ndarray  # int64[D] milli-GPU claimed by pipelined pods (not in dev_used)
     # -- pods (P) --------------------------------------------------------------------------------------------------
     pods: list[Pod]
     pod_status: np.ndarray  # int8[P] PodStatus

@@ -29,22 +29,27 @@ def assign_devices(
     n_pods: int,
     pod_name: Callable[[int], str] = str,
     node_name: Callable[[int], str] = str,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """Returns dev_used, dev_releasing, pod_dev_start (int64[P+1]), pod_dev, warnings."""
+    pipelined: np.ndarray | None = None,  # bool[P]: nominated pods, which claim devices still being released
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Returns dev_used (bound + releasing pods), dev_releasing, dev_pipelined, pod_dev_start (int64[P+1]),
+    pod_dev, warnings."""
     n_dev = int(dev_start[-1])
     dev_used = np.zeros(n_dev, dtype=np.int64)
     dev_rel = np.zeros(n_dev, dtype=np.int64)
+    dev_pipe = np.zeros(n_dev, dtype=np.int64)
+    piped = pipelined if pipelined is not None else np.zeros(n_pods, dtype=bool)
     warnings: list[str] = []
     gpu_holders = holders[(whole[holders] > 0) | (frac[holders] > 0) | (mem[holders] > 0)]
     per_pod: dict[int, list[int]] = {}
     if len(gpu_holders) == 0:
-        return dev_used, dev_rel, np.zeros(n_pods + 1, dtype=np.int64), np.zeros(0, dtype=np.int64), warnings
+        return (dev_used, dev_rel, dev_pipe, np.zeros(n_pods + 1, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                warnings)
 
     nodes_of = pod_node[gpu_holders]
     simple_whole = (whole[gpu_holders] > 0) & np.array([p not in explicit for p in gpu_holders.tolist()], dtype=bool) \
         if explicit else whole[gpu_holders] > 0
     complex_nodes = np.zeros(len(dev_start) - 1, dtype=bool)
-    complex_nodes[nodes_of[~simple_whole]] = True
+    complex_nodes[nodes_of[~simple_whole | piped[gpu_holders]]] = True
 
     # fast path: nodes with only whole-GPU pods of unknown devices: consecutive devices in pod order
     fast = simple_whole & ~complex_nodes[nodes_of]
@@ -87,10 +92,16 @@ def assign_devices(
             return 1000
 
         def put(p: int, d: int, amount: int) -> None:
-            dev_used[d] += amount
-            if releasing[p]:
-                dev_rel[d] += amount
+            if piped[p]:
+                dev_pipe[d] += amount
+            else:
+                dev_used[d] += amount
+                if releasing[p]:
+                    dev_rel[d] += amount
             per_pod.setdefault(p, []).append(d)
+
+        def taken(sl: slice) -> np.ndarray:
+            return dev_used[sl] - dev_rel[sl] + dev_pipe[sl]  # what stays held once releases finish
 
         # 1) explicit devices
         for p in pods:
@@ -110,7 +121,7 @@ def assign_devices(
             if g in group_dev:
                 put(p, group_dev[g], per_device(p))
                 continue
-            d = _pick_shared(dev_used[base:base + count], per_device(p), fresh_first=True)
+            d = _pick_shared(taken(slice(base, base + count)), per_device(p), fresh_first=True)
             if d is None:
                 warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
                 continue
@@ -120,7 +131,7 @@ def assign_devices(
         for p in pods:
             if p in explicit or not whole[p]:
                 continue
-            free = np.nonzero(dev_used[base:base + count] == 0)[0][: int(whole[p])]
+            free = np.nonzero(taken(slice(base, base + count)) == 0)[0][: int(whole[p])]
             if len(free) < whole[p]:
                 warnings.append(f"Node {node_name(n)}: pods hold more GPUs than the node has")
             for d in free.tolist():
@@ -131,7 +142,7 @@ def assign_devices(
                 continue
             amount = per_device(p)
             for _ in range(int(ndev[p])):
-                d = _pick_shared(dev_used[base:base + count], amount, fresh_first=True,
+                d = _pick_shared(taken(slice(base, base + count)), amount, fresh_first=True,
                                  exclude=[x - base for x in per_pod.get(p, [])])
                 if d is None:
                     warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
@@ -146,7 +157,7 @@ def assign_devices(
     pod_dev = np.zeros(int(pod_dev_start[-1]), dtype=np.int64)
     for p, devs in per_pod.items():
         pod_dev[pod_dev_start[p]:pod_dev_start[p + 1]] = devs
-    return dev_used, dev_rel, pod_dev_start, pod_dev, warnings
+    return dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev, warnings
 
 
 def _pick_shared(used: np.ndarray, amount: int, *, fresh_first: bool, exclude: list[int] | None = None) -> int | None:

@@ -1,0 +1,79 @@
+"""`kai-opt solve SNAPSHOT`: one scheduling cycle on a snapshot; prints the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from kai_opt.cli.app import OutputWithYaml, app
+from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.config import Engine, load_config
+from kai_opt.engine import run_cycle
+from kai_opt.loaders import load_snapshot
+from kai_opt.plan import Plan
+from kai_opt.state import ClusterState, build_state
+from kai_opt.validation import plan_summary
+
+
+@app.command()
+def solve(
+    snapshot: Path = typer.Argument(..., help="Snapshot file or directory"),
+    engine: Engine | None = typer.Option(None, "--engine", "-e", help="greedy or cpsat (default: from config)"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
+    output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
+) -> None:
+    """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
+    cfg = load_config(config)
+    snap = load_snapshot(snapshot, scheduler_names=None)
+    state = build_state(snap, default_queue=cfg.default_queue)
+    plan, _fs = run_cycle(state, cfg, engine=engine)
+    data = plan.to_dict(state)
+    data["summary"] = plan_summary(state, plan)
+    if output == OutputWithYaml.json:
+        print_json(data)
+    elif output == OutputWithYaml.yaml:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        render(state, plan, data)
+
+
+def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
+    c = console()
+    s = data["summary"]
+    solver = data["solver"]
+    c.print(f"[bold]engine[/] {plan.engine}  status {solver['status']}  {solver.get('wall_s', 0):.3f}s")
+    c.print(f"GPUs allocated {fmt_num(s['gpus_allocated_before'])} -> {fmt_num(s['gpus_allocated_after'])} "
+            f"of {fmt_num(s['gpus_total'])}; fragmentation {fmt_num(s['fragmentation_before'])} -> "
+            f"{fmt_num(s['fragmentation_after'])}")
+    c.print(f"binds {s['binds']}, pipelines {s['pipelines']}, evictions {s['evictions']}, "
+            f"podgroups placed {s['podgroups_placed']}, pending {s['podgroups_pending']}")
+    if data["binds"] or data["pipelines"]:
+        t = Table(title="Placements", title_justify="left")
+        for col in ("pod", "podgroup", "node", "gpus", "how"):
+            t.add_column(col)
+        for kind in ("binds", "pipelines"):
+            for b in data[kind]:
+                t.add_row(b["pod"], b["podgroup"] or "", b["node"], ",".join(map(str, b["gpu_devices"])),
+                          "bind" if kind == "binds" else "pipeline")
+        c.print(t)
+    if data["evictions"]:
+        t = Table(title="Evictions", title_justify="left")
+        for col in ("pod", "podgroup", "node", "reason", "beneficiary"):
+            t.add_column(col)
+        for e in data["evictions"]:
+            t.add_row(e["pod"], e["podgroup"] or "", e["node"] or "", e["reason"], e["beneficiary"] or "")
+        c.print(t)
+    if data["pending"]:
+        t = Table(title="Pending", title_justify="left")
+        t.add_column("podgroup")
+        t.add_column("reason")
+        for p in data["pending"]:
+            t.add_row(p["podgroup"], "\n".join(f"{r['code']}: {r['message']}" for r in p["reasons"]))
+        c.print(t)
+
+
+

@@ -1,0 +1,232 @@
+"""The five actions of a cycle, in KAI's order: allocate, consolidate, reclaim, preempt, stale-gang eviction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kai_opt.fairshare.capacity import non_preemptible_over_quota
+from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
+from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
+from kai_opt.heuristics.gang import Attempt, GangPlacer
+from kai_opt.heuristics.jobs import JobQueue
+from kai_opt.heuristics.placer import Placer
+from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.heuristics.tasks import (
+    active_mask,
+    group_shape,
+    is_satisfied,
+    pending_mask,
+    readiness_problem,
+    tasks_to_allocate,
+)
+from kai_opt.heuristics.victims import (
+    active_groups,
+    protected_by_min_runtime,
+    solve_with_victims,
+)
+from kai_opt.plan import Reason
+from kai_opt.state import R_GPU, PodStatus
+
+
+class Actions:
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        self.placer = Placer(sess)
+        self.gang = GangPlacer(sess, self.placer)
+        self.reasons: dict[int, list[Reason]] = {}
+
+    # -- which groups take part ----------------------------------------------------------------------------------
+    def pending_groups(self, *, preemptible_only: bool = False) -> list[int]:
+        sess, st = self.sess, self.sess.state
+        pods = np.nonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))[0]
+        out = []
+        for g in sorted(set(st.pod_pg[pods].tolist())):
+            if st.pg_problem[g] is not None:
+                self.reasons[g] = [Reason(st.pg_problem[g], st.pg_problem_message[g] or st.pg_problem[g])]
+                continue
+            if preemptible_only and not st.pg_preemptible[g]:
+                continue
+            why = readiness_problem(sess, g)
+            if why is not None:
+                self.reasons[g] = [Reason("NotEnoughPods", why)]
+                continue
+            out.append(g)
+        return out
+
+    def _note(self, g: int, reasons: list[Reason]) -> None:
+        if reasons:
+            self.reasons[g] = reasons
+
+    # -- allocate -----------------------------------------------------------------------------------------------
+    def allocate(self) -> None:
+        sess = self.sess
+        jq = JobQueue(sess, self.pending_groups())
+        while True:
+            g = jq.pop()
+            if g is None:
+                break
+            tasks = tasks_to_allocate(sess, g)
+            if not tasks:
+                continue
+            attempt = self.gang.place(g, tasks, allow_pipeline=True)
+            if not attempt.ok:
+                self._note(g, attempt.reasons)
+                continue
+            if attempt.any_pipelined:
+                sess.convert_to_pipelined(self._placed_pods(g))
+            self.reasons.pop(g, None)
+            if pending_mask(sess, sess.state.group_pods(g)).any():
+                jq.push(g)
+
+    def _placed_pods(self, g: int) -> list[int]:
+        return [int(p) for p in self.sess.state.group_pods(g) if int(p) in self.sess.placements]
+
+    # -- consolidate ------------------------------------------------------------------------------------------
+    def consolidate(self) -> None:
+        sess, st = self.sess, self.sess.state
+        limit = sess.cfg.max_consolidation_preemptees
+        if limit == 0:
+            return
+        jq = JobQueue(sess, self.pending_groups(preemptible_only=True))
+        while True:
+            g = jq.pop()
+            if g is None:
+                break
+            tasks = tasks_to_allocate(sess, g)
+            if not tasks or self._satisfied_now(g):
+                continue
+            idle_gpus = float((sess.alloc[st.node_ok, R_GPU] - sess.held[st.node_ok, R_GPU]
+                               - sess.rel[st.node_ok, R_GPU]).sum())
+            if idle_gpus + 1e-9 < float(st.pod_req[tasks, R_GPU].sum()):
+                continue  # consolidation only defragments: the cluster must have the GPUs idle
+            candidates = [v for v in active_groups(sess) if v != g and st.pg_preemptible[v]]
+            feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._revalidate_moves,
+                                     feasible=feasible, max_victim_jobs=limit)
+            if out.ok:
+                self.reasons.pop(g, None)
+                if pending_mask(sess, st.group_pods(g)).any():
+                    jq.push(g)
+
+    def _revalidate_moves(self, sess: Session, _ledger: QueueLedger, victims: list[int]) -> str | None:
+        """Consolidation: every evicted pod must be re-placed (pipelined) in the same plan, on another node or on
+        other devices of its node."""
+        for p in victims:
+            choice = self.placer.choose(p, None, allow_pipeline=True)
+            if choice is None:
+                return "a consolidated pod could not be re-placed"
+            sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
+        return None
+
+    # -- reclaim ----------------------------------------------------------------------------------------------
+    def reclaim(self) -> None:
+        sess, st = self.sess, self.sess.state
+        jq = JobQueue(sess, self.pending_groups())
+        while True:
+            g = jq.pop()
+            if g is None:
+                break
+            tasks = tasks_to_allocate(sess, g)
+            if not tasks or self._satisfied_now(g):
+                continue
+            q = int(st.pg_queue[g])
+            req = sess.queue_request(tasks).sum(axis=0)
+            preemptible = bool(st.pg_preemptible[g])
+            if not can_reclaim(sess.fs, sess.ledger, q, req, preemptible=preemptible):
+                self._add_reason(g, Reason("ReclaimNotAllowed", f"queue {st.q_names[q]!r} would exceed its fair "
+                                           "share (or, for non-preemptible work, its quota) by reclaiming"))
+                continue
+            candidates = [v for v in active_groups(sess)
+                          if int(st.pg_queue[v]) != q and st.pg_preemptible[v]
+                          and not protected_by_min_runtime(sess, v, "reclaim")]
+            feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
+
+            def validate(s: Session, ledger: QueueLedger, victims: list[int], g: int = g, q: int = q,
+                         req: np.ndarray = req, preemptible: bool = preemptible) -> str | None:
+                return reclaimable(s.fs, ledger, q, req, self._victim_chunks(victims), preemptible=preemptible,
+                                   saturation_multiplier=s.cfg.reclaim_saturation_multiplier)
+
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible)
+            if out.ok:
+                self._finish(g, out.attempt, jq)
+            elif candidates:
+                self._add_reason(g, Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}"))
+
+    def _victim_chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
+        """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""
+        sess, st = self.sess, self.sess.state
+        by_group: dict[int, list[int]] = {}
+        for p in victims:
+            by_group.setdefault(int(st.pod_pg[p]), []).append(p)
+        out: list[tuple[int, np.ndarray]] = []
+        for g, pods in by_group.items():
+            q = int(st.pg_queue[g])
+            all_active = st.group_pods(g)
+            still = int((np.isin(sess.status[all_active], ACTIVE)).sum())
+            core = max(0, int(st.pg_min_member[g]) - still)  # pods of the core among the evicted ones
+            order = sorted(pods, key=lambda p: list(all_active).index(p))
+            reqs = sess.queue_request(order, sess.node[np.array(order)])
+            for chunk in chunk_resources(reqs, min(core, len(order))):
+                out.append((q, chunk))
+        return out
+
+    # -- preempt ------------------------------------------------------------------------------------------------
+    def preempt(self) -> None:
+        sess, st = self.sess, self.sess.state
+        jq = JobQueue(sess, self.pending_groups())
+        while True:
+            g = jq.pop()
+            if g is None:
+                break
+            tasks = tasks_to_allocate(sess, g)
+            if not tasks or self._satisfied_now(g):
+                continue
+            q = int(st.pg_queue[g])
+            req = sess.queue_request(tasks).sum(axis=0)
+            if not st.pg_preemptible[g] and non_preemptible_over_quota(sess.fs, sess.ledger, q, req) is not None:
+                continue
+            prio = int(st.pg_priority[g])
+            candidates = [v for v in active_groups(sess)
+                          if int(st.pg_queue[v]) == q and v != g and st.pg_preemptible[v]
+                          and int(st.pg_priority[v]) < prio and not protected_by_min_runtime(sess, v, "preempt")]
+            if not candidates:
+                continue
+            feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "preempt", None, feasible=feasible)
+            if out.ok:
+                self._finish(g, out.attempt, jq)
+
+    # -- stale gangs --------------------------------------------------------------------------------------------
+    def stale_gangs(self) -> None:
+        sess, st = self.sess, self.sess.state
+        grace = sess.cfg.stale_gang_grace_s
+        for g in active_groups(sess):
+            since = st.pg_stale_since[g]
+            if math.isnan(since) or st.now - float(since) <= grace:
+                continue
+            if is_satisfied(sess, g):
+                continue
+            for p in st.group_pods(g)[active_mask(sess, st.group_pods(g))].tolist():
+                if p in sess.placements:
+                    continue
+                sess.evict(p, "stale-gang", -1)
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _satisfied_now(self, g: int) -> bool:
+        return is_satisfied(self.sess, g, group_shape(self.sess, g)) and not pending_mask(
+            self.sess, self.sess.state.group_pods(g)).any()
+
+    def _finish(self, g: int, attempt: Attempt | None, jq: JobQueue) -> None:
+        if attempt is not None and attempt.any_pipelined:
+            self.sess.convert_to_pipelined(self._placed_pods(g))
+        self.reasons.pop(g, None)
+        if pending_mask(self.sess, self.sess.state.group_pods(g)).any():
+            jq.push(g)
+
+    def _add_reason(self, g: int, r: Reason) -> None:
+        existing = self.reasons.setdefault(g, [])
+        if all(x.code != r.code for x in existing):
+            existing.append(r)

@@ -1,0 +1,182 @@
+"""Place one group's pods all-or-nothing: queue capacity first, then each pod on its best node, inside a
+topology domain when the group (or a sub-group) requires one. Domains are tried bin-pack style (least free GPUs
+that could hold the pods first); a preferred level is tried first and dropped when no domain fits."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kai_opt.fairshare.capacity import capacity_violation
+from kai_opt.heuristics.placer import Placer, format_fit_error
+from kai_opt.heuristics.session import Session
+from kai_opt.plan import Reason
+from kai_opt.state import R_GPU
+
+
+@dataclass
+class Attempt:
+    ok: bool
+    reasons: list[Reason] = field(default_factory=list)
+    placed: list[int] = field(default_factory=list)
+    any_pipelined: bool = False
+
+
+def _domains(sess: Session, topo: int, level: int, mask: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+    t = sess.state.topologies[topo]
+    dom = t.domain[level]
+    out = []
+    for d, name in enumerate(t.domain_names[level]):
+        m = dom == d
+        if mask is not None:
+            m &= mask
+        if m.any():
+            out.append((name, m))
+    return out
+
+
+def _order_domains(sess: Session, domains: list[tuple[str, np.ndarray]], need_gpu: float,
+                   spread: bool) -> list[tuple[str, np.ndarray]]:
+    future = sess.alloc[:, R_GPU] - sess.held[:, R_GPU]
+    scored = []
+    for name, m in domains:
+        free = float(future[m].sum())
+        if free + 1e-9 < need_gpu:
+            scored.append((1, 0.0, name, m))  # cannot hold the pods: last
+        else:
+            scored.append((0, -free if spread else free, name, m))
+    scored.sort(key=lambda x: (x[0], x[1], x[2]))
+    return [(name, m) for _, _, name, m in scored]
+
+
+class GangPlacer:
+    def __init__(self, sess: Session, placer: Placer) -> None:
+        self.sess = sess
+        self.placer = placer
+
+    def place(self, g: int, tasks: list[int], *, allow_pipeline: bool = True,
+              check_capacity: bool = True) -> Attempt:
+        """Place `tasks` of group g (all or nothing). On failure the session is unchanged."""
+        sess, st = self.sess, self.sess.state
+        if check_capacity:
+            q = int(st.pg_queue[g])
+            req = sess.queue_request(tasks).sum(axis=0)
+            v = capacity_violation(sess.fs, sess.ledger, q, req, preemptible=bool(st.pg_preemptible[g]))
+            if v is not None:
+                return Attempt(False, [Reason(v.reason, v.message(st.q_names), {
+                    "queue": st.q_names[v.queue], "resource": v.resource, "bound": v.bound,
+                    "current": v.current, "requested": v.requested})])
+        topo, req_lvl, pref_lvl = int(st.pg_topology[g]), int(st.pg_required_level[g]), int(st.pg_preferred_level[g])
+        cp = sess.checkpoint()
+        if topo >= 0 and req_lvl >= 0:
+            need = float(st.pod_req[tasks, R_GPU].sum())
+            per_domain = []
+            for name, m in _order_domains(sess, _domains(sess, topo, req_lvl, None), need,
+                                          self._spread(tasks)):
+                a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
+                if a.ok:
+                    return a
+                per_domain.append(f"<{name}>: node-group {name} can allocate only {len(a.placed)} of "
+                                  f"{len(tasks)} required pods.")
+                sess.rollback(cp)
+            level = st.topologies[topo].levels[req_lvl]
+            msg = "\n".join(["Unable to schedule podgroup.", *per_domain,
+                             f"topology {st.topologies[topo].name}, requirement {level} couldn't be satisfied "
+                             f"for job </{st.pg_keys[g].split('/', 1)[1]}>."])
+            return Attempt(False, [Reason("TopologyUnsatisfied", msg, {"topology": st.topologies[topo].name,
+                                                                        "level": level})])
+        a = self._place_in(g, tasks, None, allow_pipeline, pref_lvl, topo)
+        if not a.ok:
+            sess.rollback(cp)
+        return a
+
+    def _spread(self, tasks: list[int]) -> bool:
+        return self.sess.cfg.placement.gpu.value == "spread"
+
+    def _place_in(self, g: int, tasks: list[int], mask: np.ndarray | None, allow_pipeline: bool, pref_lvl: int,
+                  topo: int) -> Attempt:
+        """Inside one domain (mask), with preferred-level domains tried first, then sub-group constraints."""
+        sess = self.sess
+        if topo >= 0 and pref_lvl >= 0:
+            cp = sess.checkpoint()
+            need = float(sess.state.pod_req[tasks, R_GPU].sum())
+            levels = list(range(pref_lvl, -1, -1))  # the preferred level, then wider levels
+            for lvl in levels:
+                for _name, m in _order_domains(sess, _domains(sess, topo, lvl, mask), need, self._spread(tasks)):
+                    a = self._place_subgroups(g, tasks, m, allow_pipeline)
+                    if a.ok:
+                        return a
+                    sess.rollback(cp)
+        return self._place_subgroups(g, tasks, mask, allow_pipeline)
+
+    def _place_subgroups(self, g: int, tasks: list[int], mask: np.ndarray | None, allow_pipeline: bool) -> Attempt:
+        sess, st = self.sess, self.sess.state
+        constrained: dict[int, list[int]] = {}
+        free: list[int] = []
+        for p in tasks:
+            s = int(st.pod_sg[p])
+            while s >= 0 and st.sg_required_level[s] < 0 and st.sg_preferred_level[s] < 0:
+                s = int(st.sg_parent[s])
+            (constrained.setdefault(s, []) if s >= 0 else free).append(p)
+        placed: list[int] = []
+        any_pipe = False
+        for s, pods in constrained.items():
+            topo = int(st.sg_topology[s])
+            if topo < 0:
+                free.extend(pods)
+                continue
+            req_lvl, pref_lvl = int(st.sg_required_level[s]), int(st.sg_preferred_level[s])
+            done = False
+            need = float(st.pod_req[pods, R_GPU].sum())
+            cp = sess.checkpoint()
+            tries: list[np.ndarray] = []
+            if req_lvl >= 0:
+                tries = [m for _, m in _order_domains(sess, _domains(sess, topo, req_lvl, mask), need,
+                                                      self._spread(pods))]
+            else:
+                for lvl in range(pref_lvl, -1, -1):
+                    tries += [m for _, m in _order_domains(sess, _domains(sess, topo, lvl, mask), need,
+                                                           self._spread(pods))]
+                tries.append(mask if mask is not None else np.ones(st.n_nodes, dtype=bool))
+            last = Attempt(False)
+            for m in tries:
+                a = self._place_pods(pods, m, allow_pipeline)
+                if a.ok:
+                    placed += a.placed
+                    any_pipe |= a.any_pipelined
+                    done = True
+                    break
+                last = a
+                sess.rollback(cp)
+            if not done:
+                return Attempt(False, last.reasons, placed + last.placed)
+        a = self._place_pods(free, mask, allow_pipeline)
+        return Attempt(a.ok, a.reasons, placed + a.placed, any_pipe or a.any_pipelined)
+
+    def _place_pods(self, pods: list[int], mask: np.ndarray | None, allow_pipeline: bool) -> Attempt:
+        placed: list[int] = []
+        any_pipe = False
+        for p in pods:
+            choice = self.placer.choose(p, mask, allow_pipeline=allow_pipeline)
+            if choice is None:
+                total, why = self.placer.failure_reasons(p, mask)
+                return Attempt(False, [fit_reason(self.sess, p, placed, total, why)], placed, any_pipe)
+            self.sess.place(p, choice.node, choice.devices, pipelined=choice.pipelined)
+            placed.append(p)
+            any_pipe |= choice.pipelined
+        return Attempt(True, [], placed, any_pipe)
+
+
+def fit_reason(sess: Session, p: int, placed: list[int], total: int, why: Counter[str]) -> Reason:
+    st = sess.state
+    g = int(st.pod_pg[p])
+    m = int(st.pg_min_member[g]) if g >= 0 else 1
+    text = format_fit_error(total, why)
+    if m > 1:
+        msg = (f"Resources were found for {len(placed)} pods while {m} are required for gang scheduling. "
+               f"Additional pods cannot be scheduled due to: {text}")
+    else:
+        msg = f"Resources were not found for pod {st.pods[p].key} due to: {text}"
+    return Reason("Unschedulable", msg, {"nodes": total, "reasons": dict(why), "placed": len(placed)})

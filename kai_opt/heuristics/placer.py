@@ -1,0 +1,264 @@
+"""Where one pod can go (filter) and which node is best (score), with GPU device choice.
+
+Filter: node Ready and schedulable; node selector, required node affinity and taints (per node class); resources
+now (bind) or once releases finish (pipeline); GPU devices (whole free devices, or one device with room for a
+share); required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
+(a share joins an already shared device), availability (fits now rather than after releases), resource type
+(CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread (most free) on the pod's main
+resource, then node name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.config import Strategy
+from kai_opt.heuristics.session import ACTIVE, DEV, Session
+from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS
+from kai_opt.state.resources import short_name
+
+TIER_PREFERRED_AFFINITY = 100_000
+TIER_GPU_SHARING = 1_000
+TIER_AVAILABILITY = 100
+TIER_RESOURCE_TYPE = 10
+
+
+@dataclass
+class Choice:
+    node: int
+    pipelined: bool
+    devices: tuple[int, ...]  # global device indexes
+
+
+class Placer:
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        st = sess.state
+        self.n = st.n_nodes
+        self.non_gpu_cols = np.array([c for c in range(len(st.resources)) if c != R_GPU], dtype=np.int64)
+        self._static: dict[int, np.ndarray] = {}
+        self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
+            if self.n else np.zeros(0, dtype=np.int64)
+        self.has_gpu = np.diff(st.dev_start) > 0
+
+    # -- static feasibility ------------------------------------------------------------------------------------
+    def static_mask(self, sig: int) -> np.ndarray:
+        mask = self._static.get(sig)
+        if mask is None:
+            st = self.sess.state
+            s = st.sigs[sig]
+            classes = st.node_class
+            n_classes = int(classes.max()) + 1 if self.n else 0
+            first = np.full(n_classes, -1, dtype=np.int64)
+            first[classes[::-1]] = np.arange(self.n - 1, -1, -1)  # first node of each class
+            ok_class = np.array([s.allows(st.node_labels[n], st.node_taints[n], st.node_names[n])
+                                 for n in first.tolist()], dtype=bool)
+            mask = ok_class[classes] & st.node_ok if self.n else np.zeros(0, dtype=bool)
+            self._static[sig] = mask
+        return mask
+
+    # -- resource fit ------------------------------------------------------------------------------------------
+    def fit(self, p: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(fits now, fits once releases finish) over the candidate node indexes."""
+        sess, st = self.sess, self.sess.state
+        req = st.pod_req[p]
+        cols = self.non_gpu_cols
+        held = sess.held[np.ix_(candidates, cols)]
+        alloc = sess.alloc[np.ix_(candidates, cols)]
+        rel = sess.rel[np.ix_(candidates, cols)]
+        need = req[cols]
+        future_ok = np.all(alloc - held >= need, axis=1)
+        now_ok = future_ok & np.all(alloc - held - rel >= need, axis=1)
+        whole = int(st.pod_gpu_whole[p])
+        if whole:
+            now_ok &= sess.whole_idle[candidates] >= whole
+            future_ok &= sess.whole_future[candidates] >= whole
+        elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+            per = self.per_device(p, candidates)
+            ndev = int(st.pod_gpu_ndev[p])
+            if ndev == 1:
+                now_ok &= (sess.max_idle[candidates] >= per) & self.has_gpu[candidates]
+                future_ok &= (sess.max_future[candidates] >= per) & self.has_gpu[candidates]
+            else:
+                for i, n in enumerate(candidates.tolist()):
+                    a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+                    now_ok[i] &= int((DEV - sess.dev_held[a:b] - sess.dev_rel[a:b] >= per[i]).sum()) >= ndev
+                    future_ok[i] &= int((DEV - sess.dev_held[a:b] >= per[i]).sum()) >= ndev
+        return now_ok, future_ok
+
+    def per_device(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        st = self.sess.state
+        if st.pod_gpu_frac[p]:
+            return np.full(len(nodes), int(st.pod_gpu_frac[p]), dtype=np.int64)
+        mem = np.maximum(st.node_gpu_mem_mib[nodes], 1)
+        return np.minimum(DEV, -(-int(st.pod_gpu_mem[p]) * DEV // mem))
+
+    # -- pod (anti-)affinity -----------------------------------------------------------------------------------
+    def affinity_mask(self, p: int, candidates: np.ndarray) -> np.ndarray:
+        st, sess = self.sess.state, self.sess
+        pod = st.pods[p]
+        mask = np.ones(len(candidates), dtype=bool)
+        if not pod.pod_affinity and not pod.pod_anti_affinity:
+            return mask
+        placed = np.nonzero(np.isin(sess.status, (*ACTIVE, 3)) & (sess.node >= 0))[0]
+        for terms, want in ((pod.pod_affinity, True), (pod.pod_anti_affinity, False)):
+            for term in terms:
+                namespaces = set(term.namespaces) or {pod.namespace}
+                matching = [q for q in placed.tolist() if q != p and st.pods[q].namespace in namespaces
+                            and term.selector.matches(st.pods[q].labels)]
+                domains = {st.node_labels[int(sess.node[q])].get(term.topology_key) for q in matching}
+                domains.discard(None)
+                node_dom = [st.node_labels[n].get(term.topology_key) for n in candidates.tolist()]
+                hit = np.array([d is not None and d in domains for d in node_dom], dtype=bool)
+                if want:
+                    if not matching and term.selector.matches(pod.labels):
+                        continue  # the first pod of a group that selects itself may go anywhere
+                    mask &= hit
+                else:
+                    mask &= ~hit
+        return mask
+
+    # -- scoring -------------------------------------------------------------------------------------------------
+    def _strategy(self, p: int) -> Strategy:
+        st = self.sess.state
+        gpu = st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p]
+        return self.sess.cfg.placement.gpu if gpu else self.sess.cfg.placement.cpu
+
+    def scores(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tier score, fine score) per candidate; higher is better on both."""
+        st, sess = self.sess.state, self.sess
+        tier = np.where(now_ok, TIER_AVAILABILITY, 0).astype(np.int64)
+        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+        if not gpu_pod:
+            tier += np.where(self.has_gpu[candidates], 0, TIER_RESOURCE_TYPE)
+        if st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+            per = self.per_device(p, candidates)
+            shared = np.zeros(len(candidates), dtype=bool)
+            for i, n in enumerate(candidates.tolist()):
+                a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+                used = sess.dev_held[a:b] + sess.dev_rel[a:b]
+                shared[i] = bool(np.any((used > 0) & (DEV - used >= per[i])))
+            tier += np.where(shared, TIER_GPU_SHARING, 0)
+        pod = st.pods[p]
+        if pod.node_affinity_preferred:
+            total = sum(t.weight for t in pod.node_affinity_preferred) or 1
+            pref = np.array([sum(t.weight for t in pod.node_affinity_preferred
+                                 if t.term.matches(st.node_labels[n], st.node_names[n])) for n in candidates.tolist()])
+            tier += (TIER_PREFERRED_AFFINITY * pref // total).astype(np.int64)
+        col = R_GPU if gpu_pod else R_CPU
+        free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
+        fine = -free if self._strategy(p) == Strategy.binpack else free
+        return tier, fine
+
+    def best(self, p: int, candidates: np.ndarray, now_ok: np.ndarray, ok: np.ndarray) -> int:
+        """Index (into candidates) of the best node among those with ok; -1 when none."""
+        idx = np.nonzero(ok)[0]
+        if len(idx) == 0:
+            return -1
+        tier, fine = self.scores(p, candidates[idx], now_ok[idx])
+        top = tier == tier.max()
+        idx, fine = idx[top], fine[top]
+        top = fine == fine.max()
+        idx = idx[top]
+        if len(idx) > 1:
+            idx = idx[np.argsort(self.name_rank[candidates[idx]], kind="stable")]
+        return int(idx[0])
+
+    # -- devices -----------------------------------------------------------------------------------------------
+    def devices_for(self, p: int, n: int, pipelined: bool) -> tuple[int, ...]:
+        st, sess = self.sess.state, self.sess
+        a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+        whole = int(st.pod_gpu_whole[p])
+        if whole:
+            idle = (sess.dev_held[a:b] + sess.dev_rel[a:b]) == 0
+            future = sess.dev_held[a:b] == 0
+            order = np.concatenate([np.nonzero(idle)[0], np.nonzero(future & ~idle)[0]]) if pipelined \
+                else np.nonzero(idle)[0]
+            return tuple(int(a + d) for d in order[:whole])
+        if not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
+            return ()
+        per = int(self.per_device(p, np.array([n]))[0])
+        used_now = sess.dev_held[a:b] + sess.dev_rel[a:b]
+        used = sess.dev_held[a:b] if pipelined else used_now
+        fits = np.nonzero(DEV - used >= per)[0]
+        if self._strategy(p) == Strategy.binpack:  # the fullest device that fits; already shared ones first
+            order = fits[np.lexsort((fits, -used_now[fits]))]
+        else:
+            order = fits[np.lexsort((fits, used_now[fits]))]
+        return tuple(int(a + d) for d in order[: int(st.pod_gpu_ndev[p])])
+
+    # -- one pod -------------------------------------------------------------------------------------------------
+    def choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
+               exclude: int = -1) -> Choice | None:
+        candidates = np.nonzero(self.static_mask(int(self.sess.state.pod_sig[p])) if mask is None
+                                else self.static_mask(int(self.sess.state.pod_sig[p])) & mask)[0]
+        if exclude >= 0:
+            candidates = candidates[candidates != exclude]
+        if len(candidates) == 0:
+            return None
+        now_ok, future_ok = self.fit(p, candidates)
+        aff = self.affinity_mask(p, candidates)
+        now_ok &= aff
+        future_ok &= aff
+        ok = future_ok if allow_pipeline else now_ok
+        i = self.best(p, candidates, now_ok, ok)
+        if i < 0:
+            return None
+        n = int(candidates[i])
+        pipelined = not bool(now_ok[i])
+        return Choice(n, pipelined, self.devices_for(p, n, pipelined))
+
+    # -- why not -------------------------------------------------------------------------------------------------
+    def failure_reasons(self, p: int, mask: np.ndarray | None = None) -> tuple[int, Counter[str]]:
+        """kube-scheduler style: per reason, how many nodes fail it (a node may count under several)."""
+        st, sess = self.sess.state, self.sess
+        reasons: Counter[str] = Counter()
+        sig = st.sigs[int(st.pod_sig[p])]
+        all_nodes = np.arange(self.n)
+        considered = all_nodes if mask is None else all_nodes[mask]
+        ok_nodes = []
+        for n in considered.tolist():
+            if not st.node_ok[n]:
+                reasons["node(s) were unschedulable or not ready"] += 1
+                continue
+            why = sig.first_failure(st.node_labels[n], st.node_taints[n], st.node_names[n])
+            if why:
+                reasons[f"node(s) {why}"] += 1
+                continue
+            ok_nodes.append(n)
+        if ok_nodes:
+            cand = np.array(ok_nodes, dtype=np.int64)
+            req = st.pod_req[p]
+            free = sess.alloc[cand] - sess.held[cand]  # counting releases: what could ever be there this cycle
+            for col in (R_CPU, R_MEM, R_PODS, *range(4, len(st.resources))):
+                if req[col] > 0:
+                    short = int((free[:, col] < req[col]).sum())
+                    if short:
+                        name = "Too many pods" if col == R_PODS else f"Insufficient {short_name(st.resources[col])}"
+                        reasons[name] += short
+            whole = int(st.pod_gpu_whole[p])
+            if whole:
+                short = int((sess.whole_future[cand] < whole).sum())
+                if short:
+                    reasons["Insufficient nvidia.com/gpu"] += short
+            elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+                per = self.per_device(p, cand)
+                short = int((sess.max_future[cand] < per).sum() + (~self.has_gpu[cand]).sum() * 0)
+                if short:
+                    reasons["Insufficient GPU share on any device"] += short
+            _, future_ok = self.fit(p, cand)
+            aff = self.affinity_mask(p, cand)
+            bad_aff = int((future_ok & ~aff).sum())
+            if bad_aff:
+                reasons["node(s) didn't match pod affinity/anti-affinity rules"] += bad_aff
+        return len(considered), reasons
+
+
+def format_fit_error(total: int, reasons: Counter[str]) -> str:
+    if not reasons:
+        return f"0/{total} nodes are available."
+    parts = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"0/{total} nodes are available: " + ", ".join(f"{c} {r}" for r, c in parts) + "."

@@ -1,0 +1,238 @@
+"""A cycle's mutable simulation state with an operation log: checkpoint, rollback, commit (KAI's Statement).
+
+Resources per node are split into `held` (bound, newly placed or pipelined pods) and `rel` (pods being
+released). Free now = allocatable - held - rel; free once releases finish = allocatable - held. GPU devices
+follow the same split in milli-GPUs. Every change is logged so a failed attempt rolls back exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.config import Config
+from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.share import FairShare
+from kai_opt.plan import Eviction, Placement
+from kai_opt.state import R_GPU, ClusterState, PodStatus
+from kai_opt.usage import pod_queue
+
+ALLOCATED = 6  # placed in this cycle, to be bound (PodStatus values 0..5 come from the snapshot)
+ACTIVE = (PodStatus.BOUND, PodStatus.PIPELINED, ALLOCATED)  # counts towards a gang's minMember
+DEV = 1000  # milli-GPU per device
+
+
+@dataclass
+class _Op:
+    kind: str  # place | evict | move | pipeline
+    pod: int
+    node: int
+    devices: tuple[int, ...]
+    prev_status: int
+    amount: np.ndarray  # node resources moved
+    dev_amount: int  # milli-GPU per device
+    queue_amount: np.ndarray
+    non_preemptible: bool
+    claimed: np.ndarray | None = None  # releasing resources a pipelined placement claimed
+    dev_claimed: tuple[int, ...] = ()
+
+
+class Session:
+    def __init__(self, state: ClusterState, fs: FairShare, config: Config) -> None:
+        self.state = state
+        self.fs = fs
+        self.cfg = config
+        self.alloc = state.node_alloc
+        # held: stays once releases finish (bound + pipelined); rel: being released and not yet claimed
+        self.held = state.node_used - state.node_releasing + state.node_pipelined
+        self.rel = np.maximum(state.node_releasing - state.node_pipelined, 0)
+        self.dev_held = state.dev_used - state.dev_releasing + state.dev_pipelined
+        self.dev_rel = np.maximum(state.dev_releasing - state.dev_pipelined, 0)
+        self.dev_start = state.dev_start
+        self.dev_node = state.dev_node
+        self.status = state.pod_status.astype(np.int8).copy()
+        self.node = state.pod_node.copy()
+        self.devices: dict[int, tuple[int, ...]] = {}  # global device indexes of pods placed in this cycle
+        self.ledger = QueueLedger.start(state, fs)
+        self.queue_of_pod = pod_queue(state)
+        self.log: list[_Op] = []
+        self.placements: dict[int, Placement] = {}
+        self.moves: dict[int, Placement] = {}
+        self.evictions: dict[int, Eviction] = {}
+        self.touched: list[int] = []  # nodes changed, in order (caches re-check these)
+        n = state.n_nodes
+        self.whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
+        self.whole_future = np.zeros(n, dtype=np.int64)  # devices free once releases finish
+        self.max_idle = np.zeros(n, dtype=np.int64)  # most milli-GPU free now on one device
+        self.max_future = np.zeros(n, dtype=np.int64)
+        self._refresh_gpu_summary(np.arange(n))
+
+    # -- GPU summaries per node --------------------------------------------------------------------------------
+    def _refresh_gpu_summary(self, nodes: np.ndarray) -> None:
+        if len(self.dev_held) == 0:
+            return
+        if len(nodes) > 64:  # vectorised over all devices
+            idle = DEV - self.dev_held - self.dev_rel
+            future = DEV - self.dev_held
+            n_all = self.state.n_nodes
+            wi = np.bincount(self.dev_node, weights=(idle == DEV), minlength=n_all).astype(np.int64)
+            wf = np.bincount(self.dev_node, weights=(future == DEV), minlength=n_all).astype(np.int64)
+            mi = np.zeros(n_all, dtype=np.int64)
+            mf = np.zeros(n_all, dtype=np.int64)
+            has = np.diff(self.dev_start) > 0
+            starts = self.dev_start[:-1][has]
+            mi[has] = np.maximum.reduceat(idle, starts)
+            mf[has] = np.maximum.reduceat(future, starts)
+            self.whole_idle[nodes], self.whole_future[nodes] = wi[nodes], wf[nodes]
+            self.max_idle[nodes], self.max_future[nodes] = mi[nodes], mf[nodes]
+            return
+        for n in nodes.tolist():
+            a, b = int(self.dev_start[n]), int(self.dev_start[n + 1])
+            if a == b:
+                continue
+            idle = DEV - self.dev_held[a:b] - self.dev_rel[a:b]
+            future = DEV - self.dev_held[a:b]
+            self.whole_idle[n] = int((idle == DEV).sum())
+            self.whole_future[n] = int((future == DEV).sum())
+            self.max_idle[n] = int(idle.max())
+            self.max_future[n] = int(future.max())
+
+    # -- queries -----------------------------------------------------------------------------------------------
+    def idle(self) -> np.ndarray:
+        return self.alloc - self.held - self.rel
+
+    def future(self) -> np.ndarray:
+        return self.alloc - self.held
+
+    def queue_request(self, pods: np.ndarray | list[int], nodes: np.ndarray | None = None) -> np.ndarray:
+        pods = np.asarray(pods, dtype=np.int64)
+        return self.state.pod_queue_request(pods, nodes)
+
+    def gpu_per_device(self, p: int, n: int) -> int:
+        return self.state.pod_gpu_per_device(p, n)
+
+    def pod_node_amount(self, p: int, n: int) -> np.ndarray:
+        """What pod p holds on node n (gpu-memory pods converted with n's GPU memory)."""
+        amount = self.state.pod_req[p].copy()
+        if self.state.pod_gpu_mem[p]:
+            amount[R_GPU] = self.gpu_per_device(p, n) * int(self.state.pod_gpu_ndev[p])
+        return amount
+
+    def pod_devices(self, p: int) -> tuple[int, ...]:
+        if p in self.devices:
+            return self.devices[p]
+        return tuple(int(d) for d in self.state.pod_devices(p))
+
+    def is_preemptible(self, p: int) -> bool:
+        g = int(self.state.pod_pg[p])
+        return bool(self.state.pg_preemptible[g]) if g >= 0 else True
+
+    # -- operations --------------------------------------------------------------------------------------------
+    def checkpoint(self) -> int:
+        return len(self.log)
+
+    def place(self, p: int, n: int, devices: tuple[int, ...], *, pipelined: bool, moved: bool = False) -> None:
+        """Bind (or pipeline) pending pod p on node n; `moved`: a consolidation re-placement of an evicted pod."""
+        amount = self.pod_node_amount(p, n)
+        per_dev = self.gpu_per_device(p, n) if devices else 0
+        self.held[n] += amount
+        for d in devices:
+            self.dev_held[d] += per_dev
+        claimed = None
+        dev_claimed: tuple[int, ...] = ()
+        if pipelined:  # waits for releases: claim what is being released first, so it is not double-booked
+            claimed = np.minimum(amount, self.rel[n])
+            self.rel[n] -= claimed
+            dev_claimed = tuple(int(min(per_dev, self.dev_rel[d])) for d in devices)
+            for d, c in zip(devices, dev_claimed, strict=True):
+                self.dev_rel[d] -= c
+        q = int(self.queue_of_pod[p])
+        qa = self.queue_request([p], np.array([n]))[0]
+        np_flag = not self.is_preemptible(p)
+        self.ledger.add(q, qa, non_preemptible=np_flag)
+        prev = int(self.status[p])
+        if moved:
+            self.moves[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), True, True)
+        else:
+            self.status[p] = PodStatus.PIPELINED if pipelined else ALLOCATED
+            self.node[p] = n
+            self.devices[p] = devices
+            self.placements[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), pipelined)
+        self.log.append(_Op("move" if moved else "place", p, n, devices, prev, amount, per_dev, qa, np_flag,
+                            claimed, dev_claimed))
+        self._touch(n)
+
+    def evict(self, p: int, reason: str, beneficiary: int) -> None:
+        n = int(self.node[p])
+        amount = self.pod_node_amount(p, n)
+        devices = self.pod_devices(p)
+        per_dev = self.gpu_per_device(p, n) if devices else 0
+        self.held[n] -= amount
+        self.rel[n] += amount
+        for d in devices:
+            self.dev_held[d] -= per_dev
+            self.dev_rel[d] += per_dev
+        q = int(self.queue_of_pod[p])
+        qa = self.queue_request([p], np.array([n]))[0]
+        np_flag = not self.is_preemptible(p)
+        counted = int(self.status[p]) in ACTIVE
+        if counted:
+            self.ledger.add(q, -qa, non_preemptible=np_flag)
+        prev = int(self.status[p])
+        self.status[p] = PodStatus.RELEASING
+        self.evictions[p] = Eviction(p, reason, beneficiary)
+        self.log.append(_Op("evict", p, n, devices, prev, amount, per_dev, qa if counted else qa * 0, np_flag))
+        self._touch(n)
+
+    def convert_to_pipelined(self, pods: list[int]) -> None:
+        """KAI: when any task of a gang must wait for releases, the whole gang waits (pipelined). The pods keep
+        the resources they were given (free now); they are bound together once the rest is released."""
+        for p in pods:
+            if int(self.status[p]) == ALLOCATED:
+                self.log.append(_Op("pipeline", p, int(self.node[p]), (), ALLOCATED, np.zeros(0), 0, np.zeros(0),
+                                    False))
+                self.status[p] = PodStatus.PIPELINED
+                old = self.placements[p]
+                self.placements[p] = Placement(old.pod, old.node, old.devices, True)
+
+    def rollback(self, checkpoint: int) -> None:
+        while len(self.log) > checkpoint:
+            op = self.log.pop()
+            p, n = op.pod, op.node
+            if op.kind == "pipeline":
+                self.status[p] = ALLOCATED
+                old = self.placements[p]
+                self.placements[p] = Placement(old.pod, old.node, old.devices, False)
+                continue
+            q = int(self.queue_of_pod[p])
+            if op.kind in ("place", "move"):
+                self.held[n] -= op.amount
+                for d in op.devices:
+                    self.dev_held[d] -= op.dev_amount
+                if op.claimed is not None:
+                    self.rel[n] += op.claimed
+                    for d, c in zip(op.devices, op.dev_claimed, strict=True):
+                        self.dev_rel[d] += c
+                self.ledger.add(q, -op.queue_amount, non_preemptible=op.non_preemptible)
+                if op.kind == "move":
+                    del self.moves[p]
+                else:
+                    self.status[p] = op.prev_status
+                    self.node[p] = -1
+                    self.devices.pop(p, None)
+                    del self.placements[p]
+            else:  # evict
+                self.held[n] += op.amount
+                self.rel[n] -= op.amount
+                for d in op.devices:
+                    self.dev_held[d] += op.dev_amount
+                    self.dev_rel[d] -= op.dev_amount
+                self.ledger.add(q, op.queue_amount, non_preemptible=op.non_preemptible)
+                self.status[p] = op.prev_status
+                del self.evictions[p]
+            self._touch(n)
+
+    def _touch(self, n: int) -> None:
+        self.touched.append(n)
+        self._refresh_gpu_summary(np.array([n]))

@@ -1,0 +1,104 @@
+"""Gangs, sub-groups and elastic jobs: which pending pods of a group to place now, and when a group counts as
+satisfied.
+
+A group is satisfied when at least minMember of its pods are active (bound, placed or pipelined) and every leaf
+sub-group holding pods has at least its own minMember active (a parent sub-group is satisfied when its children
+are). Below that, the pods needed to reach every minimum are placed together, all or nothing; above it (elastic),
+one more pod per turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.state import PodStatus
+
+
+@dataclass
+class GroupShape:
+    pods: np.ndarray  # all pods of the group, task order
+    leaves: list[tuple[int, np.ndarray]]  # (sub-group index, its pods in task order) for leaf sub-groups with pods
+
+
+def group_shape(sess: Session, g: int) -> GroupShape:
+    st = sess.state
+    pods = st.group_pods(g)
+    subs = st.pod_sg[pods]
+    leaves: list[tuple[int, np.ndarray]] = []
+    if (subs >= 0).any():
+        has_child = set(int(x) for x in st.sg_parent[st.sg_pg == g] if x >= 0)
+        for s in sorted(set(int(x) for x in subs if x >= 0)):
+            if s not in has_child:
+                leaves.append((s, pods[subs == s]))
+    return GroupShape(pods, leaves)
+
+
+def active_mask(sess: Session, pods: np.ndarray) -> np.ndarray:
+    return np.isin(sess.status[pods], ACTIVE)
+
+
+def pending_mask(sess: Session, pods: np.ndarray) -> np.ndarray:
+    return sess.status[pods] == PodStatus.PENDING
+
+
+def is_satisfied(sess: Session, g: int, shape: GroupShape | None = None) -> bool:
+    shape = shape or group_shape(sess, g)
+    st = sess.state
+    if int(active_mask(sess, shape.pods).sum()) < int(st.pg_min_member[g]):
+        return False
+    return all(int(active_mask(sess, pods).sum()) >= int(st.sg_min_member[s]) for s, pods in shape.leaves)
+
+
+def readiness_problem(sess: Session, g: int, shape: GroupShape | None = None) -> str | None:
+    """Why a group can never be satisfied with the pods it has (KAI skips such jobs), or None."""
+    shape = shape or group_shape(sess, g)
+    st = sess.state
+    usable = active_mask(sess, shape.pods) | pending_mask(sess, shape.pods)
+    if int(usable.sum()) < int(st.pg_min_member[g]):
+        return (f"podgroup has {int(usable.sum())} schedulable pods but minMember is {int(st.pg_min_member[g])}")
+    for s, pods in shape.leaves:
+        have = int((active_mask(sess, pods) | pending_mask(sess, pods)).sum())
+        if have < int(st.sg_min_member[s]):
+            return (f"subgroup {st.sg_names[s]} has {have} schedulable pods but its minMember is "
+                    f"{int(st.sg_min_member[s])}")
+    return None
+
+
+def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) -> list[int]:
+    """Pending pods to place in one go: enough to satisfy every minimum, or one more for an elastic group."""
+    shape = shape or group_shape(sess, g)
+    st = sess.state
+    pending_all = shape.pods[pending_mask(sess, shape.pods)]
+    if len(pending_all) == 0:
+        return []
+    chosen: list[int] = []
+    taken: set[int] = set()
+    for s, pods in shape.leaves:
+        deficit = int(st.sg_min_member[s]) - int(active_mask(sess, pods).sum())
+        if deficit > 0:
+            for p in pods[pending_mask(sess, pods)][:deficit].tolist():
+                chosen.append(p)
+                taken.add(p)
+    deficit = int(st.pg_min_member[g]) - int(active_mask(sess, shape.pods).sum()) - len(chosen)
+    if deficit > 0:
+        for p in pending_all.tolist():
+            if deficit <= 0:
+                break
+            if p not in taken:
+                chosen.append(p)
+                taken.add(p)
+                deficit -= 1
+    if not chosen:
+        chosen = [int(pending_all[0])]
+    order = {int(p): i for i, p in enumerate(shape.pods.tolist())}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def elastic_state(sess: Session, g: int) -> int:
+    """0: below minMember, 1: exactly at it, 2: above (KAI's elastic job order)."""
+    active = int(active_mask(sess, sess.state.group_pods(g)).sum())
+    m = int(sess.state.pg_min_member[g])
+    return 0 if active < m else (1 if active == m else 2)

@@ -1,0 +1,117 @@
+"""The plan of one cycle: binds, pipelines, evictions (with reason and beneficiary) and pending reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kai_opt.state import ClusterState
+
+EVICTION_REASONS = ("reclaim", "preempt", "consolidate", "stale-gang")
+
+
+@dataclass(frozen=True)
+class Placement:
+    pod: int
+    node: int
+    devices: tuple[int, ...] = ()  # device indexes within the node (0-based)
+    pipelined: bool = False  # waits for resources that evictions are releasing
+    moved: bool = False  # a running pod re-placed by consolidation (it is also evicted)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    pod: int
+    reason: str  # one of EVICTION_REASONS
+    beneficiary: int = -1  # podgroup index the eviction makes room for (-1: none, stale-gang)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a podgroup stays pending: a machine-readable code, a message, optional details."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SolverInfo:
+    status: str = "HEURISTIC"  # OPTIMAL | FEASIBLE | FALLBACK_GREEDY | HEURISTIC | ...
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    wall_s: float = 0.0
+    build_s: float = 0.0
+    solve_s: float = 0.0
+    decode_s: float = 0.0
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Plan:
+    engine: str
+    placements: list[Placement] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    pending: dict[int, list[Reason]] = field(default_factory=dict)  # podgroup -> reasons
+    solver: SolverInfo = field(default_factory=SolverInfo)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+    @property
+    def binds(self) -> list[Placement]:
+        return [p for p in self.placements if not p.pipelined and not p.moved]
+
+    @property
+    def pipelines(self) -> list[Placement]:
+        return [p for p in self.placements if p.pipelined and not p.moved]
+
+    @property
+    def moves(self) -> list[Placement]:
+        return [p for p in self.placements if p.moved]
+
+    def placed_pods(self) -> set[int]:
+        return {p.pod for p in self.placements if not p.moved}
+
+    def to_dict(self, state: ClusterState) -> dict[str, Any]:
+        """JSON form (`kai-opt solve -o json`)."""
+
+        def pod_entry(p: Placement) -> dict[str, Any]:
+            g = int(state.pod_pg[p.pod])
+            return {"pod": state.pods[p.pod].key, "podgroup": state.pg_keys[g] if g >= 0 else None,
+                    "node": state.node_names[p.node], "gpu_devices": list(p.devices)}
+
+        evicted_for = {e.pod: e for e in self.evictions}
+        out_evictions = []
+        for e in self.evictions:
+            g = int(state.pod_pg[e.pod])
+            node = int(state.pod_node[e.pod])
+            out_evictions.append({
+                "pod": state.pods[e.pod].key,
+                "podgroup": state.pg_keys[g] if g >= 0 else None,
+                "node": state.node_names[node] if node >= 0 else None,
+                "reason": e.reason,
+                "beneficiary": state.pg_keys[e.beneficiary] if e.beneficiary >= 0 else None,
+            })
+        pipelines = []
+        for p in self.pipelines:
+            entry = pod_entry(p)
+            entry["waits_for"] = sorted(state.pods[v].key for v, e in evicted_for.items()
+                                        if int(state.pod_node[v]) == p.node)
+            pipelines.append(entry)
+        return {
+            "engine": self.engine,
+            "solver": self.solver.as_dict(),
+            "binds": [pod_entry(p) for p in self.binds],
+            "pipelines": pipelines,
+            "moves": [pod_entry(p) for p in self.moves],
+            "evictions": out_evictions,
+            "pending": [{"podgroup": state.pg_keys[g],
+                         "reasons": [{"code": r.code, "message": r.message, **({"details": r.details}
+                                                                               if r.details else {})}
+                                     for r in reasons]}
+                        for g, reasons in sorted(self.pending.items())],
+            "phases": {k: round(v, 6) for k, v in self.phases.items()},
+        }
