@@ -41,11 +41,10 @@ def test_deserved_is_capped_by_request_and_minus_one_means_everything() -> None:
     assert shares(10, [(-1, -1, 1, 100, 20), (0, -1, 1, 100, 5)]) == [10, 0]
 
 
-def test_over_committed_quotas_are_scaled_down_in_proportion() -> None:
-    # asked 10 (deserved -1 = everything) + 2 of 10: both scaled by 10/12, nothing left over quota
-    a, b = shares(10, [(-1, -1, 1, 100, 20), (2, -1, 1, 100, 5)])
-    assert a == pytest.approx(10 * 10 / 12) and b == pytest.approx(2 * 10 / 12)
-    assert shares(4, [(3, -1, 1, 100, 10), (3, -1, 1, 100, 10)]) == [2, 2]
+def test_deserved_quota_is_guaranteed_even_when_over_committed() -> None:
+    # KAI: deserved is handed out in full even if the quotas add up to more than there is; nothing is left over
+    assert shares(10, [(-1, -1, 1, 100, 20), (2, -1, 1, 100, 5)]) == [10, 2]
+    assert shares(4, [(3, -1, 1, 100, 10), (3, -1, 1, 100, 10)]) == [3, 3]
 
 
 def test_limit_caps_requestable() -> None:

@@ -62,13 +62,27 @@ def siblings(t: dict) -> dict[int, list[int]]:
     return out
 
 
+def deserved_part(t: dict, q: int) -> float:
+    req, lim, des = t["requested"][q, 0], t["limit"][q, 0], t["deserved"][q, 0]
+    requestable = req if lim < 0 else min(lim, req)
+    return requestable if des < 0 else min(des, requestable)
+
+
 @settings(max_examples=300, deadline=None)
 @given(trees())
 def test_children_never_get_more_than_their_parent(t: dict) -> None:
+    """Siblings share out at most their parent's share; deserved quota is a guarantee (KAI), so when the quotas
+    they ask for already exceed it they get exactly those quotas and nothing over quota."""
     fair = run(t)
     for p, kids in siblings(t).items():
         budget = t["total"] if p < 0 else fair[p]
-        assert fair[kids].sum() <= budget + EPS
+        guaranteed = sum(min(budget, deserved_part(t, q)) if t["deserved"][q, 0] < 0 else deserved_part(t, q)
+                         for q in kids)
+        assert fair[kids].sum() <= max(budget, guaranteed) + EPS
+        if guaranteed >= budget:
+            for q in kids:
+                d = deserved_part(t, q)
+                assert fair[q] <= (min(budget, d) if t["deserved"][q, 0] < 0 else d) + EPS
 
 
 @settings(max_examples=300, deadline=None)

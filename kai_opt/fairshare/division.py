@@ -1,13 +1,14 @@
 """Divide one resource among sibling queues, as KAI-Scheduler's proportion plugin does.
 
 For one sibling set and one resource:
-1. deserved pass: each queue gets min(deserved, requestable); deserved -1 means the whole amount. When these
-   add up to more than there is (quotas over-committed, or nodes down), kai-opt scales them down in proportion
-   so siblings never share out more than their parent has (KAI would hand out the full quotas regardless);
+1. deserved pass: each queue gets min(deserved, requestable); deserved -1 means the whole amount. Deserved quota
+   is a guarantee: when quotas are over-committed (or nodes are down) the siblings together get more than their
+   parent has, exactly as in KAI (reclaim and quota rules rely on it);
 2. over-quota, by queue priority (highest first): rounds split what is left among unsatisfied queues by
    over-quota weight; a queue whose remaining request fits its share takes exactly that, otherwise it takes the
    whole units of its share and the fraction is remembered; rounds repeat while some queue took less than its
-   share;
+   share; a queue alone at its priority level takes what is left up to its request, whatever its weight (KAI
+   gives it everything left, even beyond its request);
 3. leftovers: one unit (or what is left, if less) to each remembered queue by largest remembered fraction, then
    older creation time, then name.
 Two refinements over KAI, both so that more capacity never takes a share away and a priority level really gets
@@ -63,14 +64,10 @@ class QueueShare:
 
 def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False) -> float:
     """Set `fair_share` of each sibling queue; returns what is left undivided."""
-    wanted = [min(total if q.deserved == UNLIMITED else q.deserved, q.requestable) for q in queues]
-    asked = sum(wanted)
-    scale = 1.0 if asked <= total else (total / asked if asked > 0 else 0.0)
     remaining = total
-    for q, amount in zip(queues, wanted, strict=True):
-        amount *= scale
-        q.give(amount, "deserved" if scale == 1.0 else f"deserved (scaled to {scale:.3g} of quota: over-committed)",
-               trace)
+    for q in queues:
+        amount = min(total if q.deserved == UNLIMITED else q.deserved, q.requestable)
+        q.give(amount, "deserved", trace)
         remaining -= amount
     if remaining <= 1e-9:
         return 0.0
@@ -96,6 +93,12 @@ def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool) 
 
 def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, dict[int, float]]:
     remembered: dict[int, float] = {}
+    if len(group) == 1:  # KAI: a queue alone at its priority takes what is left, whatever its weight
+        q = group[0]
+        give = min(total, q.remaining_request)
+        if give > 0:
+            q.give(give, f"over-quota (only queue at priority {q.priority})", trace)
+        return total - give, remembered
     round_no = 0
     while True:
         round_no += 1

@@ -24,7 +24,8 @@ class Attempt:
     any_pipelined: bool = False
 
 
-def _domains(sess: Session, topo: int, level: int, mask: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
+def _domains(sess: Session, topo: int, level: int, mask: np.ndarray | None) -> list[tuple[str, np.ndarray, int]]:
+    """(name, node mask, any node) of each domain at `level` that has nodes inside `mask`."""
     t = sess.state.topologies[topo]
     dom = t.domain[level]
     out = []
@@ -32,21 +33,31 @@ def _domains(sess: Session, topo: int, level: int, mask: np.ndarray | None) -> l
         m = dom == d
         if mask is not None:
             m &= mask
-        if m.any():
-            out.append((name, m))
+        idx = np.flatnonzero(m)
+        if len(idx):
+            out.append((name, m, int(idx[0])))
     return out
 
 
-def _order_domains(sess: Session, domains: list[tuple[str, np.ndarray]], need_gpu: float,
-                   spread: bool) -> list[tuple[str, np.ndarray]]:
-    future = sess.alloc[:, R_GPU] - sess.held[:, R_GPU]
+def _order_domains(sess: Session, topo: int, level: int, domains: list[tuple[str, np.ndarray, int]],
+                   need_gpu: float, spread: bool) -> list[tuple[str, np.ndarray]]:
+    """Bin-pack from the top of the tree down: a domain's key is the free GPUs of its ancestor at each level
+    (top first) and its own, fewest first (most first when spreading); domains that cannot hold the pods last."""
+    t = sess.state.topologies[topo]
+    future = (sess.alloc[:, R_GPU] - sess.held[:, R_GPU]).astype(float)
+    free_at = []
+    for lvl in range(level + 1):
+        dom = t.domain[lvl]
+        sums = np.zeros(len(t.domain_names[lvl]))
+        ok = dom >= 0
+        np.add.at(sums, dom[ok], future[ok])
+        free_at.append(sums)
     scored = []
-    for name, m in domains:
-        free = float(future[m].sum())
-        if free + 1e-9 < need_gpu:
-            scored.append((1, 0.0, name, m))  # cannot hold the pods: last
-        else:
-            scored.append((0, -free if spread else free, name, m))
+    for name, m, node in domains:
+        own = float(future[m].sum())
+        path = [free_at[lvl][t.domain[lvl][node]] for lvl in range(level)] + [own]
+        key = tuple(-x if spread else x for x in path)
+        scored.append((own + 1e-9 < need_gpu, key, name, m))
     scored.sort(key=lambda x: (x[0], x[1], x[2]))
     return [(name, m) for _, _, name, m in scored]
 
@@ -73,7 +84,7 @@ class GangPlacer:
         if topo >= 0 and req_lvl >= 0:
             need = float(st.pod_req[tasks, R_GPU].sum())
             per_domain = []
-            for name, m in _order_domains(sess, _domains(sess, topo, req_lvl, None), need,
+            for name, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, None), need,
                                           self._spread(tasks)):
                 a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
                 if a.ok:
@@ -104,7 +115,8 @@ class GangPlacer:
             need = float(sess.state.pod_req[tasks, R_GPU].sum())
             levels = list(range(pref_lvl, -1, -1))  # the preferred level, then wider levels
             for lvl in levels:
-                for _name, m in _order_domains(sess, _domains(sess, topo, lvl, mask), need, self._spread(tasks)):
+                for _name, m in _order_domains(sess, topo, lvl, _domains(sess, topo, lvl, mask), need,
+                                               self._spread(tasks)):
                     a = self._place_subgroups(g, tasks, m, allow_pipeline)
                     if a.ok:
                         return a
@@ -133,11 +145,11 @@ class GangPlacer:
             cp = sess.checkpoint()
             tries: list[np.ndarray] = []
             if req_lvl >= 0:
-                tries = [m for _, m in _order_domains(sess, _domains(sess, topo, req_lvl, mask), need,
-                                                      self._spread(pods))]
+                tries = [m for _, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, mask),
+                                                      need, self._spread(pods))]
             else:
                 for lvl in range(pref_lvl, -1, -1):
-                    tries += [m for _, m in _order_domains(sess, _domains(sess, topo, lvl, mask), need,
+                    tries += [m for _, m in _order_domains(sess, topo, lvl, _domains(sess, topo, lvl, mask), need,
                                                            self._spread(pods))]
                 tries.append(mask if mask is not None else np.ones(st.n_nodes, dtype=bool))
             last = Attempt(False)

@@ -1,0 +1,1 @@
+"""Benchmarks: replaying public cluster traces against kai-opt's engines and published baselines."""
