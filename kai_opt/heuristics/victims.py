@@ -52,38 +52,48 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
     return limit > 0 and job_runtime(sess, g) < limit
 
 
-def victim_order(sess: Session, groups: list[int]) -> list[int]:
-    """Queues furthest over their share first (DRF), lower queue priority first; inside, lower job priority,
-    elastic pods above minimum first, newer first."""
+def _queue_keys(sess: Session) -> dict[int, tuple]:
+    """Victim order of queues: furthest over their share first (DRF), lower queue priority first."""
     st = sess.state
     drf = sess.fs.dominant_share(sess.ledger.allocated)
-    over = np.array([bool(np.all(sess.fs.fair_share[q] < sess.ledger.allocated[q])) for q in range(st.n_queues)])
+    keys = {}
+    for q in range(st.n_queues):
+        over = bool(np.all(sess.fs.fair_share[q] < sess.ledger.allocated[q]))
+        keys[q] = (not over, int(st.q_priority[q]), -float(drf[q]))
+    return keys
+
+
+def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list[int]]]:
+    """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queues furthest over
+    their share first; inside a queue, jobs above their minimum first (they give up one pod, the last in task
+    order, and go back in line), then lower priority, then newer. A job at its minimum gives up all its pods."""
+    import heapq
+
+    st = sess.state
+    qkeys = _queue_keys(sess)
+    remaining = {g: st.group_pods(g)[sess.status[st.group_pods(g)] == PodStatus.BOUND].tolist() for g in groups}
 
     def key(g: int) -> tuple:
-        q = int(st.pg_queue[g])
-        active = int(active_mask(sess, st.group_pods(g)).sum())
+        m = int(st.pg_min_member[g])
+        n = len(remaining[g])
+        elastic = 0 if n > m else (1 if n == m else 2)
         created = st.pg_creation[g]
-        return (not over[q], int(st.q_priority[q]), -float(drf[q]), int(st.pg_priority[g]),
-                0 if active > int(st.pg_min_member[g]) else 1, -(created if not math.isnan(created) else 0.0),
-                st.pg_keys[g])
+        return (*qkeys[int(st.pg_queue[g])], elastic, int(st.pg_priority[g]),
+                -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
 
-    return sorted(groups, key=key)
-
-
-def victim_chunks(sess: Session, g: int) -> list[list[int]]:
-    """Pods of victim group g in eviction order: each pod above minMember alone (last in task order first),
-    then the remaining core together."""
-    st = sess.state
-    pods = st.group_pods(g)
-    # only pods running before this cycle are victims (not ones placed or pipelined by this cycle)
-    act = pods[sess.status[pods] == PodStatus.BOUND].tolist()
-    m = int(st.pg_min_member[g])
-    chunks: list[list[int]] = []
-    while len(act) > m:
-        chunks.append([act.pop()])
-    if act:
-        chunks.append(act)
-    return chunks
+    heap = [(key(g), g) for g in groups if remaining[g]]
+    heapq.heapify(heap)
+    out: list[tuple[int, list[int]]] = []
+    while heap:
+        _, g = heapq.heappop(heap)
+        pods = remaining[g]
+        if len(pods) > int(st.pg_min_member[g]):
+            out.append((g, [pods.pop()]))
+            heapq.heappush(heap, (key(g), g))
+        else:
+            out.append((g, list(pods)))
+            pods.clear()
+    return out
 
 
 def solve_with_victims(
@@ -101,14 +111,15 @@ def solve_with_victims(
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
     chunks: list[list[int]] = []
-    jobs_used = 0
-    for v in victim_order(sess, candidates):
-        if max_victim_jobs >= 0 and jobs_used >= max_victim_jobs:
-            break
-        cs = [c for c in victim_chunks(sess, v) if any(feasible[int(sess.node[p])] for p in c)]
-        if cs:
-            chunks.extend(cs)
-            jobs_used += 1
+    jobs_used: set[int] = set()
+    for v, c in victim_chunk_order(sess, candidates):
+        if not any(feasible[int(sess.node[p])] for p in c):
+            continue
+        if v not in jobs_used:
+            if max_victim_jobs >= 0 and len(jobs_used) >= max_victim_jobs:
+                continue
+            jobs_used.add(v)
+        chunks.append(c)
     if not chunks:
         return Outcome(False, [], "no eligible victims")
     accumulated: list[int] = []
