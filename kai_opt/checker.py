@@ -97,8 +97,8 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
         if not pipelined:
             now_used[n] += a
     for p, (n, devs) in moved.items():
-        if p not in evicted or evicted[p][0] != "consolidate":
-            problems.append(f"pod {names[p]} re-placed without a consolidation eviction")
+        if p not in evicted:
+            problems.append(f"pod {names[p]} re-placed without being evicted")
         final[n] += _amount(state, p, n)
         per = state.pod_gpu_per_device(p, n)
         for d in devs:

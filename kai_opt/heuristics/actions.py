@@ -104,22 +104,28 @@ class Actions:
                 continue  # consolidation only defragments: the cluster must have the GPUs idle
             candidates = [v for v in active_groups(sess) if v != g and st.pg_preemptible[v]]
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
-            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._revalidate_moves,
-                                     feasible=feasible, max_victim_jobs=limit)
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._all_moved,
+                                     feasible=feasible, max_victim_jobs=limit, replace_victims=self._move_victims)
             if out.ok:
                 self.reasons.pop(g, None)
                 if pending_mask(sess, st.group_pods(g)).any():
                     jq.push(g)
 
-    def _revalidate_moves(self, sess: Session, _ledger: QueueLedger, victims: list[int]) -> str | None:
-        """Consolidation: every evicted pod must be re-placed (pipelined) in the same plan, on another node or on
-        other devices of its node."""
+    def _move_victims(self, sess: Session, victims: list[int]) -> list[int]:
+        """Re-place evicted pods (pipelined) where they fit: another node, or other devices of their node.
+        Returns the pods moved."""
+        moved = []
         for p in victims:
             choice = self.placer.choose(p, None, allow_pipeline=True)
-            if choice is None:
-                return "a consolidated pod could not be re-placed"
-            sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
-        return None
+            if choice is not None:
+                sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
+                moved.append(p)
+        return moved
+
+    @staticmethod
+    def _all_moved(_sess: Session, _ledger: QueueLedger, not_moved: list[int]) -> str | None:
+        """Consolidation: every evicted pod must be re-placed in the same plan."""
+        return "a consolidated pod could not be re-placed" if not_moved else None
 
     # -- reclaim ----------------------------------------------------------------------------------------------
     def reclaim(self) -> None:
@@ -149,7 +155,8 @@ class Actions:
                 return reclaimable(s.fs, ledger, q, req, self._victim_chunks(victims), preemptible=preemptible,
                                    saturation_multiplier=s.cfg.reclaim_saturation_multiplier)
 
-            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible)
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
+                                     replace_victims=self._move_victims)
             if out.ok:
                 self._finish(g, out.attempt, jq)
             elif candidates:
@@ -195,7 +202,8 @@ class Actions:
             if not candidates:
                 continue
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
-            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "preempt", None, feasible=feasible)
+            out = solve_with_victims(sess, self.gang, g, tasks, candidates, "preempt", None, feasible=feasible,
+                                     replace_victims=self._move_victims)
             if out.ok:
                 self._finish(g, out.attempt, jq)
 

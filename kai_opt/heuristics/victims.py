@@ -3,8 +3,9 @@
 Victim jobs are taken in victim order (queues most over their share first, then lower priority, then newer);
 an elastic victim gives up its pods above the minimum one at a time, otherwise its whole gang goes at once. After
 each addition the beneficiary is placed on the freed (releasing) resources; on success, victims whose resources
-turned out not to be needed are kept running, and the action's validator (reclaim rules, consolidation's
-re-placement of every victim) must accept the rest. The session is left unchanged when no scenario works.
+turned out not to be needed are kept running, victims that fit elsewhere are re-placed there (pipelined: KAI's
+consolidating reclaim and preempt; consolidation requires it of every victim), and the action's validator
+(reclaim rules) must accept what remains evicted. The session is left unchanged when no scenario works.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kai_opt.heuristics.session import ACTIVE, DEV, Session
 from kai_opt.heuristics.tasks import active_mask
 from kai_opt.state import R_GPU, PodStatus
 
-Validator = Callable[[Session, QueueLedger, list[int]], str | None]
+Validator = Callable[[Session, QueueLedger, list[int]], str | None]  # gets the victims that are not re-placed
 
 
 @dataclass
@@ -107,6 +108,7 @@ def solve_with_victims(
     *,
     feasible: np.ndarray,
     max_victim_jobs: int = -1,
+    replace_victims: Callable[[Session, list[int]], list[int]] | None = None,
 ) -> Outcome:
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
@@ -139,6 +141,9 @@ def solve_with_victims(
             sess.rollback(cp)
             continue
         victims = _keep_unneeded(sess, accumulated)
+        if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
+            moved = set(replace_victims(sess, victims))
+            victims = [p for p in victims if p not in moved]
         why = _queue_capacity(sess, g, tasks)
         if why is None and validator is not None:
             why = validator(sess, ledger_before, victims)
