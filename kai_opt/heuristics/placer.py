@@ -209,7 +209,14 @@ class Placer:
             return None
         n = int(candidates[i])
         pipelined = not bool(now_ok[i])
-        return Choice(n, pipelined, self.devices_for(p, n, pipelined))
+        devices = self.devices_for(p, n, pipelined)
+        if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
+            pipelined = True  # joining a shared device whose reservation is still waiting: wait with it (KAI)
+        return Choice(n, pipelined, devices)
+
+    def _shares(self, p: int) -> bool:
+        st = self.sess.state
+        return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
     # -- why not -------------------------------------------------------------------------------------------------
     def failure_reasons(self, p: int, mask: np.ndarray | None = None) -> tuple[int, Counter[str]]:

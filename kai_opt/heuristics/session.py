@@ -49,6 +49,7 @@ class Session:
         self.rel = np.maximum(state.node_releasing - state.node_pipelined, 0)
         self.dev_held = state.dev_used - state.dev_releasing + state.dev_pipelined
         self.dev_rel = np.maximum(state.dev_releasing - state.dev_pipelined, 0)
+        self.dev_piped = state.dev_pipelined.copy()  # milli-GPU reserved by pods waiting to bind (shared devices)
         self.dev_start = state.dev_start
         self.dev_node = state.dev_node
         self.status = state.pod_status.astype(np.int8).copy()
@@ -141,7 +142,9 @@ class Session:
             self.dev_held[d] += per_dev
         claimed = None
         dev_claimed: tuple[int, ...] = ()
-        if pipelined:  # waits for releases: claim what is being released first, so it is not double-booked
+        if pipelined:
+            for d in devices:
+                self.dev_piped[d] += per_dev
             claimed = np.minimum(amount, self.rel[n])
             self.rel[n] -= claimed
             dev_claimed = tuple(int(min(per_dev, self.dev_rel[d])) for d in devices)
@@ -195,6 +198,9 @@ class Session:
                 self.status[p] = PodStatus.PIPELINED
                 old = self.placements[p]
                 self.placements[p] = Placement(old.pod, old.node, old.devices, True)
+                n = int(self.node[p])
+                for d in self.devices.get(p, ()):
+                    self.dev_piped[d] += self.gpu_per_device(p, n)
 
     def rollback(self, checkpoint: int) -> None:
         while len(self.log) > checkpoint:
@@ -204,6 +210,8 @@ class Session:
                 self.status[p] = ALLOCATED
                 old = self.placements[p]
                 self.placements[p] = Placement(old.pod, old.node, old.devices, False)
+                for d in self.devices.get(p, ()):
+                    self.dev_piped[d] -= self.gpu_per_device(p, n)
                 continue
             q = int(self.queue_of_pod[p])
             if op.kind in ("place", "move"):
@@ -211,6 +219,8 @@ class Session:
                 for d in op.devices:
                     self.dev_held[d] -= op.dev_amount
                 if op.claimed is not None:
+                    for d in op.devices:
+                        self.dev_piped[d] -= op.dev_amount
                     self.rel[n] += op.claimed
                     for d, c in zip(op.devices, op.dev_claimed, strict=True):
                         self.dev_rel[d] += c
