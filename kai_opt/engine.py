@@ -10,6 +10,7 @@ import time
 
 from kai_opt.checker import check_plan
 from kai_opt.config import Config, Engine
+from kai_opt.errors import KaiOptError
 from kai_opt.fairshare import FairShare, compute_fair_share
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import Session
@@ -63,7 +64,10 @@ def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = No
     plan = greedy_plan(state, fs, config, actions)
     check_plan(state, plan, fs, config)
     if engine == Engine.cpsat:
-        from kai_opt.formulation.solve import cpsat_plan
+        try:
+            from kai_opt.formulation.solve import cpsat_plan
+        except ImportError as exc:
+            raise KaiOptError("the cpsat engine is not available yet; use --engine greedy") from exc
 
         plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions)
     plan.phases["fair_share"] = t_fs

@@ -45,7 +45,8 @@ def apply_plan(snapshot: Snapshot, state: ClusterState, plan: Plan, *, now: floa
             pl = placements[i]
             if pl.pipelined:
                 if pipelined_as == PipelinedAs.nominated:
-                    by_key[pod.key] = pod.model_copy(update={"nominated_node": state.node_names[pl.node]})
+                    by_key[pod.key] = pod.model_copy(update={"nominated_node": state.node_names[pl.node],
+                                                             "gpu_devices": tuple(pl.devices) or None})
                 else:
                     by_key[pod.key] = _pending(pod)
             else:
@@ -62,8 +63,15 @@ def apply_plan(snapshot: Snapshot, state: ClusterState, plan: Plan, *, now: floa
                 by_key[pod.key] = _pending(pod)
             else:
                 by_key[pod.key] = None  # type: ignore[assignment]  # gone
-        elif state.pod_status[i] == PodStatus.PIPELINED and pipelined_as == PipelinedAs.pending:
-            by_key[pod.key] = _pending(pod)
+        elif state.pod_status[i] == PodStatus.PIPELINED:
+            if pipelined_as == PipelinedAs.pending:
+                by_key[pod.key] = _pending(pod)
+            else:  # its victims were released during the last cycle: the binder binds it now
+                by_key[pod.key] = pod.model_copy(update={
+                    "node_name": pod.nominated_node, "phase": PodPhase.RUNNING, "nominated_node": None,
+                    "start_time": now})
+                if gkey:
+                    started_groups.add(gkey)
         elif state.pod_status[i] == PodStatus.BOUND and pod.gpu_devices is None and len(state.pod_devices(i)):
             # record the devices the state gave it, so pods sharing a device stay together next cycle
             base = int(state.dev_start[int(state.pod_node[i])])

@@ -14,8 +14,9 @@ paper's analysis scripts: the mean allocation over the events whose arrived % ro
 
 A node fits a pod when its free CPU and memory cover the request, its GPU model is in the pod's `gpu_spec` and,
 for a GPU-sharing pod, one GPU has enough free share, for a k-GPU pod, k GPUs are wholly free. Policies score
-the fitting nodes (numpy over nodes); ties go to a uniformly random node (kube-scheduler's `selectHost`) except
-for the kube-style `leastallocated` / `mostallocated`, which take the first fitting node in list order.
+the fitting nodes (numpy over nodes); ties go to the first node in a random node order fixed per seed (the
+simulator's kube-scheduler takes the smallest node name, and names start with a seeded permutation), except for the
+kube-style `leastallocated` / `mostallocated`, which take the first fitting node in list order.
 """
 
 from __future__ import annotations
@@ -172,10 +173,10 @@ def tightest_gpu(row: np.ndarray, d: int) -> int:
     return int(np.where(row >= d, row, MILLI + 1).argmin())
 
 
-def pick(cand: np.ndarray, scores: np.ndarray, rng: np.random.Generator | None) -> tuple[int, int]:
-    """(position in cand, node) of the highest score; ties uniformly at random, or the first if rng is None."""
+def pick(cand: np.ndarray, scores: np.ndarray, rank: np.ndarray) -> tuple[int, int]:
+    """(position in cand, node) of the highest score; ties go to the node of lowest rank."""
     best = np.flatnonzero(scores == scores.max())
-    j = int(best[0] if rng is None or best.size == 1 else best[rng.integers(best.size)])
+    j = int(best[0] if best.size == 1 else best[np.argmin(rank[cand[best]])])
     return j, int(cand[j])
 
 
@@ -183,12 +184,18 @@ def pick(cand: np.ndarray, scores: np.ndarray, rng: np.random.Generator | None) 
 
 
 class Policy:
-    """A one-pod-at-a-time placement rule: score the fitting nodes, pick the best, choose GPUs on it."""
+    """A one-pod-at-a-time placement rule: score the fitting nodes, pick the best, choose GPUs on it.
+
+    Ties go to the first node in a random order fixed for the run, as in the simulator (its kube-scheduler picks
+    the smallest node name among equal scores, and node names start with a seeded random permutation); with
+    `random_ties = False` they go to the first node in list order.
+    """
 
     random_ties = True
 
     def __init__(self, cluster: Cluster, rng: np.random.Generator) -> None:
         self.rng = rng
+        self.rank = rng.permutation(len(cluster)) if self.random_ties else np.arange(len(cluster))
 
     def scores(self, cluster: Cluster, pods: Pods, i: int, cand: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -205,7 +212,7 @@ class Policy:
         cand = np.flatnonzero(cluster.fits(pods, i))
         if cand.size == 0:
             return None
-        _, node = pick(cand, self.scores(cluster, pods, i, cand), self.rng if self.random_ties else None)
+        _, node = pick(cand, self.scores(cluster, pods, i, cand), self.rank)
         return node, self.gpus(cluster, pods, i, node)
 
     def applied(self, cluster: Cluster, node: int) -> None:
@@ -216,7 +223,9 @@ class RandomPolicy(Policy):
     """Random: a uniformly random fitting node, and a random GPU that holds a sharing pod."""
 
     def scores(self, cluster: Cluster, pods: Pods, i: int, cand: np.ndarray) -> np.ndarray:
-        return np.zeros(cand.size, dtype=np.int64)
+        s = np.zeros(cand.size, dtype=np.int64)
+        s[self.rng.integers(cand.size)] = 1
+        return s
 
     def gpus(self, cluster: Cluster, pods: Pods, i: int, node: int) -> tuple[int, ...]:
         k, d = int(pods.num_gpu[i]), int(pods.gpu_milli[i])
@@ -336,9 +345,10 @@ class FgdPolicy(Policy):
     Node n's fragmentation for shape m is the free GPU share on n that m cannot use: all of it when m needs no
     GPU, is not allowed on n's model, or does not fit (too few GPUs with enough share, or too little CPU), else
     the share on GPUs with less free than m's per-GPU request. F_n = sum_m p_m F_n(m). Every candidate is scored
-    int(100 * sigmoid((F_before - F_after) / 1000)) as in the simulator, so near-equal candidates tie (random node,
-    first GPU). Per-node statistics (GPUs with at least / total share below each request level) are cached and
-    updated only on the node that changed, so a candidate costs O(|M|).
+    int(100 * sigmoid((F_before - F_after) / 1000)) as in the simulator, so near-equal candidates tie (the node
+    of lowest rank, then the lowest GPU index). Memory is not part of the fragmentation, as in the simulator.
+    Per-node statistics (GPUs with at least / total share below each request level) are cached and updated only
+    on the node that changed, so a candidate costs O(|M|).
     """
 
     def __init__(self, cluster: Cluster, rng: np.random.Generator, workload: Workload) -> None:
@@ -353,6 +363,8 @@ class FgdPolicy(Policy):
         self.level_of[gpu_shape] = inv
         ok = np.stack([cluster.model_ok(int(a)) for a in w.allowed], axis=1) if len(w) else np.zeros((len(cluster), 0))
         self.access = ok & gpu_shape[None, :]
+        n_gpu = cluster.gpu_free.shape[1]
+        self._earlier = np.tri(n_gpu, k=-1, dtype=bool)[1:, :-1]  # [g, g']: g' < g, for g >= 1
         self.cnt, self.below = self._levels(cluster.gpu_free)
         self.free = cluster.gpu_free.sum(axis=1)
         self.frag = self._frag(cluster.cpu_free, self.free, self.cnt, self.below, self.access)
@@ -382,12 +394,14 @@ class FgdPolicy(Policy):
         cnt = self.cnt[cand] - k if k else self.cnt[cand]
         after = self._frag(cluster.cpu_free[cand] - x, self.free[cand] - k * d, cnt, self.below[cand],
                            self.access[cand])
-        _, node = pick(cand, self._scores(cand, after), self.rng)
+        _, node = pick(cand, self._scores(cand, after), self.rank)
         return node, first_free_gpus(cluster.gpu_free[node], k) if k else ()
 
     def _place_shared(self, cluster: Cluster, cand: np.ndarray, d: int, x: int) -> Placement:
         free = cluster.gpu_free[cand]
-        r, g = np.nonzero(free >= d)  # candidates (node, GPU), grouped by node, GPUs ascending
+        ok = free >= d
+        ok[:, 1:] &= ~(free[:, 1:, None] == free[:, None, :-1]).any(axis=2, where=self._earlier)  # equal GPUs: first
+        r, g = np.nonzero(ok)  # candidates (node, GPU), grouped by node, GPUs ascending
         nodes = cand[r]
         a = free[r, g][:, None]
         na = a - d
@@ -398,7 +412,7 @@ class FgdPolicy(Policy):
         score = self._scores(nodes, after)
         starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
         node_best = np.maximum.reduceat(score, starts)
-        j, node = pick(cand[r[starts]], node_best, self.rng)
+        j, node = pick(cand[r[starts]], node_best, self.rank)
         seg = score[starts[j]:]
         return node, (int(g[starts[j] + int(np.argmax(seg == node_best[j]))]),)
 
@@ -498,13 +512,18 @@ class Run:
     seconds: float
 
     def alloc_pct_at(self, pct: int) -> float:
-        """Allocated GPU % at `pct` arrived: the mean over events whose arrived % rounds to pct (else +-1)."""
-        arrived = np.round(self.arrived * 100.0 / self.capacity_milli)
+        """Allocated GPU % at `pct` arrived: the mean over events whose arrived % rounds to pct, else to pct +- 1
+        (the paper's scripts); for coarse traces, else the last event at or below pct. NaN if pct was not reached."""
+        exact = self.arrived * 100.0 / self.capacity_milli
+        arrived = np.round(exact)
         alloc = np.round(self.used * 100.0 / self.capacity_milli, 2)
         sel = arrived == pct
         if not sel.any():
             sel = np.abs(arrived - pct) <= 1
-        return float(alloc[sel].mean()) if sel.any() else float("nan")
+        if sel.any():
+            return float(alloc[sel].mean())
+        below = np.flatnonzero(exact <= pct)
+        return float(alloc[below[-1]]) if below.size and exact[-1] >= pct else float("nan")
 
     def unallocated_at(self, pct: int = 100) -> float:
         return 100.0 - self.alloc_pct_at(pct)
@@ -519,8 +538,9 @@ class Run:
         return out
 
     def to_json(self) -> dict[str, object]:
+        at100 = self.unallocated_at(100)
         return {"engine": self.engine, "seed": self.seed, "batch": self.batch,
-                "unallocated_pct_at_100": round(self.unallocated_at(100), 4), "curve": self.curve(),
+                "unallocated_pct_at_100": round(at100, 4) if at100 == at100 else None, "curve": self.curve(),
                 "pods": len(self.placed), "placed": int(self.placed.sum()), "seconds": round(self.seconds, 3)}
 
 
@@ -537,6 +557,7 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
     wl = workload if workload is not None else typical_workload(pods, cluster.models)
     eng = _FACTORIES[engine](cluster, wl, np.random.default_rng([seed, 7919]))
     placed = np.zeros(len(shapes), dtype=bool)
+    done = 0
     for start in range(0, len(shapes), batch):
         stop = min(start + batch, len(shapes))
         if isinstance(eng, Policy):
@@ -548,8 +569,9 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
                     placed[i] = True
         else:
             _apply_batch(eng, engine, cluster, shapes, start, stop, placed)
-        if progress is not None:
-            progress(stop - start)
+        if progress is not None and (stop - done >= 256 or stop == len(shapes)):
+            progress(stop - done)
+            done = stop
     req = shapes.request
     return Run(engine, seed, batch, cluster.total_gpu_milli, np.cumsum(req), np.cumsum(req * placed), placed,
                time.perf_counter() - t0)
@@ -580,15 +602,17 @@ def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
     for name in dict.fromkeys(r.engine for r in runs):
         rs = [r for r in runs if r.engine == name]
         at100 = np.asarray([r.unallocated_at(100) for r in rs])
+        at100 = at100[~np.isnan(at100)]  # runs that never reached 100% arrived do not count
         curves = [dict((int(p), u) for p, u in r.curve()) for r in rs]
         common = sorted(set.intersection(*(set(c) for c in curves)))
         pub = PUBLISHED_AT_100.get(name)
-        mean = float(at100.mean())
+        mean = round(float(at100.mean()), 4) if at100.size else None
         out.append({
             "engine": name, "seeds": [r.seed for r in rs], "batch": rs[0].batch,
-            "unallocated_pct_at_100_mean": round(mean, 4),
-            "unallocated_pct_at_100_sd": round(float(at100.std(ddof=1)), 4) if len(rs) > 1 else 0.0,
-            "published_at_100": pub, "delta_vs_published": round(mean - pub, 4) if pub is not None else None,
+            "unallocated_pct_at_100_mean": mean,
+            "unallocated_pct_at_100_sd": round(float(at100.std(ddof=1)), 4) if at100.size > 1 else None,
+            "published_at_100": pub,
+            "delta_vs_published": round(mean - pub, 4) if pub is not None and mean is not None else None,
             "seconds_per_run": round(float(np.mean([r.seconds for r in rs])), 3),
             "curve_mean": [[float(p), round(float(np.mean([c[p] for c in curves])), 4)] for p in common],
         })

@@ -11,7 +11,7 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.heuristics.placer import Placer, format_fit_error
-from kai_opt.heuristics.session import Session
+from kai_opt.heuristics.session import ACTIVE, Session
 from kai_opt.plan import Reason
 from kai_opt.state import R_GPU
 
@@ -84,8 +84,8 @@ class GangPlacer:
         if topo >= 0 and req_lvl >= 0:
             need = float(st.pod_req[tasks, R_GPU].sum())
             per_domain = []
-            for name, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, None), need,
-                                          self._spread(tasks)):
+            domains = _domains(sess, topo, req_lvl, self._active_domain(st.group_pods(g), topo, req_lvl))
+            for name, m in _order_domains(sess, topo, req_lvl, domains, need, self._spread(tasks)):
                 a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
                 if a.ok:
                     return a
@@ -102,6 +102,18 @@ class GangPlacer:
         if not a.ok:
             sess.rollback(cp)
         return a
+
+    def _active_domain(self, pods: np.ndarray, topo: int, level: int) -> np.ndarray | None:
+        """Nodes of the domain that already-active pods of the (sub)group sit in: the rest must join them."""
+        sess = self.sess
+        active = pods[np.isin(sess.status[pods], ACTIVE)]
+        if len(active) == 0:
+            return None
+        dom = sess.state.topologies[topo].domain[level]
+        doms = set(int(dom[int(sess.node[p])]) for p in active.tolist())
+        if len(doms) != 1 or -1 in doms:
+            return np.zeros(sess.state.n_nodes, dtype=bool)  # already spread (or outside): no domain fits
+        return dom == doms.pop()
 
     def _spread(self, tasks: list[int]) -> bool:
         return self.sess.cfg.placement.gpu.value == "spread"
@@ -145,7 +157,10 @@ class GangPlacer:
             cp = sess.checkpoint()
             tries: list[np.ndarray] = []
             if req_lvl >= 0:
-                tries = [m for _, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, mask),
+                fixed = self._active_domain(st.group_pods(g)[st.pod_sg[st.group_pods(g)] == s], topo, req_lvl) \
+                    if s >= 0 else None
+                within = mask if fixed is None else (fixed if mask is None else mask & fixed)
+                tries = [m for _, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, within),
                                                       need, self._spread(pods))]
             else:
                 for lvl in range(pref_lvl, -1, -1):

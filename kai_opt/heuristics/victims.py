@@ -73,10 +73,12 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
     st = sess.state
     qkeys = _queue_keys(sess)
     remaining = {g: st.group_pods(g)[sess.status[st.group_pods(g)] == PodStatus.BOUND].tolist() for g in groups}
+    # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims
+    newly = {g: int(active_mask(sess, st.group_pods(g)).sum()) - len(remaining[g]) for g in groups}
 
     def key(g: int) -> tuple:
         m = int(st.pg_min_member[g])
-        n = len(remaining[g])
+        n = len(remaining[g]) + newly[g]
         elastic = 0 if n > m else (1 if n == m else 2)
         created = st.pg_creation[g]
         return (*qkeys[int(st.pg_queue[g])], elastic, int(st.pg_priority[g]),
@@ -88,12 +90,14 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
     while heap:
         _, g = heapq.heappop(heap)
         pods = remaining[g]
-        if len(pods) > int(st.pg_min_member[g]):
+        if len(pods) + newly[g] > int(st.pg_min_member[g]):
             out.append((g, [pods.pop()]))
-            heapq.heappush(heap, (key(g), g))
-        else:
+            if pods:
+                heapq.heappush(heap, (key(g), g))
+        elif newly[g] == 0:
             out.append((g, list(pods)))
             pods.clear()
+        # else: its gang now relies on pods placed this cycle: its core stays
     return out
 
 

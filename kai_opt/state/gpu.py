@@ -100,54 +100,62 @@ def assign_devices(
                     dev_rel[d] += amount
             per_pod.setdefault(p, []).append(d)
 
-        def taken(sl: slice) -> np.ndarray:
-            return dev_used[sl] - dev_rel[sl] + dev_pipe[sl]  # what stays held once releases finish
-
-        # 1) explicit devices
-        for p in pods:
-            if p in explicit:
-                amount = per_device(p)
-                for local in explicit[p]:
-                    if 0 <= local < count:
-                        put(p, base + local, amount)
-                    else:
-                        warnings.append(f"Pod {pod_name(p)}: GPU device {local} does not exist on its node")
-        # 2) shared GPUs by group
         group_dev: dict[str, int] = {}
-        for p in pods:
-            if p in explicit or whole[p] or p not in groups:
-                continue
-            g = groups[p]
-            if g in group_dev:
-                put(p, group_dev[g], per_device(p))
-                continue
-            d = _pick_shared(taken(slice(base, base + count)), per_device(p), fresh_first=True)
-            if d is None:
-                warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
-                continue
-            group_dev[g] = base + d
-            put(p, base + d, per_device(p))
-        # 3) whole GPUs: lowest free devices
-        for p in pods:
-            if p in explicit or not whole[p]:
-                continue
-            free = np.nonzero(taken(slice(base, base + count)) == 0)[0][: int(whole[p])]
-            if len(free) < whole[p]:
-                warnings.append(f"Node {node_name(n)}: pods hold more GPUs than the node has")
-            for d in free.tolist():
-                put(p, base + d, 1000)
-        # 4) shares without a group: a fresh device each (num-devices fresh devices)
-        for p in pods:
-            if p in explicit or whole[p] or p in groups:
-                continue
-            amount = per_device(p)
-            for _ in range(int(ndev[p])):
-                d = _pick_shared(taken(slice(base, base + count)), amount, fresh_first=True,
-                                 exclude=[x - base for x in per_pod.get(p, [])])
+        def occupied(sl: slice, pipelined_pass: bool) -> np.ndarray:
+            # pods holding devices now (bound and releasing) see what is held now; pipelined pods see what
+            # stays held once releases finish plus the other pipelined claims
+            if pipelined_pass:
+                return dev_used[sl] - dev_rel[sl] + dev_pipe[sl]
+            return dev_used[sl] + dev_pipe[sl]
+
+        # pods holding devices now first, then pipelined pods (they claim devices being released)
+        for pipelined_pass in (False, True):
+            batch = [p for p in pods if bool(piped[p]) == pipelined_pass]
+            sl = slice(base, base + count)
+            # 1) explicit devices
+            for p in batch:
+                if p in explicit:
+                    amount = per_device(p)
+                    for local in explicit[p]:
+                        if 0 <= local < count:
+                            put(p, base + local, amount)
+                        else:
+                            warnings.append(f"Pod {pod_name(p)}: GPU device {local} does not exist on its node")
+            # 2) shared GPUs by group (a group already on a device from the first pass keeps it)
+            for p in batch:
+                if p in explicit or whole[p] or p not in groups:
+                    continue
+                g = groups[p]
+                if g in group_dev:
+                    put(p, group_dev[g], per_device(p))
+                    continue
+                d = _pick_shared(occupied(sl, pipelined_pass), per_device(p), fresh_first=True)
                 if d is None:
                     warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
-                    break
-                put(p, base + d, amount)
+                    continue
+                group_dev[g] = base + d
+                put(p, base + d, per_device(p))
+            # 3) whole GPUs: lowest free devices
+            for p in batch:
+                if p in explicit or not whole[p]:
+                    continue
+                free = np.nonzero(occupied(sl, pipelined_pass) == 0)[0][: int(whole[p])]
+                if len(free) < whole[p]:
+                    warnings.append(f"Node {node_name(n)}: pods hold more GPUs than the node has")
+                for d in free.tolist():
+                    put(p, base + d, 1000)
+            # 4) shares without a group: a fresh device each (num-devices fresh devices)
+            for p in batch:
+                if p in explicit or whole[p] or p in groups:
+                    continue
+                amount = per_device(p)
+                for _ in range(int(ndev[p])):
+                    d = _pick_shared(occupied(sl, pipelined_pass), amount, fresh_first=True,
+                                     exclude=[x - base for x in per_pod.get(p, [])])
+                    if d is None:
+                        warnings.append(f"Pod {pod_name(p)}: no GPU device left for its share")
+                        break
+                    put(p, base + d, amount)
 
     counts = np.zeros(n_pods, dtype=np.int64)
     for p, devs in per_pod.items():

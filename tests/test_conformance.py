@@ -1,0 +1,59 @@
+"""KAI-Scheduler behaviour cases (../shared/scenarios/kai, or $KAI_SCENARIOS) through `kai-opt conformance`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kai_opt.cli.main import main
+from kai_opt.config import Config, Engine
+from kai_opt.conformance import run_conformance, summarize_results
+
+SCENARIOS = Path(os.environ.get("KAI_SCENARIOS", Path(__file__).resolve().parents[2] / "shared" / "scenarios" / "kai"))
+
+
+@pytest.fixture(scope="module")
+def greedy_results():
+    assert SCENARIOS.is_dir(), f"behaviour cases not found at {SCENARIOS} (set KAI_SCENARIOS)"
+    return run_conformance(SCENARIOS, Config(), Engine.greedy)
+
+
+def test_no_case_errors(greedy_results) -> None:
+    errors = [(r.file, r.detail) for r in greedy_results if r.result == "error"]
+    assert not errors, errors
+
+
+def test_greedy_matches_or_beats_95_percent_of_supported_cases(greedy_results) -> None:
+    s = summarize_results(greedy_results)
+    supported = s["total"] - s["skipped"]
+    ok = s["match"] + s["better"]
+    mismatches = [(Path(r.file).name, r.detail) for r in greedy_results if r.result == "mismatch"]
+    assert supported > 0
+    assert ok / supported >= 0.95, (s, mismatches)
+
+
+def test_better_results_say_how(greedy_results) -> None:
+    for r in greedy_results:
+        if r.result == "better":
+            assert "kai-opt:" in r.detail and r.differences
+
+
+def test_unsupported_cases_are_skipped_with_reasons(greedy_results) -> None:
+    for r in greedy_results:
+        if r.result == "skipped":
+            assert r.detail
+
+
+def test_cli_json(capsys) -> None:
+    one = sorted((SCENARIOS / "allocate").glob("*.yaml"))[:3]
+    target = one[0].parent if len(one) else SCENARIOS
+    with pytest.raises(SystemExit) as done:
+        main(["conformance", str(target), "-o", "json"])
+    assert done.value.code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["summary"]) >= {"total", "match", "better", "mismatch", "skipped"}
+    assert data["summary"]["total"] == len(data["cases"]) > 0
+    assert all(c["result"] in ("match", "better", "mismatch", "skipped", "error") for c in data["cases"])
