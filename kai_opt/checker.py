@@ -126,6 +126,9 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
         active_after[p] = False
     for p in placed:
         active_after[p] = True
+    for p in moved:  # a consolidated pod ends on its new node
+        active_after[p] = True
+    groups_with_placements |= {int(state.pod_pg[p]) for p in moved}
     for g in sorted(groups_with_placements):
         pods = state.group_pods(g)
         have = int(active_after[pods].sum())
@@ -139,7 +142,7 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
             if n_s < int(state.sg_min_member[s]):
                 problems.append(f"podgroup {state.pg_keys[g]} subgroup {state.sg_names[s]} ends with {n_s} pods, "
                                 f"minMember {int(state.sg_min_member[s])}")
-        problems += _topology_problems(state, g, pods, active_after, placed)
+        problems += _topology_problems(state, g, pods, active_after, placed, moved)
 
     # -- queues ---------------------------------------------------------------------------------------------
     delta = np.zeros((state.n_queues, 3))
@@ -226,10 +229,13 @@ def _runtime(state: ClusterState, g: int) -> float:
 
 
 def _topology_problems(state: ClusterState, g: int, pods: np.ndarray, active: np.ndarray,
-                       placed: dict[int, tuple[int, tuple[int, ...], bool]]) -> list[str]:
+                       placed: dict[int, tuple[int, tuple[int, ...], bool]],
+                       moved: dict[int, tuple[int, tuple[int, ...]]]) -> list[str]:
     out = []
     node_of = {p: int(state.pod_node[p]) for p in pods.tolist()}
     for p, (n, _d, _pipe) in placed.items():
+        node_of[p] = n
+    for p, (n, _d) in moved.items():
         node_of[p] = n
     checks: list[tuple[int, int, np.ndarray, str]] = []
     if state.pg_topology[g] >= 0 and state.pg_required_level[g] >= 0:

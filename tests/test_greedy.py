@@ -57,7 +57,7 @@ def test_fractions_share_one_device() -> None:
     objs = [node("a", gpus=2), queue("q", gpu=(2, 1, -1))]
     for i in range(2):
         objs += [podgroup(f"f{i}", "q"), pod(f"f{i}-0", group=f"f{i}", gpus=0.5)]
-    st, plan = plan_of(objs)
+    _, plan = plan_of(objs)
     devs = {p.devices for p in plan.placements}
     assert len(plan.placements) == 2 and len(devs) == 1
 
@@ -78,7 +78,8 @@ def test_required_topology_keeps_the_gang_in_one_rack() -> None:
 
 def test_node_selector_and_taints() -> None:
     objs = [node("a", gpus=8, labels={"pool": "x"}),
-            node("b", gpus=8, labels={"pool": "y"}, taints=[{"key": "dedicated", "value": "y", "effect": "NoSchedule"}]),
+            node("b", gpus=8, labels={"pool": "y"},
+                 taints=[{"key": "dedicated", "value": "y", "effect": "NoSchedule"}]),
             queue("q", gpu=(16, 1, -1)), podgroup("s", "q"),
             pod("s-0", group="s", gpus=1, nodeSelector={"pool": "y"})]
     st, plan = plan_of(objs)
@@ -129,7 +130,7 @@ def test_reclaim_evicts_from_the_queue_over_its_share_and_pipelines_the_reclaime
 def test_min_runtime_protects_young_victims() -> None:
     objs = _reclaim_objs(started_min_ago=1)
     objs[1] = queue("over", gpu=(2, 1, -1), reclaimMinRuntime="10m")
-    st, plan = plan_of(objs)
+    _, plan = plan_of(objs)
     assert not plan.evictions
 
 
@@ -166,7 +167,7 @@ def test_gated_pods_and_other_schedulers_are_left_alone() -> None:
     objs = [node("a", gpus=8), queue("q", gpu=(8, 1, -1)),
             podgroup("g", "q"), pod("g-0", group="g", gpus=1, schedulingGates=[{"name": "wait"}]),
             pod("foreign", gpus=1, scheduler="default-scheduler")]
-    st, plan = plan_of(objs)
+    _, plan = plan_of(objs)
     assert not plan.placements and not plan.evictions
 
 

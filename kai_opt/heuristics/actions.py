@@ -116,7 +116,7 @@ class Actions:
         Returns the pods moved."""
         moved = []
         for p in victims:
-            choice = self.placer.choose(p, None, allow_pipeline=True)
+            choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
             if choice is not None:
                 sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
                 moved.append(p)

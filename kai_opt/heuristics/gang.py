@@ -115,6 +115,26 @@ class GangPlacer:
             return np.zeros(sess.state.n_nodes, dtype=bool)  # already spread (or outside): no domain fits
         return dom == doms.pop()
 
+    def domain_for_move(self, p: int) -> np.ndarray | None:
+        """Where a consolidated pod may be re-placed: inside the required domains its group's (and sub-group's)
+        other active pods sit in."""
+        st = self.sess.state
+        g = int(st.pod_pg[p])
+        mask: np.ndarray | None = None
+        pods = st.group_pods(g)
+        others = pods[pods != p]
+        if st.pg_topology[g] >= 0 and st.pg_required_level[g] >= 0:
+            mask = self._active_domain(others, int(st.pg_topology[g]), int(st.pg_required_level[g]))
+        s = int(st.pod_sg[p])
+        while s >= 0:
+            if st.sg_topology[s] >= 0 and st.sg_required_level[s] >= 0:
+                members = others[st.pod_sg[others] == s]
+                m = self._active_domain(members, int(st.sg_topology[s]), int(st.sg_required_level[s]))
+                if m is not None:
+                    mask = m if mask is None else mask & m
+            s = int(st.sg_parent[s])
+        return mask
+
     def _spread(self, tasks: list[int]) -> bool:
         return self.sess.cfg.placement.gpu.value == "spread"
 
