@@ -128,7 +128,9 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
         active_after[p] = True
     for p in moved:  # a consolidated pod ends on its new node
         active_after[p] = True
-    groups_with_placements |= {int(state.pod_pg[p]) for p in moved}
+    groups_with_moves = {int(state.pod_pg[p]) for p in moved}
+    for g in sorted(groups_with_moves - groups_with_placements):  # a move keeps the count; check the domain
+        problems += _topology_problems(state, g, state.group_pods(g), active_after, placed, moved)
     for g in sorted(groups_with_placements):
         pods = state.group_pods(g)
         have = int(active_after[pods].sum())
