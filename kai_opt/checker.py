@@ -7,7 +7,8 @@ It recomputes everything from the ClusterState and the plan alone (it shares no 
 - gangs: a group (and each leaf sub-group) that receives placements ends with at least its minimum active;
 - queues: no queue or ancestor ends above a limit the plan pushed it over; new non-preemptible placements keep
   the queue's non-preemptible usage within its deserved quota;
-- evictions: a known reason; a beneficiary placed in the same plan (except stale-gang); victims preemptible,
+- evictions: a known reason; a beneficiary placed in the same plan (except stale-gang); a victim gang keeps at
+  least its minimum or goes whole; victims preemptible,
   not younger than their min runtime, and for preempt of lower priority in the same queue; consolidated pods
   re-placed in the same plan (another node, or other devices of the same node);
 - placements only for our pending, ungated pods; evictions only for our running pods; no pod twice.
@@ -181,6 +182,14 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
                                 f"its quota {des:g}")
 
     # -- evictions ------------------------------------------------------------------------------------------
+    victim_groups = {int(state.pod_pg[p]) for p in evicted if p not in moved}
+    for g in sorted(victim_groups):
+        pods = state.group_pods(g)
+        left = int(active_after[pods].sum())
+        if 0 < left < int(state.pg_min_member[g]) and not any(evicted[p][0] == "stale-gang" for p in pods
+                                                              if p in evicted):
+            problems.append(f"podgroup {state.pg_keys[g]} is left with {left} pods after evictions, below its "
+                            f"minMember {int(state.pg_min_member[g])} (a victim gang goes whole)")
     placed_groups = {int(state.pod_pg[p]) for p in placed}
     for p, (reason, b) in evicted.items():
         g = int(state.pod_pg[p])

@@ -174,8 +174,7 @@ def compare(case: Case, state: ClusterState, out: Outcome, *, check_counts: bool
     return diffs
 
 
-def _expected_activity(case: Case) -> tuple[int, float, int]:
-    """(active pods, active GPUs, evicted pods) the expectation describes, for judging `better`."""
+def _expected_status(case: Case) -> dict[str, str]:
     status: dict[str, str] = {}
     for job, e in case.expected.jobs.items():
         for t in case.job_tasks.get(job, []):
@@ -183,28 +182,33 @@ def _expected_activity(case: Case) -> tuple[int, float, int]:
     for task, e in case.expected.tasks.items():
         if task in case.task_pod:
             status[case.task_pod[task]] = e.status
-    return _activity(case, status)
+    return status
 
 
-def _activity(case: Case, status: dict[str, str]) -> tuple[int, float, int]:
-    st = build_state(case.snapshot, now=case.now)
+def _activity(st: ClusterState, status: dict[str, str]) -> tuple[set[str], float, int]:
+    """(active pods, active GPUs, pods evicted from running) of an outcome."""
     idx = st.pod_index
-    active = [idx[p] for p, s in status.items() if s in ACTIVE_STATUSES and p in idx]
+    active = {p for p, s in status.items() if s in ACTIVE_STATUSES and p in idx}
     was_running = {p for p in idx if st.pod_status[idx[p]] == PodStatus.BOUND}
     evicted = sum(1 for p, s in status.items() if s in ("Releasing", "Pending") and p in was_running)
-    gpus = sum(float(st.pod_req[p, 2]) / 1000 for p in active)
-    return len(active), gpus, evicted
+    gpus = sum(float(st.pod_req[idx[p], 2]) / 1000 for p in active)
+    return active, gpus, evicted
 
 
 def _better(case: Case, out: Outcome) -> str | None:
-    exp_pods, exp_gpus, exp_evicted = _expected_activity(case)
-    ours = {p: s for p, s in out.status.items()}
-    pods, gpus, evicted = _activity(case, ours)
-    more_work = (gpus > exp_gpus + EPS or pods > exp_pods) and gpus >= exp_gpus - EPS
-    fewer_evictions = evicted < exp_evicted and pods >= exp_pods and gpus >= exp_gpus - EPS
-    if (more_work and evicted <= exp_evicted) or fewer_evictions:
-        return (f"kai-opt: {pods} pods / {gpus:g} GPUs active, {evicted} evicted; expected {exp_pods} pods / "
-                f"{exp_gpus:g} GPUs, {exp_evicted} evicted")
+    """kai-opt is better when it keeps every pod KAI's outcome has active (on any node) and places strictly more
+    work, or the same work with fewer evictions, its plan having passed the invariant checker."""
+    st = build_state(case.snapshot, now=case.now)
+    expected = _expected_status(case)
+    exp_active, exp_gpus, exp_evicted = _activity(st, expected)
+    ours = {p: s for p, s in out.status.items() if p in expected}
+    our_active, gpus, evicted = _activity(st, ours)
+    if not exp_active <= our_active:
+        return None
+    more_work = len(our_active) > len(exp_active) or gpus > exp_gpus + EPS
+    if (more_work and evicted <= exp_evicted) or (evicted < exp_evicted):
+        return (f"kai-opt: {len(our_active)} pods / {gpus:g} GPUs active, {evicted} evicted; expected "
+                f"{len(exp_active)} pods / {exp_gpus:g} GPUs, {exp_evicted} evicted (every pod KAI runs runs too)")
     return None
 
 

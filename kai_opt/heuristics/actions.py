@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from kai_opt.fairshare.capacity import non_preemptible_over_quota
+from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
@@ -111,15 +111,29 @@ class Actions:
                 if pending_mask(sess, st.group_pods(g)).any():
                     jq.push(g)
 
-    def _move_victims(self, sess: Session, victims: list[int]) -> list[int]:
-        """Re-place evicted pods (pipelined) where they fit: another node, or other devices of their node.
-        Returns the pods moved."""
+    def _move_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
+        """Re-place evicted chunks (pipelined) where they fit: another node, or other devices of their node. A
+        chunk (an elastic pod, or a gang's core) moves whole or not at all. Returns the pods moved."""
         moved = []
-        for p in victims:
-            choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
-            if choice is not None:
+        st = sess.state
+        for chunk in chunks:
+            g = int(st.pod_pg[chunk[0]])
+            req = sess.queue_request(chunk).sum(axis=0)
+            if capacity_violation(sess.fs, sess.ledger, int(st.pg_queue[g]), req,
+                                  preemptible=bool(st.pg_preemptible[g])) is not None:
+                continue  # re-placing it would put its queue over a limit: it is only evicted
+            cp = sess.checkpoint()
+            ok = True
+            for p in chunk:
+                choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
+                if choice is None:
+                    ok = False
+                    break
                 sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
-                moved.append(p)
+            if ok:
+                moved.extend(chunk)
+            else:
+                sess.rollback(cp)
         return moved
 
     @staticmethod

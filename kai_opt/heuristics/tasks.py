@@ -20,19 +20,17 @@ from kai_opt.state import PodStatus
 @dataclass
 class GroupShape:
     pods: np.ndarray  # all pods of the group, task order
-    leaves: list[tuple[int, np.ndarray]]  # (sub-group index, its pods in task order) for leaf sub-groups with pods
+    leaves: list[tuple[int, np.ndarray]]  # (sub-group index, its pods in task order) for every leaf sub-group
 
 
 def group_shape(sess: Session, g: int) -> GroupShape:
     st = sess.state
     pods = st.group_pods(g)
     subs = st.pod_sg[pods]
-    leaves: list[tuple[int, np.ndarray]] = []
-    if (subs >= 0).any():
-        has_child = set(int(x) for x in st.sg_parent[st.sg_pg == g] if x >= 0)
-        for s in sorted(set(int(x) for x in subs if x >= 0)):
-            if s not in has_child:
-                leaves.append((s, pods[subs == s]))
+    mine = np.nonzero(st.sg_pg == g)[0]
+    has_child = set(int(x) for x in st.sg_parent[mine] if x >= 0)
+    # every leaf sub-group counts, also one whose pods are all gone (it can then never be satisfied)
+    leaves = [(int(s), pods[subs == s]) for s in mine.tolist() if int(s) not in has_child]
     return GroupShape(pods, leaves)
 
 

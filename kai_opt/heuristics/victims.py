@@ -53,51 +53,61 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
     return limit > 0 and job_runtime(sess, g) < limit
 
 
-def _queue_keys(sess: Session) -> dict[int, tuple]:
-    """Victim order of queues: furthest over their share first (DRF), lower queue priority first."""
-    st = sess.state
-    drf = sess.fs.dominant_share(sess.ledger.allocated)
-    keys = {}
-    for q in range(st.n_queues):
-        over = bool(np.all(sess.fs.fair_share[q] < sess.ledger.allocated[q]))
-        keys[q] = (not over, int(st.q_priority[q]), -float(drf[q]))
-    return keys
-
-
 def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list[int]]]:
-    """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queues furthest over
-    their share first; inside a queue, jobs above their minimum first (they give up one pod, the last in task
-    order, and go back in line), then lower priority, then newer. A job at its minimum gives up all its pods."""
+    """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
+    its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first;
+    inside a queue, jobs above their minimum first (they give up one pod, the last in task order, and go back in
+    line), then lower priority, then newer. A job at its minimum gives up all its pods."""
     import heapq
 
-    st = sess.state
-    qkeys = _queue_keys(sess)
+    st, fs = sess.state, sess.fs
     remaining = {g: st.group_pods(g)[sess.status[st.group_pods(g)] == PodStatus.BOUND].tolist() for g in groups}
     # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims
     newly = {g: int(active_mask(sess, st.group_pods(g)).sum()) - len(remaining[g]) for g in groups}
+    allocated = sess.ledger.allocated.copy()
+    allocatable = fs.allocatable_share
+    version = np.zeros(st.n_queues, dtype=np.int64)
+
+    def queue_key(q: int) -> tuple:
+        over = bool(np.all(fs.fair_share[q] < allocated[q]))
+        share = allocatable[q]
+        share = np.where(share == -1, fs.total, share)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drf = float(np.max(np.where(share == 0, allocated[q] * 1000.0, allocated[q] / np.where(share == 0, 1,
+                                                                                                   share))))
+        return (not over, int(st.q_priority[q]), -drf)
 
     def key(g: int) -> tuple:
         m = int(st.pg_min_member[g])
         n = len(remaining[g]) + newly[g]
         elastic = 0 if n > m else (1 if n == m else 2)
         created = st.pg_creation[g]
-        return (*qkeys[int(st.pg_queue[g])], elastic, int(st.pg_priority[g]),
+        return (*queue_key(int(st.pg_queue[g])), elastic, int(st.pg_priority[g]),
                 -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
 
-    heap = [(key(g), g) for g in groups if remaining[g]]
+    heap = [(key(g), int(version[int(st.pg_queue[g])]), g) for g in groups if remaining[g]]
     heapq.heapify(heap)
     out: list[tuple[int, list[int]]] = []
     while heap:
-        _, g = heapq.heappop(heap)
+        _, ver, g = heapq.heappop(heap)
+        q = int(st.pg_queue[g])
+        if ver != version[q]:  # its queue changed since: judge it again
+            heapq.heappush(heap, (key(g), int(version[q]), g))
+            continue
         pods = remaining[g]
         if len(pods) + newly[g] > int(st.pg_min_member[g]):
-            out.append((g, [pods.pop()]))
-            if pods:
-                heapq.heappush(heap, (key(g), g))
+            chunk = [pods.pop()]
         elif newly[g] == 0:
-            out.append((g, list(pods)))
+            chunk = list(pods)
             pods.clear()
-        # else: its gang now relies on pods placed this cycle: its core stays
+        else:
+            continue  # its gang now relies on pods placed this cycle: its core stays
+        out.append((g, chunk))
+        for a in sess.ledger.ancestors[q]:
+            allocated[a] -= sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
+            version[a] += 1
+        if pods:
+            heapq.heappush(heap, (key(g), int(version[q]), g))
     return out
 
 
@@ -112,7 +122,7 @@ def solve_with_victims(
     *,
     feasible: np.ndarray,
     max_victim_jobs: int = -1,
-    replace_victims: Callable[[Session, list[int]], list[int]] | None = None,
+    replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
 ) -> Outcome:
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
@@ -128,30 +138,36 @@ def solve_with_victims(
         chunks.append(c)
     if not chunks:
         return Outcome(False, [], "no eligible victims")
-    accumulated: list[int] = []
+    accumulated: list[list[int]] = []
     last_why = "not enough resources even with every eligible victim evicted"
     ledger_before = sess.ledger.copy()
     releasable = float((sess.alloc[feasible, R_GPU] - sess.held[feasible, R_GPU]).sum())
     for chunk in chunks:
-        accumulated.extend(chunk)
+        accumulated.append(chunk)
         releasable += float(sum(sess.pod_node_amount(p, int(sess.node[p]))[R_GPU] for p in chunk))
         if releasable + 1e-9 < need_gpu:
             continue  # cannot fit yet: skip the simulation
         cp = sess.checkpoint()
-        for p in accumulated:
-            sess.evict(p, reason, g)
+        for c in accumulated:
+            for p in c:
+                sess.evict(p, reason, g)
         attempt = gang.place(g, tasks, allow_pipeline=True)
         if not attempt.ok:
             sess.rollback(cp)
             continue
-        victims = _keep_unneeded(sess, accumulated)
+        victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g)
         if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
-            moved = set(replace_victims(sess, victims))
+            still = set(victims)
+            moved = set(replace_victims(sess, [[p for p in c if p in still] for c in accumulated
+                                               if any(p in still for p in c)]))
             victims = [p for p in victims if p not in moved]
         why = _queue_capacity(sess, g, tasks)
         if why is None and validator is not None:
             why = validator(sess, ledger_before, victims)
         if why is None:
+            # what an eviction makes room for waits for it: KAI places a preemptor pipeline-only
+            sess.convert_to_pipelined(attempt.placed)
+            attempt.any_pipelined = True
             return Outcome(True, victims, None, attempt)
         last_why = why
         sess.rollback(cp)
@@ -169,21 +185,35 @@ def _queue_capacity(sess: Session, g: int, tasks: list[int]) -> str | None:
     return None if v is None else v.reason
 
 
-def _keep_unneeded(sess: Session, evicted: list[int]) -> list[int]:
-    """Un-evict victims whose resources the placements did not use (latest added first)."""
-    keep_running: list[int] = []
-    for p in reversed(evicted):
-        n = int(sess.node[p])
-        amount = sess.pod_node_amount(p, n)
-        if np.any(sess.held[n] + amount > sess.alloc[n]):
+def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[], bool], reason: str,
+                   beneficiary: int) -> list[int]:
+    """Un-evict victim chunks whose resources the placements did not use (latest added first): neither node room
+    nor queue headroom (limits, quota) of the beneficiary. A chunk (an elastic pod, or a gang's whole core) goes
+    back only as a whole, so no victim gang is left half-evicted."""
+    kept: set[int] = set()
+    for chunk in reversed(evicted):
+        extra = {}
+        for p in chunk:
+            n = int(sess.node[p])
+            extra[n] = extra.get(n, 0) + sess.pod_node_amount(p, n)
+        if any(np.any(sess.held[n] + a > sess.alloc[n]) for n, a in extra.items()):
             continue
-        devs = sess.pod_devices(p)
-        per = sess.gpu_per_device(p, n) if devs else 0
-        if any(sess.dev_held[d] + per > DEV for d in devs):
+        dev_extra: dict[int, int] = {}
+        for p in chunk:
+            devs = sess.pod_devices(p)
+            per = sess.gpu_per_device(p, int(sess.node[p])) if devs else 0
+            for d in devs:
+                dev_extra[d] = dev_extra.get(d, 0) + per
+        if any(sess.dev_held[d] + a > DEV for d, a in dev_extra.items()):
             continue
-        _restore(sess, p)
-        keep_running.append(p)
-    return [p for p in evicted if p not in set(keep_running)]
+        for p in chunk:
+            _restore(sess, p)
+        if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
+            for p in chunk:
+                sess.evict(p, reason, beneficiary)
+            continue
+        kept.update(chunk)
+    return [p for c in evicted for p in c if p not in kept]
 
 
 def _restore(sess: Session, p: int) -> None:

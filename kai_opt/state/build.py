@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import chain
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from kai_opt.api.queue import QUEUE_RESOURCES
 from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
 from kai_opt.state.gpu import assign_devices
-from kai_opt.state.resources import R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
+from kai_opt.state.resources import BASE_RESOURCES, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
 from kai_opt.units import GPU_RESOURCE, gpu_milli_from_fraction
 
 DEFAULT_QUEUE = "default-queue"
@@ -24,21 +25,41 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     ours_names = set(snapshot.scheduler_names)
     warnings: list[str] = [str(w) for w in snapshot.warnings]
 
-    # -- resources -------------------------------------------------------------------------------------------------
+    N = len(snapshot.nodes)
+    node_names = [n.name for n in snapshot.nodes]
+    node_index = {n: i for i, n in enumerate(node_names)}
+
+    # -- resources, and pods: keep those that matter, decide status (one pass) -------------------------------------
     names: set[str] = set()
     for node in snapshot.nodes:
         names.update(node.allocatable)
-    live_pods = [p for p in snapshot.pods if not p.finished]
-    for pod in live_pods:
+    pods: list[Pod] = []
+    status: list[int] = []
+    for pod in snapshot.pods:
+        if pod.finished:
+            continue
         names.update(pod.requests)
+        ours = pod.scheduler_name in ours_names
+        if pod.node_name:
+            if pod.node_name not in node_index:
+                warnings.append(f"Pod {pod.key}: bound to unknown node {pod.node_name!r}; ignored")
+                continue
+            status.append(PodStatus.RELEASING if pod.meta.deletion_timestamp is not None else PodStatus.BOUND)
+        elif not ours or pod.meta.deletion_timestamp is not None:
+            continue
+        elif pod.nominated_node and pod.nominated_node in node_index and not pod.scheduling_gates:
+            status.append(PodStatus.PIPELINED)
+        elif pod.scheduling_gates:
+            status.append(PodStatus.GATED)
+        else:
+            status.append(PodStatus.PENDING)
+        pods.append(pod)
+    P = len(pods)
     resources = resource_axis(names)
     col = {r: i for i, r in enumerate(resources)}
     R = len(resources)
 
     # -- nodes -----------------------------------------------------------------------------------------------------
-    N = len(snapshot.nodes)
-    node_names = [n.name for n in snapshot.nodes]
-    node_index = {n: i for i, n in enumerate(node_names)}
     node_alloc = np.zeros((N, R), dtype=np.int64)
     for i, node in enumerate(snapshot.nodes):
         for r, v in node.allocatable.items():
@@ -87,61 +108,102 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
                 return p.priority
         return global_default
 
-    # -- pods: keep those that matter, decide status ---------------------------------------------------------------
-    pods: list[Pod] = []
-    status: list[int] = []
-    for pod in live_pods:
-        ours = pod.scheduler_name in ours_names
-        if pod.node_name:
-            if pod.node_name not in node_index:
-                warnings.append(f"Pod {pod.key}: bound to unknown node {pod.node_name!r}; ignored")
-                continue
-            status.append(PodStatus.RELEASING if pod.meta.deletion_timestamp is not None else PodStatus.BOUND)
-        elif not ours or pod.meta.deletion_timestamp is not None:
-            continue
-        elif pod.nominated_node and pod.nominated_node in node_index and not pod.scheduling_gates:
-            status.append(PodStatus.PIPELINED)
-        elif pod.scheduling_gates:
-            status.append(PodStatus.GATED)
-        else:
-            status.append(PodStatus.PENDING)
-        pods.append(pod)
-    P = len(pods)
-
-    # -- podgroups: declared ones, placeholders for missing ones, implicit ones for lone pods ----------------------
-    declared: dict[str, PodGroup] = {g.key: g for g in snapshot.podgroups}
+    # -- per-pod values and group membership, in one pass (Python lists; arrays are made once afterwards) ---------
+    declared_keys = [g.key for g in snapshot.podgroups]
+    declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
     members: dict[str, list[int]] = {}
     implicit: set[str] = set()
     missing: set[str] = set()
-    pod_ours = np.zeros(P, dtype=bool)
+    ours_l = [False] * P
+    node_l = [-1] * P
+    cpu_l, mem_l, gpu_l, npods_l = [0] * P, [0] * P, [0] * P, [0] * P
+    extra: list[tuple[int, int, int]] = []  # (pod, column, value) of extended resources
+    whole_l, frac_l, gmem_l, ndev_l = [0] * P, [0] * P, [0] * P, [1] * P
+    prio_l, sig_l = [0] * P, [0] * P
+    creation_l, start_l = [NAN] * P, [NAN] * P
+    with_subgroup: list[int] = []
+    sig_ids: dict[tuple, int] = {}
+    sigs: list[SchedulingSig] = []
+    explicit: dict[int, tuple[int, ...]] = {}
+    gpu_groups: dict[int, str] = {}
+    pipelined_status = PodStatus.PIPELINED
+    base_keys = frozenset(BASE_RESOURCES)
+    no_sig = ((), (), ())
     for i, pod in enumerate(pods):
+        if pod.node_name:
+            node_l[i] = node_index[pod.node_name]
+        elif status[i] == pipelined_status:
+            node_l[i] = node_index[pod.nominated_node]  # type: ignore[index]
+        req = pod.requests
+        get = req.get
+        cpu_l[i] = get("cpu", 0)
+        mem_l[i] = get("memory", 0)
+        npods_l[i] = get("pods", 0)
+        v = get(GPU_RESOURCE)
+        if v is not None:
+            gpu_l[i] = v
+            whole_l[i] = v // 1000
+        if not base_keys.issuperset(req):
+            extra.extend((i, col[r], x) for r, x in req.items() if r not in base_keys)
+        if pod.gpu_fraction is not None:
+            frac_l[i] = f = gpu_milli_from_fraction(pod.gpu_fraction)
+            ndev_l[i] = pod.gpu_fraction_num_devices
+            gpu_l[i] = f * pod.gpu_fraction_num_devices
+        elif pod.gpu_memory_mib is not None:
+            gmem_l[i] = pod.gpu_memory_mib
+            ndev_l[i] = pod.gpu_fraction_num_devices
+        if pod.gpu_devices is not None:
+            explicit[i] = pod.gpu_devices
+        if pod.gpu_group:
+            gpu_groups[i] = pod.gpu_group
+        if pod.priority is not None:
+            prio_l[i] = pod.priority
+        meta = pod.meta
+        if meta.creation_timestamp is not None:
+            creation_l[i] = meta.creation_timestamp
+        if pod.start_time is not None:
+            start_l[i] = pod.start_time
         if pod.scheduler_name not in ours_names:
             continue
-        pod_ours[i] = True
+        ours_l[i] = True
+        ns = meta.namespace or "default"
         if pod.podgroup:
-            key = f"{pod.namespace}/{pod.podgroup}"
+            key = f"{ns}/{pod.podgroup}"
             if key not in declared:
                 missing.add(key)
         else:
-            key = f"{pod.namespace}/pg-{pod.name}"
+            key = f"{ns}/pg-{meta.name}"
             while key in declared:
                 key += "-implicit"
             implicit.add(key)
         members.setdefault(key, []).append(i)
-    pg_keys = [g.key for g in snapshot.podgroups] + sorted(k for k in members if k not in declared)
+        selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
+        skey = no_sig if not (selector or affinity or tolerations) else (
+            tuple(sorted(selector.items())) if selector else (), affinity, tolerations)
+        s = sig_ids.get(skey)
+        if s is None:
+            s = sig_ids[skey] = len(sigs)
+            sigs.append(SchedulingSig(*skey))
+        sig_l[i] = s
+        if pod.subgroup:
+            with_subgroup.append(i)
+    if not sigs:
+        sigs.append(SchedulingSig((), (), ()))
+    pod_ours = np.array(ours_l, dtype=bool)
+
+    # -- podgroups: declared ones, placeholders for missing ones, implicit ones for lone pods ----------------------
+    pg_keys = declared_keys + sorted(k for k in members if k not in declared)
     G = len(pg_keys)
     pg_index = {k: i for i, k in enumerate(pg_keys)}
-    pg_queue = np.full(G, -1, dtype=np.int32)
-    pg_min = np.ones(G, dtype=np.int32)
-    pg_prio = np.zeros(G, dtype=np.int32)
-    pg_preempt = np.zeros(G, dtype=bool)
-    pg_creation = np.full(G, NAN)
-    pg_last_start = np.full(G, NAN)
-    pg_stale = np.full(G, NAN)
-    pg_implicit = np.zeros(G, dtype=bool)
-    pg_topo = np.full(G, -1, dtype=np.int32)
-    pg_req_lvl = np.full(G, -1, dtype=np.int32)
-    pg_pref_lvl = np.full(G, -1, dtype=np.int32)
+    pg_queue_l = [-1] * G
+    pg_min_l = [1] * G
+    pg_prio_l = [0] * G
+    pg_preempt_l = [False] * G
+    pg_creation_l = [NAN] * G
+    pg_last_l = [NAN] * G
+    pg_stale_l = [NAN] * G
+    pg_implicit_l = [False] * G
+    pg_topo_l, pg_req_l, pg_pref_l = [-1] * G, [-1] * G, [-1] * G
     pg_problem: list[str | None] = [None] * G
     pg_problem_msg: list[str | None] = [None] * G
     sg_pg: list[int] = []
@@ -152,6 +214,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     sg_req: list[int] = []
     sg_pref: list[int] = []
     sg_lookup: dict[tuple[int, str], int] = {}
+    q_leaf_l = q_leaf.tolist()
 
     def set_problem(g: int, reason: str, message: str) -> None:
         if pg_problem[g] is None:
@@ -182,21 +245,25 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
                         f"{where}: level {tc.required_level!r} is not in topology {topologies[t].name!r}")
         return t, req, pref
 
+    no_members: list[int] = []
     for g, key in enumerate(pg_keys):
-        mem = [pods[i] for i in members.get(key, [])]
+        idx = members.get(key, no_members)
         spec = declared.get(key)
         queue_name: str | None = None
         if spec is not None:
-            pg_min[g] = spec.min_member
+            pg_min_l[g] = spec.min_member
             queue_name = spec.queue
-            pg_prio[g] = priority_of(spec.priority_class_name, mem)
-            pg_preempt[g] = (spec.preemptibility == "preemptible") if spec.preemptibility else \
-                pg_prio[g] < NON_PREEMPTIBLE_PRIORITY
-            pg_creation[g] = _t(spec.meta.creation_timestamp)
-            pg_last_start[g] = _t(spec.last_start)
-            pg_stale[g] = _t(spec.stale_since)
-            pg_topo[g], pg_req_lvl[g], pg_pref_lvl[g] = topo_of(spec.topology_constraint, g, "topologyConstraint")
-            for sg in spec.sub_groups:
+            pc = spec.priority_class_name
+            prio = pc_value[pc] if pc and pc in pc_value else priority_of(None, [pods[i] for i in idx])
+            pg_prio_l[g] = prio
+            pg_preempt_l[g] = (spec.preemptibility == "preemptible") if spec.preemptibility else \
+                prio < NON_PREEMPTIBLE_PRIORITY
+            pg_creation_l[g] = _t(spec.meta.creation_timestamp)
+            pg_last_l[g] = _t(spec.last_start)
+            pg_stale_l[g] = _t(spec.stale_since)
+            if spec.topology_constraint is not None:
+                pg_topo_l[g], pg_req_l[g], pg_pref_l[g] = topo_of(spec.topology_constraint, g, "topologyConstraint")
+            for sg in spec.sub_groups:  # (usually none)
                 sg_lookup[(g, sg.name)] = len(sg_pg)
                 sg_pg.append(g)
                 sg_names.append(sg.name)
@@ -210,95 +277,66 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
                 if sg.parent is not None:
                     sg_parent[sg_lookup[(g, sg.name)]] = sg_lookup[(g, sg.parent)]
         else:
-            pg_min[g] = 1 if key in implicit else max(1, len(mem))
-            pg_prio[g] = priority_of(None, mem)
-            pg_preempt[g] = pg_prio[g] < NON_PREEMPTIBLE_PRIORITY
-            pg_creation[g] = min((_t(p.meta.creation_timestamp) for p in mem), default=NAN)
-            pg_implicit[g] = key in implicit
+            mem = [pods[i] for i in idx]
+            pg_min_l[g] = 1 if key in implicit else max(1, len(mem))
+            prio = pg_prio_l[g] = priority_of(None, mem)
+            pg_preempt_l[g] = prio < NON_PREEMPTIBLE_PRIORITY
+            pg_creation_l[g] = min((_t(p.meta.creation_timestamp) for p in mem), default=NAN)
+            pg_implicit_l[g] = key in implicit
             if key in missing:
                 set_problem(g, "PodGroupDoesNotExist", f"podgroup {key} does not exist")
         if queue_name is None:
-            queue_name = next((p.queue for p in mem if p.queue), None) or default_queue
+            queue_name = next((q for q in (pods[i].queue for i in idx) if q), None) or default_queue
         q = q_index.get(queue_name, -1)
-        pg_queue[g] = q
+        pg_queue_l[g] = q
         if q < 0:
             set_problem(g, "QueueDoesNotExist", f"queue {queue_name!r} does not exist")
-        elif not q_leaf[q]:
+        elif not q_leaf_l[q]:
             set_problem(g, "QueueIsNotLeaf", f"queue {queue_name!r} has child queues; only leaf queues hold work")
+    pg_queue = np.array(pg_queue_l, dtype=np.int32)
+    pg_min = np.array(pg_min_l, dtype=np.int32)
+    pg_prio = np.array(pg_prio_l, dtype=np.int32)
+    pg_preempt = np.array(pg_preempt_l, dtype=bool)
+    pg_creation = np.array(pg_creation_l, dtype=np.float64)
+    pg_last_start = np.array(pg_last_l, dtype=np.float64)
+    pg_stale = np.array(pg_stale_l, dtype=np.float64)
+    pg_implicit = np.array(pg_implicit_l, dtype=bool)
+    pg_topo = np.array(pg_topo_l, dtype=np.int32)
+    pg_req_lvl = np.array(pg_req_l, dtype=np.int32)
+    pg_pref_lvl = np.array(pg_pref_l, dtype=np.int32)
 
     # -- per-pod arrays --------------------------------------------------------------------------------------------
     pod_status = np.array(status, dtype=np.int8)
-    pod_node = np.full(P, -1, dtype=np.int32)
+    pod_node = np.array(node_l, dtype=np.int32)
     pod_req = np.zeros((P, R), dtype=np.int64)
-    pod_whole = np.zeros(P, dtype=np.int32)
-    pod_frac = np.zeros(P, dtype=np.int32)
-    pod_mem = np.zeros(P, dtype=np.int64)
-    pod_ndev = np.ones(P, dtype=np.int32)
+    if P:
+        pod_req[:, R_CPU] = cpu_l
+        pod_req[:, R_MEM] = mem_l
+        pod_req[:, R_GPU] = gpu_l
+        pod_req[:, R_PODS] = npods_l
+    for i, c, v in extra:
+        pod_req[i, c] = v
+    pod_whole = np.array(whole_l, dtype=np.int32)
+    pod_frac = np.array(frac_l, dtype=np.int32)
+    pod_mem = np.array(gmem_l, dtype=np.int64)
+    pod_ndev = np.array(ndev_l, dtype=np.int32)
+    pod_sig = np.array(sig_l, dtype=np.int32)
+    pod_prio = np.array(prio_l, dtype=np.int32)
+    pod_creation = np.array(creation_l, dtype=np.float64)
+    pod_start = np.array(start_l, dtype=np.float64)
     pod_pg = np.full(P, -1, dtype=np.int32)
+    if members:
+        lens = np.fromiter((len(idx) for idx in members.values()), dtype=np.int64, count=len(members))
+        flat = np.fromiter(chain.from_iterable(members.values()), dtype=np.int64, count=int(lens.sum()))
+        pod_pg[flat] = np.repeat(np.fromiter((pg_index[k] for k in members), dtype=np.int64, count=len(members)),
+                                 lens)
     pod_sg = np.full(P, -1, dtype=np.int32)
-    pod_sig = np.zeros(P, dtype=np.int32)
-    pod_prio = np.zeros(P, dtype=np.int32)
-    pod_creation = np.full(P, NAN)
-    pod_start = np.full(P, NAN)
-    sig_ids: dict[tuple, int] = {}
-    sigs: list[SchedulingSig] = []
-    explicit: dict[int, tuple[int, ...]] = {}
-    gpu_groups: dict[int, str] = {}
-    ci_cpu, ci_mem, ci_gpu, ci_pods = R_CPU, R_MEM, R_GPU, R_PODS
-    for key, idx in members.items():
-        g = pg_index[key]
-        for i in idx:
-            pod_pg[i] = g
-    for i, pod in enumerate(pods):
-        if pod.node_name:
-            pod_node[i] = node_index[pod.node_name]
-        elif status[i] == PodStatus.PIPELINED:
-            pod_node[i] = node_index[pod.nominated_node]  # type: ignore[index]
-        row = pod_req[i]
-        for r, v in pod.requests.items():
-            if r == "cpu":
-                row[ci_cpu] = v
-            elif r == "memory":
-                row[ci_mem] = v
-            elif r == GPU_RESOURCE:
-                row[ci_gpu] = v
-                pod_whole[i] = v // 1000
-            elif r == "pods":
-                row[ci_pods] = v
-            else:
-                row[col[r]] = v
-        if pod.gpu_fraction is not None:
-            pod_frac[i] = gpu_milli_from_fraction(pod.gpu_fraction)
-            pod_ndev[i] = pod.gpu_fraction_num_devices
-            row[ci_gpu] = int(pod_frac[i]) * pod.gpu_fraction_num_devices
-        elif pod.gpu_memory_mib is not None:
-            pod_mem[i] = pod.gpu_memory_mib
-            pod_ndev[i] = pod.gpu_fraction_num_devices
-        if pod.gpu_devices is not None:
-            explicit[i] = pod.gpu_devices
-        if pod.gpu_group:
-            gpu_groups[i] = pod.gpu_group
-        if pod.priority is not None:
-            pod_prio[i] = pod.priority
-        if pod.meta.creation_timestamp is not None:
-            pod_creation[i] = pod.meta.creation_timestamp
-        if pod.start_time is not None:
-            pod_start[i] = pod.start_time
-        if pod_ours[i]:
-            skey = (tuple(sorted(pod.node_selector.items())) if pod.node_selector else (),
-                    pod.node_affinity, pod.tolerations)
-            s = sig_ids.get(skey)
-            if s is None:
-                s = sig_ids[skey] = len(sigs)
-                sigs.append(SchedulingSig(*skey))
-            pod_sig[i] = s
-            if pod.subgroup:
-                sgi = sg_lookup.get((int(pod_pg[i]), pod.subgroup), -1)
-                if sgi < 0 and pod_pg[i] >= 0 and not pg_implicit[pod_pg[i]]:
-                    warnings.append(f"Pod {pod.key}: subgroup {pod.subgroup!r} is not declared by its podgroup")
-                pod_sg[i] = sgi
-    if not sigs:
-        sigs.append(SchedulingSig((), (), ()))
+    for i in with_subgroup:
+        pod = pods[i]
+        sgi = sg_lookup.get((int(pod_pg[i]), pod.subgroup), -1)  # type: ignore[arg-type]
+        if sgi < 0 and pod_pg[i] >= 0 and not pg_implicit[pod_pg[i]]:
+            warnings.append(f"Pod {pod.key}: subgroup {pod.subgroup!r} is not declared by its podgroup")
+        pod_sg[i] = sgi
 
     # group membership CSR (pods of each group in task order: priority desc, then creation, then name)
     pg_pod_start = np.zeros(G + 1, dtype=np.int64)
@@ -391,16 +429,17 @@ def _inherit(values: list[float | None], parent: np.ndarray) -> np.ndarray:
 
 def _topology_index(name: str, levels: tuple[str, ...], snapshot: Snapshot) -> TopologyIndex:
     domain, domain_names = [], []
+    labels = [node.labels for node in snapshot.nodes]
     for depth in range(len(levels)):
         keys = levels[: depth + 1]
         ids: dict[tuple[str, ...], int] = {}
-        arr = np.full(len(snapshot.nodes), -1, dtype=np.int32)
-        for i, node in enumerate(snapshot.nodes):
-            vals = tuple(node.labels.get(k) for k in keys)
-            if any(v is None for v in vals):
+        out = [-1] * len(labels)
+        for i, lab in enumerate(labels):
+            vals = tuple([lab.get(k) for k in keys])
+            if None in vals:  # label values are strings: `in` finds exactly the missing ones
                 continue
-            arr[i] = ids.setdefault(vals, len(ids))  # type: ignore[arg-type]
-        domain.append(arr)
+            out[i] = ids.setdefault(vals, len(ids))  # type: ignore[arg-type]
+        domain.append(np.array(out, dtype=np.int32))
         domain_names.append(["/".join(k) for k in ids])  # type: ignore[arg-type]
     return TopologyIndex(name=name, levels=levels, domain=domain, domain_names=domain_names)
 

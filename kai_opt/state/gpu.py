@@ -77,9 +77,27 @@ def assign_devices(
         if len(rel_devs):
             np.add.at(dev_rel, rel_devs, 1000)
 
+    # explicit devices of pods holding them now (not pipelined): they come first on their node and do not depend
+    # on anything else there, so they are applied at once (unless a device index is out of range: then the
+    # careful path below reports it in node order)
+    rest = gpu_holders[~fast]
+    ex_pods, ex_devs = _explicit_now(rest, explicit, piped, dev_start, pod_node)
+    if len(ex_pods):
+        counts_ex = np.array([len(explicit[p]) for p in ex_pods.tolist()], dtype=np.int64)
+        amount = _per_device(ex_pods, frac, mem, node_gpu_mem_mib[pod_node[ex_pods]])
+        np.add.at(dev_used, ex_devs, np.repeat(amount, counts_ex))
+        rel_mask = np.repeat(releasing[ex_pods], counts_ex)
+        if rel_mask.any():
+            np.add.at(dev_rel, ex_devs[rel_mask], np.repeat(amount, counts_ex)[rel_mask])
+        done = np.zeros(n_pods, dtype=bool)
+        done[ex_pods] = True
+        rest = rest[~done[rest]]
+    else:
+        counts_ex = np.zeros(0, dtype=np.int64)
+
     # careful path: nodes with explicit devices or shared GPUs
     by_node: dict[int, list[int]] = defaultdict(list)
-    for p in gpu_holders[~fast].tolist():
+    for p in rest.tolist():
         by_node[int(pod_node[p])].append(p)
     for n, pods in by_node.items():
         base, count = int(dev_start[n]), int(dev_start[n + 1] - dev_start[n])
@@ -157,15 +175,45 @@ def assign_devices(
                         break
                     put(p, base + d, amount)
 
-    counts = np.zeros(n_pods, dtype=np.int64)
-    for p, devs in per_pod.items():
-        counts[p] = len(devs)
+    # devices per pod, in pod order (each pod's devices in the order it was given them)
+    keys = np.fromiter(per_pod, dtype=np.int64, count=len(per_pod))
+    lens = np.fromiter((len(d) for d in per_pod.values()), dtype=np.int64, count=len(per_pod))
+    flat = np.fromiter((x for d in per_pod.values() for x in d), dtype=np.int64, count=int(lens.sum()))
+    owner = np.concatenate([np.repeat(keys, lens), np.repeat(ex_pods, counts_ex)])
+    flat = np.concatenate([flat, ex_devs])
+    counts = np.bincount(owner, minlength=n_pods).astype(np.int64)
     pod_dev_start = np.zeros(n_pods + 1, dtype=np.int64)
     np.cumsum(counts, out=pod_dev_start[1:])
-    pod_dev = np.zeros(int(pod_dev_start[-1]), dtype=np.int64)
-    for p, devs in per_pod.items():
-        pod_dev[pod_dev_start[p]:pod_dev_start[p + 1]] = devs
+    pod_dev = flat[np.argsort(owner, kind="stable")]
     return dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev, warnings
+
+
+def _per_device(pods: np.ndarray, frac: np.ndarray, mem: np.ndarray, gpu_mem_mib: np.ndarray) -> np.ndarray:
+    """Milli-GPU per device of each pod (gpu_mem_mib: the GPU memory of each pod's node)."""
+    f = frac[pods].astype(np.int64)
+    m = mem[pods].astype(np.int64)
+    by_mem = np.minimum(1000, -((-m * 1000) // np.maximum(1, gpu_mem_mib.astype(np.int64))))
+    return np.where(f > 0, f, np.where(m > 0, by_mem, 1000))
+
+
+def _explicit_now(pods: np.ndarray, explicit: dict[int, tuple[int, ...]], piped: np.ndarray, dev_start: np.ndarray,
+                  pod_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pods (sorted) with explicit devices that are not pipelined, and their global devices (concatenated in pod
+    order); empty when there are none or any index is out of range on its node."""
+    empty = np.zeros(0, dtype=np.int64)
+    if not explicit or not len(pods):
+        return empty, empty
+    sel = [p for p in pods.tolist() if p in explicit and not piped[p]]
+    if not sel:
+        return empty, empty
+    ex = np.array(sel, dtype=np.int64)
+    counts = np.array([len(explicit[p]) for p in sel], dtype=np.int64)
+    local = np.fromiter((d for p in sel for d in explicit[p]), dtype=np.int64, count=int(counts.sum()))
+    nodes = np.repeat(pod_node[ex].astype(np.int64), counts)
+    size = dev_start[nodes + 1] - dev_start[nodes]
+    if ((local < 0) | (local >= size)).any():
+        return empty, empty
+    return ex, dev_start[nodes] + local
 
 
 def _pick_shared(used: np.ndarray, amount: int, *, fresh_first: bool, exclude: list[int] | None = None) -> int | None:

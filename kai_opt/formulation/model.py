@@ -1,0 +1,331 @@
+"""Build the CP-SAT model of one cycle: variables named by meaning, constraints in the order of DESIGN 5.
+
+Variables
+  place[s, n]     pods of shape s on node n (integer)
+  gang[i]         group i placed (its minimum, and any elastic extras)
+  on_device[s, d] pods of share shape s on GPU device d (nodes where shares may go)
+  whole_dev[d]    device d handed to whole-GPU pods (those nodes)
+  domain[i, d]    group i inside domain d of its required topology level
+  evict_pre[v], evict_rec[v]   victim unit v evicted for a preemptor (same queue) / a reclaimer (other queue)
+  reclaims[q]     queue q takes resources from other queues this cycle (then it stays within its fair share)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from kai_opt.formulation.scope import Scope
+from kai_opt.heuristics.session import DEV, Session
+from kai_opt.state import R_GPU
+
+UNLIMITED = -1.0
+QSCALE = (1000.0, 1.0, 1e-6)  # queue resources to integers: milli-GPU, millicores, MB
+
+
+@dataclass
+class Built:
+    model: cp_model.CpModel
+    place: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    gang: list[cp_model.IntVar] = field(default_factory=list)
+    on_device: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    whole_dev: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    domain: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    evict_pre: list[cp_model.IntVar] = field(default_factory=list)
+    evict_rec: list[cp_model.IntVar] = field(default_factory=list)
+    value: cp_model.LinearExpr | None = None  # tier 1: priority-weighted work placed
+    eviction_cost: cp_model.LinearExpr | None = None  # tier 2
+    packing: cp_model.LinearExpr | None = None  # tier 3
+    value_terms: dict[int, int] = field(default_factory=dict)  # shape -> weight per pod (for hints / reports)
+
+
+def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
+    """Integer queue request per pod (milli-GPU, millicores, MB); gpu-memory pods at their largest fraction."""
+    q = sess.queue_request(pods[:1]).reshape(-1)
+    return np.ceil(q * np.array(QSCALE)).astype(np.int64)
+
+
+def build_model(sess: Session, scope: Scope) -> Built:
+    st, fs = sess.state, sess.fs
+    m = cp_model.CpModel()
+    b = Built(model=m)
+    shapes, groups, victims = scope.shapes, scope.groups, scope.victims
+    future = sess.alloc - sess.held
+    cols = [c for c in range(len(st.resources)) if c != R_GPU]
+
+    # -- gang and placement variables ------------------------------------------------------------------------
+    b.gang = [m.new_bool_var(f"gang[{st.pg_keys[g.group]}]") for g in groups]
+    group_of_shape = {}
+    for i, g in enumerate(groups):
+        for s in g.shapes:
+            group_of_shape[s] = i
+    totals: dict[int, cp_model.LinearExpr] = {}
+    for s_idx, s in enumerate(shapes):
+        i = group_of_shape[s_idx]
+        p0 = s.pods[0]
+        terms = []
+        for n in s.nodes.tolist():
+            cap = _single_node_cap(sess, p0, n, victims)
+            if cap <= 0:
+                continue
+            v = m.new_int_var(0, min(cap, len(s.pods)), f"place[{st.pods[p0].name}~,{st.node_names[n]}]")
+            b.place[(s_idx, n)] = v
+            terms.append(v)
+        total = sum(terms) if terms else 0
+        totals[s_idx] = total
+        m.add(total <= len(s.pods) * b.gang[i])
+    for i, g in enumerate(groups):
+        group_total = sum(totals[s] for s in g.shapes)
+        m.add(group_total >= g.need * b.gang[i])
+        if g.need == 0:
+            m.add(group_total >= b.gang[i])  # an elastic group "placed" means at least one more pod
+        for sg, need in g.sub_need.items():
+            sub_total = sum(totals[s] for s in g.shapes if shapes[s].subgroup == sg)
+            if need > 0:
+                m.add(sub_total >= need * b.gang[i])
+        if g.fixed_domain == -2:
+            m.add(b.gang[i] == 0)  # its running pods already span several domains: no room to grow
+
+    # -- evictions --------------------------------------------------------------------------------------------
+    for v in victims:
+        pre = [j for j in v.beneficiaries if v.reason_for[j] == "preempt"]
+        rec = [j for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
+        label = f"{st.pods[v.pods[0]].name}{'~core' if v.core else ''}"
+        ep = m.new_bool_var(f"evict_pre[{label}]")
+        er = m.new_bool_var(f"evict_rec[{label}]")
+        m.add(ep + er <= 1)
+        m.add(ep <= sum(b.gang[j] for j in pre) if pre else ep == 0)  # only for an allowed, placed preemptor
+        m.add(er <= sum(b.gang[j] for j in rec) if rec else er == 0)  # only for an allowed, placed reclaimer
+        b.evict_pre.append(ep)
+        b.evict_rec.append(er)
+    evicted = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for vi, v in enumerate(victims):
+        by_group[v.group].append(vi)
+    for units in by_group.values():  # the core goes only after every elastic pod above the minimum
+        cores = [u for u in units if victims[u].core]
+        extras = [u for u in units if not victims[u].core]
+        for c in cores:
+            for e in extras:
+                m.add(evicted[c] <= evicted[e])
+
+    # -- node capacity (once releases and evictions finish) ----------------------------------------------------
+    on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    for (s_idx, n), v in b.place.items():
+        on_node[n].append((s_idx, v))
+    released: dict[int, list[tuple[int, int]]] = defaultdict(list)  # node -> (victim, pod)
+    for vi, v in enumerate(victims):
+        for p in v.pods:
+            released[int(sess.node[p])].append((vi, p))
+    share_nodes = {n for (s_idx, n) in b.place if shapes[s_idx].kind == "share"}
+    for n, items in on_node.items():
+        for c in cols:
+            use = sum(v * int(st.pod_req[shapes[s].pods[0], c]) for s, v in items)
+            free = int(future[n, c]) + sum(evicted[vi] * int(st.pod_req[p, c]) for vi, p in released[n])
+            m.add(use <= free)
+        whole_use = sum(v * shapes[s].gpus for s, v in items if shapes[s].kind == "whole")
+        if n in share_nodes:
+            _device_constraints(sess, b, n, items, released[n], evicted, shapes, whole_use)
+        else:
+            whole_free = int(sess.whole_future[n]) + sum(
+                evicted[vi] * int(st.pod_gpu_whole[p]) for vi, p in released[n])
+            m.add(whole_use <= whole_free)
+
+    # -- topology ---------------------------------------------------------------------------------------------
+    for i, g in enumerate(groups):
+        if g.topology < 0 or g.required_level < 0:
+            continue
+        dom = st.topologies[g.topology].domain[g.required_level]
+        nodes_by_dom: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for s in g.shapes:
+            for n in shapes[s].nodes.tolist():
+                if (s, n) in b.place:
+                    nodes_by_dom[int(dom[n])].append((s, n))
+        choices = []
+        for d, keys in nodes_by_dom.items():
+            if d < 0 or (g.fixed_domain >= 0 and d != g.fixed_domain):
+                for key in keys:
+                    m.add(b.place[key] == 0)
+                continue
+            d_name = st.topologies[g.topology].domain_names[g.required_level][d]
+            x = m.new_bool_var(f"domain[{st.pg_keys[g.group]},{d_name}]")
+            b.domain[(i, d)] = x
+            choices.append(x)
+            for key in keys:
+                m.add(b.place[key] <= len(shapes[key[0]].pods) * x)
+        if choices:
+            m.add(sum(choices) == b.gang[i])
+        else:
+            m.add(b.gang[i] == 0)
+
+    # -- queues: limits, non-preemptible quota, reclaim rules ----------------------------------------------------
+    _queue_constraints(sess, b, scope, totals, evicted)
+
+    # -- objective terms --------------------------------------------------------------------------------------
+    prios = sorted({g.priority for g in groups} | {int(st.pg_priority[v.group]) for v in victims})
+    level = {p: i for i, p in enumerate(prios)}
+    value_terms = []
+    for g in groups:
+        below_share = bool(np.all(sess.ledger.allocated[g.queue] <= fs.fair_share[g.queue] + 1e-9))
+        w = 4 ** level[g.priority] * (2 if below_share else 1)
+        for s in g.shapes:
+            p0 = shapes[s].pods[0]
+            per = (int(st.pod_gpu_whole[p0]) * DEV or int(st.pod_gpu_frac[p0]) * int(st.pod_gpu_ndev[p0])
+                   or (500 if st.pod_gpu_mem[p0] else 0)) + 10  # GPUs placed, and 10 per pod (CPU-only counts)
+            b.value_terms[s] = w * per
+            value_terms.append(totals[s] * (w * per))
+    b.value = sum(value_terms) if value_terms else 0
+    cost = []
+    for vi, v in enumerate(victims):
+        p = v.pods
+        gpu = int(st.pod_req[p, R_GPU].sum())
+        cost.append(evicted[vi] * ((gpu + 10 * len(p)) * 4 ** level[int(st.pg_priority[v.group])]))
+    b.eviction_cost = sum(cost) if cost else 0
+    pack = []
+    alloc_gpu = st.node_alloc[:, R_GPU]
+    for (s_idx, n), v in b.place.items():
+        if alloc_gpu[n] > 0 and shapes[s_idx].kind != "none":
+            used = int(10 * (alloc_gpu[n] - future[n, R_GPU]) // alloc_gpu[n])  # 0..10: fuller nodes first
+            pack.append(v * used)
+    b.packing = sum(pack) if pack else 0
+    return b
+
+
+def _single_node_cap(sess: Session, p: int, n: int, victims: list) -> int:
+    """How many pods like p node n could ever hold in this cycle (every candidate victim evicted)."""
+    st = sess.state
+    req = st.pod_req[p]
+    room = (sess.alloc[n] - sess.held[n]).astype(np.int64).copy()
+    whole_room = int(sess.whole_future[n])
+    for v in victims:
+        for q in v.pods:
+            if int(sess.node[q]) == n:
+                room += st.pod_req[q]
+                whole_room += int(st.pod_gpu_whole[q])
+    caps = [room[c] // req[c] for c in range(len(req)) if c != R_GPU and req[c] > 0]
+    cap = int(min(caps)) if caps else 10_000
+    if st.pod_gpu_whole[p]:
+        cap = min(cap, whole_room // int(st.pod_gpu_whole[p]))
+    elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+        per = st.pod_gpu_per_device(p, n)
+        a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+        room_dev = DEV - sess.dev_held[a:b]
+        cap = min(cap, int((room_dev // max(per, 1)).sum()) * 1)
+    return max(0, int(cap))
+
+
+def _device_constraints(sess: Session, b: Built, n: int, items: list, released: list, evicted: list,
+                        shapes: list, whole_use: cp_model.LinearExpr) -> None:
+    """Shares and whole GPUs on node n at device level: each device holds shares up to its free room, or is
+    handed whole to a whole-GPU pod when nothing stays on it."""
+    st, m = sess.state, b.model
+    a, z = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+    per_victim_dev: dict[int, list[tuple[int, int]]] = defaultdict(list)  # device -> (victim, milli)
+    for vi, p in released:
+        per = st.pod_gpu_per_device(p, n)
+        for d in sess.pod_devices(p):
+            per_victim_dev[int(d)].append((vi, per))
+    whole_devs = []
+    share_items = [(s, v) for s, v in items if shapes[s].kind == "share"]
+    per_shape_dev: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    for d in range(a, z):
+        held = int(sess.dev_held[d])
+        gain = sum(evicted[vi] * per for vi, per in per_victim_dev[d])
+        w = m.new_bool_var(f"whole_dev[{st.node_names[n]}#{d - a}]")
+        b.whole_dev[d] = w
+        whole_devs.append(w)
+        if held:  # a device goes whole only when nothing stays on it (held now, minus what victims release)
+            m.add(held - gain <= DEV * (1 - w))
+        shares_here = []
+        for s, _v in share_items:
+            per = st.pod_gpu_per_device(shapes[s].pods[0], n)
+            if per <= 0:
+                continue
+            label = f"{st.pods[shapes[s].pods[0]].name}~,{st.node_names[n]}#{d - a}"
+            u = m.new_int_var(0, DEV // per, f"on_device[{label}]")
+            b.on_device[(s, d)] = u
+            per_shape_dev[s].append(u)
+            shares_here.append(u * per)
+        m.add(sum(shares_here) + DEV * w <= (DEV - held) + gain)
+    for s, v in share_items:
+        m.add(sum(per_shape_dev[s]) == v)
+    m.add(whole_use <= sum(whole_devs))
+
+
+def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evicted: list) -> None:
+    st, fs, m = sess.state, sess.fs, b.model
+    groups, shapes, victims = scope.groups, scope.shapes, scope.victims
+    anc = st.q_ancestors
+    scale = np.array(QSCALE)
+    placed_q: dict[int, list] = defaultdict(list)  # queue -> [(expr, qreq vector, most pods)]
+    placed_np_q: dict[int, list] = defaultdict(list)
+    for g in groups:
+        for s in g.shapes:
+            qr = _qreq(sess, shapes[s].pods)
+            for q in anc[g.queue]:
+                placed_q[q].append((totals[s], qr, len(shapes[s].pods)))
+                if not g.preemptible:
+                    placed_np_q[q].append((totals[s], qr, len(shapes[s].pods)))
+    evicted_q: dict[int, list] = defaultdict(list)
+    evicted_rec_q: dict[int, list] = defaultdict(list)
+    for vi, v in enumerate(victims):
+        qv = int(st.pg_queue[v.group])
+        amt = np.ceil(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0) * scale).astype(np.int64)
+        reclaimer_queues = [groups[j].queue for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
+        shared = set.intersection(*(set(anc[q]) for q in reclaimer_queues)) if reclaimer_queues else set()
+        for q in anc[qv]:
+            evicted_q[q].append((evicted[vi], amt))
+            if q not in shared:  # a queue above both sides does not lose anything by a reclaim between them
+                evicted_rec_q[q].append((b.evict_rec[vi], amt))
+    alloc = np.round(sess.ledger.allocated * scale).astype(np.int64)
+    alloc_np = np.round(sess.ledger.allocated_np * scale).astype(np.int64)
+    for q in sorted(placed_q):
+        for r in range(3):
+            lim = fs.limit[q, r]
+            if lim != UNLIMITED:
+                bound = max(int(np.floor(lim * scale[r])), int(alloc[q, r]))
+                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - sum(e * int(v[r]) for e, v in evicted_q[q])
+                m.add(int(alloc[q, r]) + net <= bound)
+    for q in sorted(placed_np_q):
+        for r in range(3):
+            des = fs.deserved[q, r]
+            if des != UNLIMITED:
+                bound = max(int(np.floor(des * scale[r])), int(alloc_np[q, r]))
+                m.add(int(alloc_np[q, r]) + sum(e * int(v[r]) for e, v, _ in placed_np_q[q]) <= bound)
+    # reclaim: a victim queue keeps at least its floor (allocatable share, or deserved when the reclaimer is
+    # within its own) less one chunk; a reclaiming queue ends within its fair share
+    allocatable = fs.allocatable_share
+    tops = sum(1 for a in anc if len(a) == 1)
+    for q, items in evicted_rec_q.items():
+        floor = allocatable[q, 0] if allocatable[q, 0] != UNLIMITED else fs.total[0]
+        if fs.deserved[q, 0] != UNLIMITED:
+            floor = min(floor, fs.deserved[q, 0])
+        chunk = max(int(v[0]) for _, v in items)
+        room = max(0, int(alloc[q, 0]) - int(np.floor(floor * scale[0]))) + chunk
+        if len(anc[q]) == 1 and tops == 1:
+            continue
+        m.add(sum(e * int(v[0]) for e, v in items) <= room)
+    reclaimer_queues = sorted({groups[j].queue for v in victims for j in v.beneficiaries
+                               if v.reason_for[j] == "reclaim"})
+    if not reclaimer_queues:
+        for e in b.evict_rec:
+            m.add(e == 0)
+        return
+    uses = {q: m.new_bool_var(f"reclaims[{st.q_names[q]}]") for q in reclaimer_queues}
+    for vi, v in enumerate(victims):
+        qs = sorted({groups[j].queue for j in v.beneficiaries if v.reason_for[j] == "reclaim"})
+        if qs:
+            m.add(b.evict_rec[vi] <= sum(uses[q] for q in qs))
+    mult = sess.cfg.reclaim_saturation_multiplier
+    for q0, u in uses.items():
+        for q in anc[q0]:
+            if len(anc[q]) == 1 and tops == 1:
+                continue
+            for r in range(3):
+                cap = fs.fair_share[q, r] * scale[r] / mult
+                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - sum(e * int(v[r]) for e, v in evicted_q[q])
+                big = int(alloc[q, r] + sum(int(v[r]) * k for _, v, k in placed_q[q]) + 1)
+                m.add(int(alloc[q, r]) + net <= int(np.floor(cap)) + big * (1 - u))

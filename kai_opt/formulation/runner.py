@@ -1,0 +1,126 @@
+"""Run CP-SAT in a forked worker under a hard wall-clock watchdog (presolve cannot be interrupted from inside).
+
+The worker solves lexicographically: first the most work placed (tier 1), then, with tier 1 held at its best
+(less an optional tolerance), the fewest and cheapest evictions and the best packing (tiers 2 and 3). It sends
+back the status, bounds and every variable's value; if it overruns, the parent kills it and the caller falls back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from kai_opt.config import Solver
+from kai_opt.formulation.model import Built
+
+STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
+          cp_model.MODEL_INVALID: "MODEL_INVALID", cp_model.UNKNOWN: "UNKNOWN"}
+
+
+@dataclass
+class SolveResult:
+    status: str
+    values: list[int]
+    objective: float
+    bound: float
+    value_tier: float  # tier-1 value reached
+    solve_s: float
+    note: str = ""
+
+
+def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float) -> None:
+    p = solver.parameters
+    p.random_seed = cfg.seed
+    if cfg.deterministic:
+        p.num_workers = 1
+        p.max_deterministic_time = max(0.05, seconds)  # reproducible: a deterministic limit, one search
+        p.max_time_in_seconds = max(1.0, 20 * seconds)
+    else:
+        p.num_workers = cfg.workers
+        p.max_time_in_seconds = max(0.01, seconds)
+
+
+def solve_lexicographic(built: Built, cfg: Solver, seconds: float) -> SolveResult:
+    start = time.perf_counter()
+    m = built.model
+    solver = cp_model.CpSolver()
+    tier1_share = 0.6
+    m.maximize(built.value)
+    _params(solver, cfg, seconds * tier1_share)
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
+    v1 = solver.objective_value
+    bound1 = solver.best_objective_bound
+    status1 = status
+    first = list(solver.response_proto.solution)
+    # tier 2 and 3 with tier 1 held
+    tol = cfg.objective.lexicographic_tolerance
+    m.add(built.value >= int(v1 * (1 - tol)))
+    w = cfg.objective
+    m.maximize(built.packing * w.packing_weight - built.eviction_cost * max(1, w.eviction_weight // 1000))
+    m.clear_hints()
+    for i, val in enumerate(first):
+        m.proto.solution_hint.vars.append(i)
+        m.proto.solution_hint.values.append(val)
+    left = seconds - (time.perf_counter() - start)
+    if left <= 0.02:
+        return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
+                           "no time left for tiers 2-3")
+    _params(solver, cfg, left)
+    status2 = solver.solve(m)
+    if status2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
+                           "tiers 2-3 found nothing better")
+    final = "OPTIMAL" if (status1 == cp_model.OPTIMAL and status2 == cp_model.OPTIMAL) else "FEASIBLE"
+    return SolveResult(final, list(solver.response_proto.solution), v1, bound1, v1, time.perf_counter() - start)
+
+
+def solve_weighted(built: Built, cfg: Solver, seconds: float) -> SolveResult:
+    start = time.perf_counter()
+    w = cfg.objective
+    m = built.model
+    m.maximize(built.value * w.placement_weight // 1000 + built.packing * w.packing_weight
+               - built.eviction_cost * max(1, w.eviction_weight // 1000))
+    solver = cp_model.CpSolver()
+    _params(solver, cfg, seconds)
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
+    values = list(solver.response_proto.solution)
+    return SolveResult(STATUS[status], values, solver.objective_value, solver.best_objective_bound,
+                       float(solver.value(built.value)), time.perf_counter() - start)
+
+
+def _child(conn, built: Built, cfg: Solver, seconds: float) -> None:
+    try:
+        solve = solve_lexicographic if cfg.objective.mode == "lexicographic" else solve_weighted
+        conn.send(solve(built, cfg, seconds))
+    except Exception as exc:  # report, never hang the parent
+        conn.send(SolveResult("ERROR", [], 0.0, 0.0, 0.0, 0.0, f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 0.15) -> SolveResult | None:
+    """Solve in a forked worker; kill it if it is not done after `seconds` + grace. None on timeout."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, built, cfg, seconds), daemon=True)
+    proc.start()
+    child.close()
+    limit = seconds + grace if not cfg.deterministic else max(seconds * 40, 30.0)
+    result = None
+    if parent.poll(limit):
+        try:
+            result = parent.recv()
+        except EOFError:
+            result = None
+    if proc.is_alive():
+        proc.kill()
+    proc.join(0.5)
+    parent.close()
+    return result

@@ -1,0 +1,225 @@
+"""What one model covers: the pending groups (in queue order, up to a pod budget), their pod shapes, the nodes
+each shape may use, and the running pods that may be evicted for them.
+
+Pods of one group with identical requests, GPU needs, scheduling signature and sub-group form a shape with a
+count, so the model decides counts per (shape, node), never one boolean per pod and node. Candidate nodes of a
+shape are capped: the nodes the greedy plan used, then the best-fitting others, then nodes where evictions could
+make room.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kai_opt.fairshare.reclaim import can_reclaim, fits_strategy, leveled
+from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.heuristics.tasks import group_shape, pending_mask
+from kai_opt.heuristics.victims import protected_by_min_runtime
+from kai_opt.plan import Plan
+from kai_opt.state import R_GPU, PodStatus
+
+
+@dataclass
+class Shape:
+    """Identical pending pods of one group (and sub-group)."""
+
+    group: int
+    subgroup: int  # global sub-group index, -1 = none
+    pods: list[int]  # pending pods, task order
+    kind: str  # "whole" | "share" | "none"
+    gpus: int  # whole devices per pod
+    share: int  # milli-GPU per device (shares); gpu-memory pods are converted per node
+    nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # candidate nodes
+
+
+@dataclass
+class GroupScope:
+    group: int
+    queue: int
+    shapes: list[int]  # indexes into Scope.shapes
+    need: int  # pods still needed to reach minMember (0: satisfied already, elastic extras only)
+    sub_need: dict[int, int]  # leaf sub-group -> pods still needed for its minMember
+    preemptible: bool
+    priority: int
+    rank: int  # position in queue order (0 = first)
+    topology: int
+    required_level: int
+    preferred_level: int
+    fixed_domain: int  # required-level domain its active pods already sit in (-1: free)
+
+
+@dataclass
+class Victim:
+    """A running unit that may be evicted: one elastic pod above a group's minimum, or a group's core."""
+
+    group: int
+    pods: list[int]
+    core: bool
+    beneficiaries: list[int]  # scope group indexes allowed to benefit (preempt: same queue, higher priority;
+    # reclaim: other queues allowed to reclaim)
+    reason_for: dict[int, str]  # beneficiary -> "preempt" | "reclaim"
+
+
+@dataclass
+class Scope:
+    groups: list[GroupScope]
+    shapes: list[Shape]
+    victims: list[Victim]
+    nodes: np.ndarray  # all model nodes
+    excluded: list[int]  # pending groups left out (window, pod affinity, problems)
+    notes: list[str]
+
+
+def _shape_key(sess: Session, p: int) -> tuple:
+    st = sess.state
+    return (int(st.pod_sg[p]), tuple(st.pod_req[p].tolist()), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]),
+            int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]), int(st.pod_sig[p]))
+
+
+def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, per_shape_nodes: int = 24) -> Scope:
+    st = sess.state
+    notes: list[str] = []
+    ready = acts.pending_groups()
+    # queue order of the greedy's allocate pass: a group's rank is its first placement turn, others last
+    order = {g: i for i, g in enumerate(dict.fromkeys(int(st.pod_pg[p.pod]) for p in greedy.placements))}
+    ready.sort(key=lambda g: (order.get(g, math.inf), -int(st.pg_priority[g]), st.pg_keys[g]))
+    groups: list[GroupScope] = []
+    shapes: list[Shape] = []
+    excluded: list[int] = []
+    budget = max_pods
+    greedy_nodes: dict[int, set[int]] = {}
+    for pl in greedy.placements:
+        if not pl.moved:
+            greedy_nodes.setdefault(pl.pod, set()).add(pl.node)
+    for g in ready:
+        pods = st.group_pods(g)
+        pend = pods[pending_mask(sess, pods)]
+        if any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pend.tolist()):
+            excluded.append(g)
+            continue
+        if len(pend) > budget:
+            excluded.append(g)
+            continue
+        budget -= len(pend)
+        shape = group_shape(sess, g)
+        active = np.isin(sess.status[pods], ACTIVE)
+        need = max(0, int(st.pg_min_member[g]) - int(active.sum()))
+        sub_need = {s: max(0, int(st.sg_min_member[s]) - int(np.isin(sess.status[sp], ACTIVE).sum()))
+                    for s, sp in shape.leaves}
+        by_key: dict[tuple, list[int]] = {}
+        for p in pend.tolist():
+            by_key.setdefault(_shape_key(sess, p), []).append(p)
+        idx = []
+        for key, members in by_key.items():
+            p0 = members[0]
+            kind = "whole" if st.pod_gpu_whole[p0] else ("share" if (st.pod_gpu_frac[p0] or st.pod_gpu_mem[p0])
+                                                          else "none")
+            idx.append(len(shapes))
+            shapes.append(Shape(g, key[0], members, kind, int(st.pod_gpu_whole[p0]), int(st.pod_gpu_frac[p0])))
+        topo = int(st.pg_topology[g])
+        req_lvl = int(st.pg_required_level[g])
+        fixed = -1
+        if topo >= 0 and req_lvl >= 0 and active.any():
+            doms = {int(st.topologies[topo].domain[req_lvl][int(sess.node[p])]) for p in pods[active].tolist()}
+            fixed = doms.pop() if len(doms) == 1 else -2
+        groups.append(GroupScope(g, int(st.pg_queue[g]), idx, need, sub_need, bool(st.pg_preemptible[g]),
+                                 int(st.pg_priority[g]), len(groups), topo, req_lvl,
+                                 int(st.pg_preferred_level[g]), fixed))
+    if excluded:
+        notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity or the "
+                     f"{max_pods}-pod window); the greedy plan decides them")
+    victims = _victims(sess, groups)
+    _candidate_nodes(sess, acts, shapes, greedy_nodes, victims, per_shape_nodes)
+    model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
+    keep = set(model_nodes.tolist())
+    victims = [v for v in victims if any(int(sess.node[p]) in keep for p in v.pods)]
+    return Scope(groups, shapes, victims, model_nodes, excluded, notes)
+
+
+def _victims(sess: Session, groups: list[GroupScope]) -> list[Victim]:
+    """Running units some scoped group may evict, with the rule that allows it (KAI's preempt and reclaim)."""
+    st, fs = sess.state, sess.fs
+    if not groups:
+        return []
+    reclaimers: dict[int, bool] = {}
+    for i, gs in enumerate(groups):
+        req = _min_request(sess, gs)
+        reclaimers[i] = sess.cfg.actions.reclaim and can_reclaim(fs, sess.ledger, gs.queue, req,
+                                                                  preemptible=gs.preemptible)
+    out: list[Victim] = []
+    running_groups = sorted(set(st.pod_pg[(sess.status == PodStatus.BOUND) & (st.pod_pg >= 0)].tolist()))
+    for v in running_groups:
+        if not st.pg_preemptible[v]:
+            continue
+        vq = int(st.pg_queue[v])
+        bens: dict[int, str] = {}
+        for i, gs in enumerate(groups):
+            if gs.group == v:
+                continue
+            if gs.queue == vq:
+                if (sess.cfg.actions.preempt and gs.priority > int(st.pg_priority[v])
+                        and not protected_by_min_runtime(sess, v, "preempt")):
+                    bens[i] = "preempt"
+            elif reclaimers[i] and not protected_by_min_runtime(sess, v, "reclaim"):
+                # compared where the two queue paths diverge (KAI's leveled queues): the victim side must be above
+                # its allocatable share, or above deserved while the reclaimer side stays within its own
+                # (MaintainFairShare / GuaranteeDeservedQuota), checked at cycle start
+                rq, wq = leveled(sess.ledger, gs.queue, vq)
+                req = _min_request(sess, gs)
+                if fits_strategy(fs, sess.ledger, req, rq, wq, sess.ledger.allocated[wq]):
+                    bens[i] = "reclaim"
+        if not bens:
+            continue
+        pods = st.group_pods(v)
+        bound = pods[sess.status[pods] == PodStatus.BOUND].tolist()
+        m = int(st.pg_min_member[v])
+        extras = bound[m:] if len(bound) > m else []
+        core = bound[:m] if len(bound) > m else bound
+        for p in reversed(extras):
+            out.append(Victim(v, [p], False, list(bens), bens))
+        if core:
+            out.append(Victim(v, core, True, list(bens), bens))
+    return out
+
+
+def _min_request(sess: Session, gs: GroupScope) -> np.ndarray:
+    st = sess.state
+    pods = st.group_pods(gs.group)
+    pend = pods[pending_mask(sess, pods)][: max(1, gs.need)]
+    return sess.queue_request(pend.tolist()).sum(axis=0) if len(pend) else np.zeros(3)
+
+
+def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], greedy_nodes: dict[int, set[int]],
+                     victims: list[Victim], cap: int) -> None:
+    st = sess.state
+    placer = acts.placer
+    victim_nodes = np.zeros(st.n_nodes, dtype=bool)
+    for v in victims:
+        for p in v.pods:
+            victim_nodes[int(sess.node[p])] = True
+    future = sess.alloc - sess.held
+    for s in shapes:
+        p = s.pods[0]
+        static = placer.static_mask(int(st.pod_sig[p]))
+        cand = np.nonzero(static)[0]
+        if len(cand) == 0:
+            s.nodes = cand
+            continue
+        _, fits = placer.fit(p, cand)
+        ok = fits | victim_nodes[cand]
+        cand = cand[ok]
+        hinted = sorted({n for q in s.pods for n in greedy_nodes.get(q, ())})
+        limit = max(cap, 4 * len(s.pods))
+        if len(cand) > limit:
+            col = R_GPU if s.kind != "none" else 0
+            free = future[cand, col]
+            fitting = cand[np.argsort(free, kind="stable")]  # best fit first (fewest free that still fit)
+            chosen = list(dict.fromkeys(hinted + fitting[:limit].tolist() + cand[victim_nodes[cand]][:limit].tolist()))
+            cand = np.array(chosen, dtype=np.int64)
+        else:
+            cand = np.array(sorted(set(cand.tolist()) | set(hinted)), dtype=np.int64)
+        s.nodes = cand
