@@ -112,28 +112,40 @@ class Actions:
                     jq.push(g)
 
     def _move_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
-        """Re-place evicted chunks (pipelined) where they fit: another node, or other devices of their node. A
-        chunk (an elastic pod, or a gang's core) moves whole or not at all. Returns the pods moved."""
-        moved = []
+        """Re-place evicted pods (pipelined) where they fit: another node, or other devices of their node. Per
+        victim group, in task order, as KAI re-allocates a victim job: the pods it needs to stay at its minimum
+        first, all or nothing, then its elastic pods one by one. Returns the pods moved."""
         st = sess.state
+        by_group: dict[int, list[int]] = {}
         for chunk in chunks:
-            g = int(st.pod_pg[chunk[0]])
-            req = sess.queue_request(chunk).sum(axis=0)
-            if capacity_violation(sess.fs, sess.ledger, int(st.pg_queue[g]), req,
-                                  preemptible=bool(st.pg_preemptible[g])) is not None:
-                continue  # re-placing it would put its queue over a limit: it is only evicted
-            cp = sess.checkpoint()
-            ok = True
             for p in chunk:
-                choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
-                if choice is None:
-                    ok = False
+                by_group.setdefault(int(st.pod_pg[p]), []).append(p)
+        moved: list[int] = []
+        for g, pods in by_group.items():
+            order = {int(p): i for i, p in enumerate(st.group_pods(g).tolist())}
+            pods.sort(key=order.__getitem__)
+            need = max(0, int(st.pg_min_member[g]) - int(active_mask(sess, st.group_pods(g)).sum()))
+            units = [pods[:need]] if need else []
+            units += [[p] for p in pods[need:]]
+            for unit in units:
+                if not unit:
+                    continue
+                req = sess.queue_request(unit).sum(axis=0)
+                if capacity_violation(sess.fs, sess.ledger, int(st.pg_queue[g]), req,
+                                      preemptible=bool(st.pg_preemptible[g])) is not None:
+                    break  # re-placing it would put its queue over a limit: it is only evicted
+                cp = sess.checkpoint()
+                ok = True
+                for p in unit:
+                    choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
+                    if choice is None:
+                        ok = False
+                        break
+                    sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
+                if not ok:
+                    sess.rollback(cp)
                     break
-                sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
-            if ok:
-                moved.extend(chunk)
-            else:
-                sess.rollback(cp)
+                moved.extend(unit)
         return moved
 
     @staticmethod
