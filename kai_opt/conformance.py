@@ -185,8 +185,14 @@ def _expected_status(case: Case) -> dict[str, str]:
     return status
 
 
-def _activity(st: ClusterState, status: dict[str, str]) -> tuple[set[str], float, int]:
-    """(active pods, active GPUs, pods evicted from running) of an outcome."""
+def _initial_status(st: ClusterState) -> dict[str, str]:
+    names = {PodStatus.BOUND: "Running", PodStatus.RELEASING: "Releasing", PodStatus.PIPELINED: "Pipelined",
+             PodStatus.GATED: "Gated"}
+    return {p.key: names.get(PodStatus(int(st.pod_status[i])), "Pending") for i, p in enumerate(st.pods)}
+
+
+def _work(st: ClusterState, status: dict[str, str]) -> tuple[set[str], float, int]:
+    """(active pods, active GPUs, pods evicted from running) of a whole outcome."""
     idx = st.pod_index
     active = {p for p, s in status.items() if s in ACTIVE_STATUSES and p in idx}
     was_running = {p for p in idx if st.pod_status[idx[p]] == PodStatus.BOUND}
@@ -196,17 +202,19 @@ def _activity(st: ClusterState, status: dict[str, str]) -> tuple[set[str], float
 
 
 def _better(case: Case, out: Outcome) -> str | None:
-    """kai-opt is better when it keeps every pod KAI's outcome has active (on any node) and places strictly more
-    work, or the same work with fewer evictions, its plan having passed the invariant checker."""
+    """kai-opt is better when it keeps every pod KAI's outcome has active (on any node) and runs strictly more
+    work in total, or the same work with fewer evictions (pods the case does not list are taken as KAI left
+    them), its plan having passed the invariant checker."""
     st = build_state(case.snapshot, now=case.now)
-    expected = _expected_status(case)
-    exp_active, exp_gpus, exp_evicted = _activity(st, expected)
-    ours = {p: s for p, s in out.status.items() if p in expected}
-    our_active, gpus, evicted = _activity(st, ours)
-    if not exp_active <= our_active:
+    listed = _expected_status(case)
+    expected = {**_initial_status(st), **listed}
+    exp_active, exp_gpus, exp_evicted = _work(st, expected)
+    our_active, gpus, evicted = _work(st, out.status)
+    if not {p for p in exp_active if p in listed} <= our_active:
         return None
-    more_work = len(our_active) > len(exp_active) or gpus > exp_gpus + EPS
-    if (more_work and evicted <= exp_evicted) or (evicted < exp_evicted):
+    more_work = gpus > exp_gpus + EPS or (abs(gpus - exp_gpus) <= EPS and len(our_active) > len(exp_active))
+    same_work = abs(gpus - exp_gpus) <= EPS and len(our_active) == len(exp_active)
+    if (more_work and evicted <= exp_evicted) or ((more_work or same_work) and evicted < exp_evicted):
         return (f"kai-opt: {len(our_active)} pods / {gpus:g} GPUs active, {evicted} evicted; expected "
                 f"{len(exp_active)} pods / {exp_gpus:g} GPUs, {exp_evicted} evicted (every pod KAI runs runs too)")
     return None

@@ -88,6 +88,9 @@ def build_model(sess: Session, scope: Scope) -> Built:
                 m.add(sub_total >= need * b.gang[i])
         if g.fixed_domain == -2:
             m.add(b.gang[i] == 0)  # its running pods already span several domains: no room to grow
+        if i in scope.keep:  # the greedy plan placed it: keep at least as many of its pods
+            m.add(b.gang[i] == 1)
+            m.add(group_total >= scope.keep[i])
 
     # -- evictions --------------------------------------------------------------------------------------------
     for v in victims:

@@ -72,6 +72,7 @@ class Scope:
     nodes: np.ndarray  # all model nodes
     excluded: list[int]  # pending groups left out (window, pod affinity, problems)
     notes: list[str]
+    keep: dict[int, int] = field(default_factory=dict)  # scope group -> pods the greedy plan placed (kept at least)
 
 
 def _shape_key(sess: Session, p: int) -> tuple:
@@ -133,11 +134,23 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity or the "
                      f"{max_pods}-pod window); the greedy plan decides them")
     victims = _victims(sess, groups)
+    # improve on the greedy plan, never against it: what it places stays placed (maybe elsewhere), and only pods it
+    # evicts may be evicted (fewer is better); a group it placed through consolidation moves is not held
+    evicted = {e.pod for e in greedy.evictions}
+    moved_for = {e.beneficiary for e in greedy.evictions if e.reason == "consolidate"}
+    victims = [v for v in victims if all(p in evicted for p in v.pods)]
+    placed_count: dict[int, int] = {}
+    for pl in greedy.placements:
+        if not pl.moved:
+            g = int(st.pod_pg[pl.pod])
+            placed_count[g] = placed_count.get(g, 0) + 1
+    keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
+            if gs.group in placed_count and gs.group not in moved_for}
     _candidate_nodes(sess, acts, shapes, greedy_nodes, victims, per_shape_nodes)
     model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
-    keep = set(model_nodes.tolist())
-    victims = [v for v in victims if any(int(sess.node[p]) in keep for p in v.pods)]
-    return Scope(groups, shapes, victims, model_nodes, excluded, notes)
+    in_model = set(model_nodes.tolist())
+    victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
+    return Scope(groups, shapes, victims, model_nodes, excluded, notes, keep)
 
 
 def _victims(sess: Session, groups: list[GroupScope]) -> list[Victim]:

@@ -66,9 +66,8 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
     newly = {g: int(active_mask(sess, st.group_pods(g)).sum()) - len(remaining[g]) for g in groups}
     allocated = sess.ledger.allocated.copy()
     allocatable = fs.allocatable_share
-    version = np.zeros(st.n_queues, dtype=np.int64)
 
-    def queue_key(q: int) -> tuple:
+    def level_key(q: int) -> tuple:
         over = bool(np.all(fs.fair_share[q] < allocated[q]))
         share = allocatable[q]
         share = np.where(share == -1, fs.total, share)
@@ -76,6 +75,10 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
             drf = float(np.max(np.where(share == 0, allocated[q] * 1000.0, allocated[q] / np.where(share == 0, 1,
                                                                                                    share))))
         return (not over, int(st.q_priority[q]), -drf)
+
+    def queue_key(q: int) -> tuple:
+        """Compared level by level from the top of the tree, as KAI's victim queue walks it."""
+        return tuple(x for a in reversed(sess.ledger.ancestors[q]) for x in level_key(a))
 
     def key(g: int) -> tuple:
         m = int(st.pg_min_member[g])
@@ -85,15 +88,18 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
         return (*queue_key(int(st.pg_queue[g])), elastic, int(st.pg_priority[g]),
                 -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
 
-    heap = [(key(g), int(version[int(st.pg_queue[g])]), g) for g in groups if remaining[g]]
+    version = 0  # bumps whenever some queue's allocation drops: keys are judged again lazily
+    heap = [(key(g), version, g) for g in groups if remaining[g]]
     heapq.heapify(heap)
     out: list[tuple[int, list[int]]] = []
     while heap:
-        _, ver, g = heapq.heappop(heap)
+        k, ver, g = heapq.heappop(heap)
         q = int(st.pg_queue[g])
-        if ver != version[q]:  # its queue changed since: judge it again
-            heapq.heappush(heap, (key(g), int(version[q]), g))
-            continue
+        if ver != version:
+            fresh = key(g)
+            if fresh != k:
+                heapq.heappush(heap, (fresh, version, g))
+                continue
         pods = remaining[g]
         if len(pods) + newly[g] > int(st.pg_min_member[g]):
             chunk = [pods.pop()]
@@ -105,9 +111,9 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list
         out.append((g, chunk))
         for a in sess.ledger.ancestors[q]:
             allocated[a] -= sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
-            version[a] += 1
+        version += 1
         if pods:
-            heapq.heappush(heap, (key(g), int(version[q]), g))
+            heapq.heappush(heap, (key(g), version, g))
     return out
 
 
