@@ -1,0 +1,102 @@
+"""Scheduler metrics: the text exposition (names, labels, values) and the HTTP endpoint with its probes."""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kai_opt.k8s.metrics import SchedulerMetrics
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_every_recorded_value_is_in_the_text_format() -> None:
+    m = SchedulerMetrics()
+    m.cycle_phase("solve", 0.2)
+    m.cycle_phase("solve", 0.4)
+    m.cycle_phase("total", 0.7)
+    m.solver("feasible", 0.05)
+    m.bound(3)
+    m.bound()
+    m.evicted("reclaim", 2)
+    m.bind_latency(0.004)
+    m.bind_failure("conflict")
+    m.queue("team-a", {"gpu": 4.5, "cpu": 8000}, {"gpu": 3}, {"gpu": 6, "cpu": 2000})
+    m.leader(True)
+    text = m.text()
+    assert all(line.startswith(("# ", "kai_opt_")) for line in text.splitlines() if line)
+    s = samples(text)
+    assert s[("kai_opt_cycle_phase_seconds_count", (("phase", "solve"),))] == 2
+    assert s[("kai_opt_cycle_phase_seconds_sum", (("phase", "solve"),))] == pytest.approx(0.6)
+    assert s[("kai_opt_cycle_phase_seconds_bucket", (("le", "0.25"), ("phase", "solve")))] == 1
+    assert s[("kai_opt_cycle_phase_seconds_count", (("phase", "total"),))] == 1
+    assert s[("kai_opt_solver_status_total", (("status", "feasible"),))] == 1
+    assert s[("kai_opt_solver_gap", ())] == pytest.approx(0.05)
+    assert s[("kai_opt_pods_bound_total", ())] == 4
+    assert s[("kai_opt_pods_evicted_total", (("reason", "reclaim"),))] == 2
+    assert s[("kai_opt_bind_latency_seconds_count", ())] == 1
+    assert s[("kai_opt_bind_failures_total", (("reason", "conflict"),))] == 1
+    assert s[("kai_opt_queue_fair_share", (("queue", "team-a"), ("resource", "gpu")))] == 4.5
+    assert s[("kai_opt_queue_fair_share", (("queue", "team-a"), ("resource", "cpu")))] == 8000
+    assert s[("kai_opt_queue_allocated", (("queue", "team-a"), ("resource", "gpu")))] == 3
+    assert ("kai_opt_queue_allocated", (("queue", "team-a"), ("resource", "cpu"))) not in s
+    assert s[("kai_opt_queue_requested", (("queue", "team-a"), ("resource", "cpu")))] == 2000
+    assert s[("kai_opt_leader", ())] == 1
+
+
+def test_solver_gap_unknown_is_nan_and_queues_drop_stale_series() -> None:
+    m = SchedulerMetrics()
+    m.solver("fallback", None)
+    assert math.isnan(samples(m.text())[("kai_opt_solver_gap", ())])
+    m.queue("q", {"gpu": 1, "cpu": 2}, {"gpu": 1, "cpu": 2}, {"gpu": 1, "cpu": 2})
+    m.queue("q", {"gpu": 2}, {"gpu": 2}, {"gpu": 2})
+    s = samples(m.text())
+    assert s[("kai_opt_queue_fair_share", (("queue", "q"), ("resource", "gpu")))] == 2
+    assert not any(labels == (("queue", "q"), ("resource", "cpu")) for _, labels in s)
+    m.remove_queue("q")
+    assert not any(name.startswith("kai_opt_queue_") for name, _ in samples(m.text()))
+
+
+def test_two_instances_have_separate_registries() -> None:
+    a, b = SchedulerMetrics(), SchedulerMetrics()
+    a.bound(5)
+    assert samples(b.text())[("kai_opt_pods_bound_total", ())] == 0
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_endpoint_serves_metrics_and_probes() -> None:
+    m = SchedulerMetrics()
+    port = m.serve(0, host="127.0.0.1")
+    try:
+        m.bound(7)
+        code, body = _get(port, "/metrics")
+        assert code == 200 and samples(body)[("kai_opt_pods_bound_total", ())] == 7
+        assert _get(port, "/healthz") == (200, "ok\n")
+        assert _get(port, "/readyz")[0] == 503
+        m.ready = True
+        assert _get(port, "/readyz") == (200, "ok\n")
+        assert samples(_get(port, "/metrics")[1])[("kai_opt_ready", ())] == 1
+        m.healthy = False
+        assert _get(port, "/healthz")[0] == 503
+        assert _get(port, "/nope")[0] == 404
+        with pytest.raises(RuntimeError):
+            m.serve(0)
+    finally:
+        m.stop()
