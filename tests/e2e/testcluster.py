@@ -210,6 +210,21 @@ class LocalCluster:
         """A `kubernetes.client.ApiClient` as the admin (None) or as a test identity."""
         return make_api_client(host=self.host, token=self.token(user), ca_file=self.ca_file)
 
+    def service_account_token(self, namespace: str, name: str, *, seconds: int = 3600) -> str:
+        """A bound token of ServiceAccount `namespace/name` from the TokenRequest API (the ServiceAccount must
+        exist): it authenticates as `system:serviceaccount:<namespace>:<name>` with the groups
+        system:serviceaccounts, system:serviceaccounts:<namespace> and system:authenticated."""
+        with self.api_client() as api:
+            out = request(api, "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                          body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                "spec": {"expirationSeconds": seconds}})
+        return str(out["status"]["token"])
+
+    def service_account_client(self, namespace: str, name: str) -> ApiClient:
+        """A `kubernetes.client.ApiClient` authenticated as ServiceAccount `namespace/name`."""
+        return make_api_client(host=self.host, token=self.service_account_token(namespace, name),
+                               ca_file=self.ca_file)
+
     def kubeconfig(self, user: str | None = None, path: Path | None = None) -> Path:
         """A kubeconfig file for the admin or a test identity."""
         name = user or "admin"

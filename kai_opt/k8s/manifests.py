@@ -1,0 +1,168 @@
+"""Everything `kubectl apply -f -` needs to run kai-opt in a cluster (`kai-opt manifests`): the CRDs (package
+data, schema-compatible with KAI-Scheduler's), a Namespace, a ServiceAccount with least-privilege RBAC, the
+configuration as a ConfigMap, a 2-replica leader-elected Deployment with probes on the metrics port, KAI's default
+PriorityClasses and a default Queue.
+
+The ClusterRole grants exactly what the scheduler does: read (get/list/watch) Nodes, Pods, PodGroups, Queues,
+PriorityClasses, Topologies and the pod grouper's owner kinds; bind (pods/binding) and evict (pods/eviction); patch
+Pods (the GPU-devices and pod-group-name annotations); create and patch PodGroups (the grouper) and update/patch
+their status and Queue status; create/patch Events (core and events.k8s.io). A Role in its own namespace covers
+the leader-election Lease (get/create/update). Nothing else (no Secrets, no deletes, no Queue spec writes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from kai_opt import __version__
+from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
+from kai_opt.config import Config, default_config_yaml
+from kai_opt.errors import InputError
+from kai_opt.k8s.client import KAI_GROUP, PODGROUP, QUEUE, SCHEDULING_GROUP, TOPOLOGY, crd_manifests, parse_yaml
+from kai_opt.k8s.grouper import OWNER_KINDS
+
+NAME = "kai-opt"
+DEFAULT_NAMESPACE = "kai-opt"
+DEFAULT_IMAGE = f"kai-opt:{__version__}"
+METRICS_PORT = 8080
+CONFIG_PATH = "/etc/kai-opt/config.yaml"
+LEASE_NAME = NAME
+READ = ["get", "list", "watch"]
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": NAME}
+
+
+def _meta(name: str, namespace: str | None = None, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(_LABELS)}
+    if namespace:
+        meta["namespace"] = namespace
+    meta.update(extra)
+    return meta
+
+
+def cluster_rules() -> list[dict[str, Any]]:
+    """The ClusterRole's rules (least privilege; see the module docstring)."""
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": [*READ, "patch"]},
+        {"apiGroups": [""], "resources": ["pods/binding", "pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [SCHEDULING_GROUP], "resources": [PODGROUP.plural], "verbs": [*READ, "create", "patch"]},
+        {"apiGroups": [SCHEDULING_GROUP], "resources": [QUEUE.plural], "verbs": READ},
+        {"apiGroups": [SCHEDULING_GROUP], "resources": [f"{PODGROUP.plural}/status", f"{QUEUE.plural}/status"],
+         "verbs": ["update", "patch"]},
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": READ},
+        {"apiGroups": [KAI_GROUP], "resources": [TOPOLOGY.plural], "verbs": READ},
+    ]
+    owners: dict[str, list[str]] = {}
+    for api_version, _kind, plural in OWNER_KINDS:
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        if plural not in owners.setdefault(group, []):
+            owners[group].append(plural)
+    rules += [{"apiGroups": [group], "resources": plurals, "verbs": READ} for group, plurals in owners.items()]
+    return rules
+
+
+def _deployment(namespace: str, image: str, replicas: int) -> dict[str, Any]:
+    selector = {"app.kubernetes.io/name": NAME}
+    container = {
+        "name": NAME,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["run", "--config", CONFIG_PATH, "--leader-elect", "--lease-namespace", namespace,
+                 "--metrics-port", str(METRICS_PORT)],
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 15,
+                          "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "initialDelaySeconds": 5,
+                           "periodSeconds": 10, "timeoutSeconds": 5},
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/kai-opt", "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(NAME, namespace),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            # a standby replica may never report ready (only the leader schedules): replace pods one at a time
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+            "template": {
+                "metadata": {"labels": {**_LABELS, **selector},
+                             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                                             "prometheus.io/path": "/metrics"}},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": f"{NAME}-config"}},
+                                {"name": "tmp", "emptyDir": {}}],
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                           "labelSelector": {"matchLabels": selector}}}]}},
+                },
+            },
+        },
+    }
+
+
+def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMAGE, *, replicas: int = 2,
+                    config: Config | None = None) -> list[dict[str, Any]]:
+    """The objects to apply, in apply order (CRDs and the Namespace first)."""
+    if not _DNS_LABEL.match(namespace):
+        raise InputError(f"invalid namespace {namespace!r}: must be a DNS label (lowercase letters, digits, '-', "
+                         "at most 63 characters)", field="--namespace")
+    if not image or any(c.isspace() for c in image):
+        raise InputError(f"invalid image {image!r}", field="--image")
+    if replicas < 1:
+        raise InputError(f"replicas must be at least 1, got {replicas}", field="--replicas")
+    cfg = config or Config()
+    objs: list[dict[str, Any]] = list(parse_yaml(crd_manifests()))
+    objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace)})
+    objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(NAME),
+                 "rules": cluster_rules()})
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(NAME),
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+                 "subjects": subject})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": _meta(f"{NAME}-leader-election", namespace),
+                 "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                            "verbs": ["get", "create", "update"]}]})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": _meta(f"{NAME}-leader-election", namespace),
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": f"{NAME}-leader-election"},
+                 "subjects": subject})
+    objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{NAME}-config", namespace),
+                 "data": {"config.yaml": _config_yaml(cfg)}})
+    objs.append(_deployment(namespace, image, replicas))
+    for name, value in DEFAULT_PRIORITY_CLASSES.items():
+        objs.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(name),
+                     "value": value, "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority",
+                     "description": f"KAI-Scheduler default class {name} ({'non-' if value >= 100 else ''}"
+                                    "preemptible)"})
+    unlimited = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+    objs.append({"apiVersion": QUEUE.api_version, "kind": QUEUE.kind, "metadata": _meta(cfg.default_queue),
+                 "spec": {"displayName": "Default queue (workloads that name none)",
+                          "resources": {"gpu": dict(unlimited), "cpu": dict(unlimited),
+                                        "memory": dict(unlimited)}}})
+    return json.loads(json.dumps(objs))  # no shared sub-objects (YAML anchors), safe to modify
+
+
+def _config_yaml(cfg: Config) -> str:
+    if cfg == Config():
+        return default_config_yaml()
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
