@@ -29,6 +29,7 @@ NEEDED = [
     *[(v, "", "nodes", "", None) for v in ("get", "list", "watch")],
     *[(v, "", "pods", "", None) for v in ("get", "list", "watch", "patch")],
     ("create", "", "pods", "binding", "team"),
+    ("patch", "", "pods", "status", "team"),
     ("create", "", "pods", "eviction", "team"),
     *[(v, "scheduling.run.ai", "podgroups", "", None) for v in ("get", "list", "watch", "create", "patch")],
     *[(v, "scheduling.run.ai", "podgroups", "status", "team") for v in ("update", "patch")],
