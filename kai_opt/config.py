@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kai_opt.errors import ConfigError
 
@@ -70,6 +70,54 @@ class Solver(_Model):
     objective: Objective = Objective()
 
 
+class LeaderElection(_Model):
+    """One active replica of `kai-opt run`: a coordination.k8s.io/v1 Lease (defaults as client-go)."""
+
+    lease_name: str = Field("kai-opt", min_length=1, description="name of the Lease object")
+    lease_namespace: str = Field("", description="namespace of the Lease ('' = the pod's own namespace when "
+                                 "running in a cluster, else default)")
+    lease_duration_s: float = Field(15.0, gt=0, le=3600, description="a standby takes over this long after the "
+                                    "leader's last renewal")
+    renew_deadline_s: float = Field(10.0, gt=0, le=3600, description="the leader stops scheduling when it could "
+                                    "not renew for this long")
+    retry_period_s: float = Field(2.0, gt=0, le=3600, description="seconds between acquire/renew attempts")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElection:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("must have retry_period_s < renew_deadline_s < lease_duration_s")
+        return self
+
+
+class Runtime(_Model):
+    """The in-cluster scheduler (`kai-opt run`): watch cache, binder, evictor, status writer."""
+
+    client_qps: float = Field(50.0, gt=0, le=100_000, description="API writes per second (one token bucket for "
+                              "binds, evictions and status)")
+    client_burst: int = Field(100, ge=1, le=100_000, description="writes allowed at once above client_qps")
+    bind_workers: int = Field(16, ge=1, le=256, description="binds (and evictions) in flight at once")
+    status_workers: int = Field(4, ge=1, le=64, description="status and event writes in flight at once")
+    retries: int = Field(3, ge=0, le=20, description="retries of a bind or eviction after a transient error")
+    retry_backoff_s: float = Field(0.2, gt=0, le=60, description="first retry delay (doubles per retry)")
+    request_timeout_s: float = Field(10.0, gt=0, le=600, description="timeout of one write request")
+    assume_ttl_s: float = Field(30.0, gt=0, le=3600, description="a bound pod the watch has not shown bound yet "
+                                "counts as bound this long")
+    nominate_pipelined: bool = Field(True, description="write status.nominatedNodeName on pipelined pods "
+                                     "(informational; they are placed again each cycle)")
+    event_qps: float = Field(10.0, gt=0, le=10_000, description="Events per second (the rest is dropped)")
+    event_burst: int = Field(100, ge=1, le=100_000, description="Events allowed at once above event_qps")
+    event_repeat_s: float = Field(60.0, ge=0, le=86_400, description="the same Event on the same object is not "
+                                  "sent again within this time")
+    sync_timeout_s: float = Field(60.0, gt=0, le=3600, description="longest wait for the cache's first lists")
+    watch_timeout_s: float = Field(60.0, ge=1, le=3600, description="server-side timeout of one watch request "
+                                   "(it is then resumed)")
+    backoff_max_s: float = Field(30.0, gt=0, le=3600, description="longest reconnect delay of a failing watch")
+    absent_kind_recheck_s: float = Field(30.0, gt=0, le=3600, description="how often a kind whose CRD is not "
+                                         "installed is looked for again")
+    leader_election: LeaderElection = Field(LeaderElection(), description="leader election (kai-opt run "
+                                            "--leader-elect)")
+
+
 class Config(_Model):
     engine: Engine = Field(Engine.greedy, description="greedy (KAI-like heuristics) or cpsat (optimization)")
     scheduler_names: tuple[str, ...] = Field(("kai-opt",), min_length=1, description="pods with these "
@@ -88,6 +136,7 @@ class Config(_Model):
                                                  "within fair share (larger = more conservative)")
     schedule_period_s: float = Field(1.0, gt=0, le=3600, description="in-cluster: seconds between cycles")
     solver: Solver = Solver()
+    runtime: Runtime = Field(Runtime(), description="in-cluster scheduler (kai-opt run)")
 
 
 def load_config(path: str | Path | None) -> Config:

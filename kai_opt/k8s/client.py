@@ -7,7 +7,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -66,9 +66,11 @@ def make_api_client(
     token: str | None = None,
     ca_file: str | Path | None = None,
     insecure: bool = False,
+    pool_size: int | None = None,
 ) -> client.ApiClient:
     """An ApiClient from explicit `host` (+ bearer `token`, `ca_file` or `insecure`), in-cluster config, or a
-    kubeconfig (`kubeconfig`, else $KUBECONFIG / ~/.kube/config; in-cluster when none exists and running in a pod)."""
+    kubeconfig (`kubeconfig`, else $KUBECONFIG / ~/.kube/config; in-cluster when none exists and running in a pod).
+    `pool_size`: most connections kept open to the server (default: urllib3's, per CPU)."""
     cfg = client.Configuration()
     try:
         if host:
@@ -97,6 +99,8 @@ def make_api_client(
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "cluster configuration"
         raise ClusterError(f"cannot load {where}: {_one_line(exc)}") from exc
     cfg.retries = urllib3.Retry(total=3, connect=1, backoff_factor=0.2)  # an unreachable server fails fast
+    if pool_size:  # concurrent requests (watches, binder workers) each hold a connection
+        cfg.connection_pool_maxsize = pool_size
     if not cfg.verify_ssl:  # the user asked for it (insecure-skip-tls-verify); kubectl does not warn either
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     api = client.ApiClient(configuration=cfg)
@@ -147,19 +151,57 @@ def status_message(exc: ApiException) -> str:
 
 
 # -- raw JSON requests -----------------------------------------------------------------------------------------------
+MERGE_PATCH = "application/merge-patch+json"  # a dict body merged into the object (lists replaced whole)
+JSON_PATCH = "application/json-patch+json"  # a list of RFC 6902 operations (with `test` preconditions)
+
+
 def request(api: client.ApiClient, method: str, path: str, *, body: Any = None,
-            query: dict[str, Any] | None = None, timeout: Any = DEFAULT_TIMEOUT) -> Any:
+            query: dict[str, Any] | None = None, timeout: Any = DEFAULT_TIMEOUT,
+            content_type: str | None = None) -> Any:
     """One authenticated JSON request; returns the decoded body. Errors raise `ApiException` (HTTP status)
-    or urllib3 errors (connection): callers turn them into `ClusterError` with `cluster_error`."""
-    params = [(k, v) for k, v in (query or {}).items() if v is not None]
-    method, url, headers, data, post = api.param_serialize(
-        method=method, resource_path=path, query_params=params, body=body, auth_settings=["BearerToken"],
-        header_params={"Accept": "application/json", **({"Content-Type": "application/json"} if body else {})})
-    resp = api.call_api(method, url, header_params=headers, body=data, post_params=post, _request_timeout=timeout)
+    or urllib3 errors (connection): callers turn them into `ClusterError` with `cluster_error`.
+    `content_type`: for PATCH, `MERGE_PATCH` or `JSON_PATCH` (default: application/json)."""
+    resp = _send(api, method, path, body=body, query=query, timeout=timeout, content_type=content_type)
     raw = resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException.from_response(http_resp=resp, body=raw.decode("utf-8", "replace"), data=None)
     return json.loads(raw) if raw else None
+
+
+def _send(api: client.ApiClient, method: str, path: str, *, body: Any, query: dict[str, Any] | None,
+          timeout: Any, content_type: str | None) -> Any:
+    params = [(k, v) for k, v in (query or {}).items() if v is not None]
+    ctype = content_type or "application/json"
+    method, url, headers, data, post = api.param_serialize(
+        method=method, resource_path=path, query_params=params, body=body, auth_settings=["BearerToken"],
+        header_params={"Accept": "application/json", **({"Content-Type": ctype} if body is not None else {})})
+    return api.call_api(method, url, header_params=headers, body=data, post_params=post, _request_timeout=timeout)
+
+
+def stream_lines(api: client.ApiClient, path: str, *, query: dict[str, Any] | None = None,
+                 timeout: Any = DEFAULT_TIMEOUT, opened: Any = None) -> Iterator[bytes]:
+    """GET `path` and yield the response body line by line as it arrives (a watch). `opened(response)` is
+    called with the urllib3 response first, so another thread can `shutdown()` it to end the stream.
+    A non-2xx answer raises `ApiException`."""
+    resp = _send(api, "GET", path, body=None, query=query, timeout=timeout, content_type=None)
+    raw = resp.response
+    try:
+        if not 200 <= resp.status <= 299:
+            body = raw.read()
+            raise ApiException.from_response(http_resp=resp, body=body.decode("utf-8", "replace"), data=None)
+        if opened is not None:
+            opened(raw)
+        pending = b""
+        for chunk in raw.stream(64 * 1024, decode_content=True):
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    yield line
+        if pending.strip():
+            yield pending
+    finally:
+        raw.release_conn()
 
 
 def read_json(resp: Any) -> Any:

@@ -1,0 +1,253 @@
+"""The binder: binds the plan's placements asynchronously (bounded worker pool, client QPS token bucket).
+
+Per pod: record the GPU devices on the pod (`kai-opt.io/gpu-devices`, a JSON patch that first tests that the pod
+is still unbound and still the same pod), then POST the `pods/binding` subresource with the pod's uid as a
+precondition. Transient errors (throttling, server errors, timeouts, connection loss) are retried with exponential
+backoff; a 404 (pod gone), 409/422 (bound meanwhile, or a different pod of that name) or any permanent error ends
+the attempt and the cache's assumption is dropped, so the pod is placed again next cycle. A 409/422 after a retry
+is checked against the pod: if it is bound to our node, an earlier attempt of ours went through.
+
+A pod is never bound twice: a pod is accepted once while queued or in flight (keyed by uid), the cache counts it
+as bound from acceptance on (so the next cycle does not place it again), and the API server refuses to bind a
+bound pod (409) as the final guard. Every write first asks `fence()` (leadership): a replica that lost its Lease
+drops its queued work.
+
+Pipelined placements are not bound: `nominate` writes `status.nominatedNodeName` (informational) and the engine
+places the pod again in a later cycle once its victims are gone. Consolidation moves are only evicted (their owner
+re-creates the pod, which is then placed like any other).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+
+from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
+from kai_opt.k8s.cache import ClusterCache
+from kai_opt.k8s.client import JSON_PATCH, MERGE_PATCH, object_path, request
+from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
+
+log = logging.getLogger(__name__)
+
+_ANNOTATION_PATH = "/metadata/annotations/" + GPU_DEVICES_ANNOTATION.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass(frozen=True)
+class BindRequest:
+    """Bind pod namespace/name (uid) to `node`, on GPU `devices` (indexes within the node)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    devices: tuple[int, ...] = ()
+    podgroup: str | None = None  # "namespace/name", for events and logs
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class BindResult:
+    request: BindRequest
+    ok: bool
+    latency_s: float
+    reason: str = ""  # failure: not-found | conflict | forbidden | invalid | error | dropped
+    message: str = ""
+
+
+class _Dropped(Exception):
+    """Stopping, or no longer the leader: queued work is abandoned."""
+
+
+class Binder:
+    def __init__(self, api: client.ApiClient, cache: ClusterCache, limiter: TokenBucket, *, workers: int = 16,
+                 retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0,
+                 fence: Callable[[], bool] = lambda: True,
+                 on_result: Callable[[BindResult], None] | None = None) -> None:
+        self.api = api
+        self.cache = cache
+        self.limiter = limiter
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout = (5.0, timeout_s)
+        self.fence = fence
+        self.on_result = on_result
+        self.pool = WorkPool("binder", workers)
+        self._stop = threading.Event()
+
+    # -- API -----------------------------------------------------------------------------------------------------
+    def submit(self, requests: Iterable[BindRequest]) -> list[BindRequest]:
+        """Queue binds; returns those accepted (a pod already queued or in flight is skipped). The cache counts an
+        accepted pod as bound on its node from now on."""
+        accepted = []
+        for req in requests:
+            if self._stop.is_set() or self.pool.busy(req.uid):
+                continue
+            self.cache.assume_bound(req.uid, req.namespace, req.name, req.node, req.devices)
+            if self.pool.submit(req.uid, lambda req=req: self._bind(req)):
+                accepted.append(req)
+            else:
+                self.cache.forget_bound(req.uid)
+        return accepted
+
+    def nominate(self, pods: Iterable[tuple[str, str, str]]) -> int:
+        """Write `status.nominatedNodeName` on pipelined pods (namespace, name, node) where it differs."""
+        n = 0
+        for ns, name, node in pods:
+            pod = self.cache.pod(ns, name)
+            if pod is None or (pod.get("spec") or {}).get("nodeName"):
+                continue
+            if (pod.get("status") or {}).get("nominatedNodeName") == node:
+                continue
+            if self.pool.submit(f"nominate/{ns}/{name}", lambda ns=ns, name=name, node=node:
+                                self._nominate(ns, name, node), replace=True):
+                n += 1
+        return n
+
+    def busy(self, uid: str) -> bool:
+        return self.pool.busy(uid)
+
+    def pending(self) -> int:
+        return self.pool.pending()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        return self.pool.wait_idle(timeout)
+
+    def stop(self) -> None:
+        """Drop queued binds (their assumptions too); binds in flight finish their current request."""
+        self._stop.set()
+        self.pool.stop()
+
+    # -- one bind ------------------------------------------------------------------------------------------------
+    def _bind(self, req: BindRequest) -> None:
+        start = time.monotonic()
+        delays = backoff_delays(self.backoff_s, self.retries)
+        attempt = 0
+        while True:
+            try:
+                self._annotate(req)
+                self._post_binding(req)
+                self._done(req, start, ok=True)
+                return
+            except _Dropped as exc:
+                self._done(req, start, ok=False, reason="dropped", message=str(exc))
+                return
+            except Exception as exc:  # classified below; unexpected errors end the attempt
+                failure = classify(exc)
+                if failure.status in (409, 422) and self._bound_here(req):
+                    self._done(req, start, ok=True)  # an earlier attempt of ours went through
+                    return
+                if failure.transient and attempt < len(delays):
+                    log.debug("bind %s: %s %s; retrying", req.key, failure.status, failure.message)
+                    if self._stop.wait(delays[attempt]):
+                        self._done(req, start, ok=False, reason="dropped", message="stopping")
+                        return
+                    attempt += 1
+                    continue
+                reason = {404: "not-found", 409: "conflict", 422: "conflict", 403: "forbidden",
+                          400: "invalid"}.get(failure.status, "error")
+                self._done(req, start, ok=False, reason=reason, message=failure.message)
+                return
+
+    def _write(self) -> None:
+        """Before each write: a token, and still allowed to write."""
+        if self._stop.is_set() or not self.limiter.acquire(self._stop):
+            raise _Dropped("stopping")
+        self._check()
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise _Dropped("stopping")
+        if not self.fence():
+            raise _Dropped("not the leader")
+
+    def _annotate(self, req: BindRequest) -> None:
+        pod = self.cache.pod(req.namespace, req.name)
+        for fresh in (False, True):
+            if fresh:
+                self._check()
+                pod = request(self.api, "GET", object_path("v1", "pods", req.namespace, req.name),
+                              timeout=self.timeout)
+            ops = _annotation_ops(pod, req)
+            if ops is None:
+                return
+            self._write()
+            try:
+                request(self.api, "PATCH", object_path("v1", "pods", req.namespace, req.name), body=ops,
+                        content_type=JSON_PATCH, timeout=self.timeout)
+                return
+            except Exception as exc:
+                if fresh or classify(exc).status != 422:
+                    raise
+                # a test failed: bound meanwhile, another pod of this name, or annotations changed; look again
+
+    def _post_binding(self, req: BindRequest) -> None:
+        self._write()
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
+        request(self.api, "POST", object_path("v1", "pods", req.namespace, req.name) + "/binding", body=body,
+                timeout=self.timeout)
+
+    def _bound_here(self, req: BindRequest) -> bool:
+        try:
+            pod = request(self.api, "GET", object_path("v1", "pods", req.namespace, req.name), timeout=self.timeout)
+        except Exception:  # cannot tell: treat as not ours
+            return False
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        return meta.get("uid") == req.uid and spec.get("nodeName") == req.node
+
+    def _done(self, req: BindRequest, start: float, *, ok: bool, reason: str = "", message: str = "") -> None:
+        if ok:
+            self.cache.bind_accepted(req.uid)
+        else:
+            self.cache.forget_bound(req.uid)
+            if reason != "dropped":
+                log.warning("bind %s to %s failed (%s): %s", req.key, req.node, reason, message)
+        if self.on_result is not None:
+            try:
+                self.on_result(BindResult(req, ok, time.monotonic() - start, reason, message))
+            except Exception:
+                log.exception("bind result handler failed")
+
+    def _nominate(self, ns: str, name: str, node: str) -> None:
+        try:
+            self._write()
+            request(self.api, "PATCH", object_path("v1", "pods", ns, name) + "/status",
+                    body={"status": {"nominatedNodeName": node}}, content_type=MERGE_PATCH, timeout=self.timeout)
+        except _Dropped:
+            return
+        except Exception as exc:  # informational only
+            f = classify(exc)
+            log.debug("nominate %s/%s on %s: %s %s", ns, name, node, f.status, f.message)
+
+
+def _annotation_ops(pod: dict[str, Any] | None, req: BindRequest) -> list[dict[str, Any]] | None:
+    """JSON patch recording the devices on an unbound pod (None: nothing to change). The `test` operations make
+    the server refuse it (422) when the pod is bound meanwhile, or is another pod of the same name."""
+    meta = (pod or {}).get("metadata") or {}
+    annotations = meta.get("annotations")
+    want = ",".join(str(d) for d in req.devices) or None
+    have = (annotations or {}).get(GPU_DEVICES_ANNOTATION)
+    if pod is not None and want == have:
+        return None
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": req.uid},
+                                 {"op": "test", "path": "/spec/nodeName", "value": None}]
+    if want is None:
+        if have is None:
+            return None
+        ops.append({"op": "remove", "path": _ANNOTATION_PATH})
+    elif annotations is None:
+        ops += [{"op": "test", "path": "/metadata/annotations", "value": None},
+                {"op": "add", "path": "/metadata/annotations", "value": {GPU_DEVICES_ANNOTATION: want}}]
+    else:
+        ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": want})
+    return ops

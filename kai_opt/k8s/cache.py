@@ -1,0 +1,524 @@
+"""The watch cache: list+watch of the kinds kai-opt schedules from (and any kind added with `add_kind`), one thread
+per kind, into an in-memory store of raw objects; the scheduling snapshot of a cycle is built from it, never
+re-listed.
+
+Each kind is listed (in pages), then watched from the list's resourceVersion with bookmarks. A watch that ends is
+resumed from the last resourceVersion seen; 410 Gone (the version expired) relists; any other failure reconnects
+with exponential backoff (with jitter, up to `backoff_max_s`). A kind the server does not serve (its CRD is not
+installed: 404) is marked absent, counts as synced, and is looked for again every `absent_recheck_s`.
+
+Objects are stored as the server sent them, without `metadata.managedFields`, with apiVersion and kind set. They
+are never modified in place (an event replaces the whole object), so readers may hold them without copying but
+must not mutate them.
+
+Assumptions (what kai-opt did that the watch has not shown yet):
+- bound: the binder accepted a placement; the pod counts as bound to that node with those GPU devices until the
+  watch shows it bound, the bind fails (`forget_bound`), or `assume_ttl_s` passes after the API accepted the bind;
+- releasing: an eviction was requested; the pod counts as being deleted until it is gone, the watch shows its
+  deletionTimestamp, or the eviction is refused (`forget_releasing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
+from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
+from kai_opt.snapshot import RawObject, Snapshot
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 500
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kind to watch."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def group(self) -> str:
+        return self.api_version.split("/")[0] if "/" in self.api_version else ""
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.api_version}"
+
+
+SCHEDULING_KINDS: tuple[Resource, ...] = (
+    Resource("v1", "Node", "nodes", False),
+    Resource("v1", "Pod", "pods", True),
+    Resource(PODGROUP.api_version, PODGROUP.kind, PODGROUP.plural, True),
+    Resource(QUEUE.api_version, QUEUE.kind, QUEUE.plural, False),
+    Resource("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
+    Resource(TOPOLOGY.api_version, TOPOLOGY.kind, TOPOLOGY.plural, False),
+)
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    """`namespace/name` of a namespaced object, `name` of a cluster-scoped one."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def clean(obj: dict[str, Any], res: Resource) -> dict[str, Any]:
+    """An object as stored: apiVersion and kind set, no managedFields."""
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("managedFields", None)
+    rest = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    return {"apiVersion": res.api_version, "kind": res.kind, "metadata": meta, **rest}
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+@dataclass
+class _Store:
+    res: Resource
+    items: dict[str, dict[str, Any]]
+    synced: bool = False
+    absent: bool = False  # the server does not serve this kind (CRD not installed), or we may not read it
+    forbidden: bool = False  # absent because RBAC forbids reading it
+    resource_version: str = ""
+    relists: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """A pod the binder accepted: where it goes. `bound_at`: when the API accepted the bind (monotonic)."""
+
+    namespace: str
+    name: str
+    node: str
+    devices: tuple[int, ...]
+    bound_at: float | None = None
+
+
+class ClusterCache:
+    """Watch cache of raw objects (see the module docstring). `start()` begins watching, `wait_synced()` waits for
+    the first lists, `snapshot()` gives the cycle's `Snapshot`; `get`/`list` read single kinds."""
+
+    def __init__(self, api: client.ApiClient, *, kinds: Iterable[Resource] = SCHEDULING_KINDS,
+                 watch_timeout_s: float = 60.0, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
+                 absent_recheck_s: float = 30.0, assume_ttl_s: float = 30.0, page_size: int = PAGE_SIZE) -> None:
+        self.api = api
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.absent_recheck_s = absent_recheck_s
+        self.assume_ttl_s = assume_ttl_s
+        self.page_size = page_size
+        self._lock = threading.RLock()
+        self._synced_cond = threading.Condition(self._lock)
+        self._stores: dict[tuple[str, str], _Store] = {}
+        self._threads: dict[tuple[str, str], threading.Thread] = {}
+        self._responses: dict[tuple[str, str], Any] = {}
+        self._stop = threading.Event()
+        self._started = False
+        self._bound: dict[str, Assumed] = {}  # pod uid -> assumption
+        self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
+        self.generation = 0  # bumped on every change (cheap "anything new?" check)
+        for res in kinds:
+            self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
+
+    # -- kinds and threads -------------------------------------------------------------------------------------------
+    def add_kind(self, api_version: str, kind: str, plural: str, namespaced: bool) -> None:
+        """Watch one more kind (idempotent); starts its thread at once when the cache runs."""
+        res = Resource(api_version, kind, plural, namespaced)
+        with self._lock:
+            if (api_version, kind) in self._stores:
+                return
+            self._stores[(api_version, kind)] = _Store(res, {})
+            if self._started:
+                self._start_thread(res)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            for store in self._stores.values():
+                self._start_thread(store.res)
+
+    def _start_thread(self, res: Resource) -> None:
+        t = threading.Thread(target=self._run, args=(res,), name=f"watch-{res.plural}", daemon=True)
+        self._threads[(res.api_version, res.kind)] = t
+        t.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End every watch (open streams are shut down) and wait briefly for the threads."""
+        self._stop.set()
+        with self._lock:
+            responses = list(self._responses.values())
+            threads = list(self._threads.values())
+        for resp in responses:
+            with contextlib.suppress(Exception):  # closing a dying socket may fail in many ways
+                resp.shutdown()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def synced(self) -> bool:
+        with self._lock:
+            return all(s.synced for s in self._stores.values())
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait until every kind was listed once (or found absent); False on timeout or stop."""
+        deadline = time.monotonic() + timeout
+        with self._synced_cond:
+            while not all(s.synced for s in self._stores.values()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._synced_cond.wait(min(left, 0.5))
+            return True
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per kind: objects held, synced, absent, relists, errors (for logs and tests)."""
+        with self._lock:
+            return {str(s.res): {"objects": len(s.items), "synced": s.synced, "absent": s.absent,
+                                 "forbidden": s.forbidden, "relists": s.relists, "errors": s.errors}
+                    for s in self._stores.values()}
+
+    # -- the watch loop of one kind ----------------------------------------------------------------------------------
+    def _run(self, res: Resource) -> None:
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                rv = self._list(res)
+                backoff = self.backoff_initial_s
+                while not self._stop.is_set():
+                    rv = self._watch(res, rv)
+            except _Gone:
+                log.info("watch %s: resourceVersion expired; listing again", res)
+                continue
+            except ApiException as exc:
+                if exc.status in (403, 404):  # not installed, or we may not read it: look again later
+                    self._mark_absent(res, forbidden=exc.status == 403)
+                    self._stop.wait(self.absent_recheck_s)
+                    continue
+                self._count_error(res)
+                log.warning("watch %s: the API server answered %s %s; retrying in %.1fs", res, exc.status,
+                            exc.reason, backoff)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                if self._stop.is_set():
+                    return
+                self._count_error(res)
+                log.warning("watch %s: %s; retrying in %.1fs", res, " ".join(str(exc).split())[:200], backoff)
+            self._stop.wait(backoff * (0.5 + random.random() / 2))
+            backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _list(self, res: Resource) -> str:
+        """List all objects (in pages) and replace the store; returns the list's resourceVersion."""
+        path = object_path(res.api_version, res.plural, None)
+        items: dict[str, dict[str, Any]] = {}
+        cont: str | None = None
+        rv = ""
+        while True:
+            try:
+                page = request(self.api, "GET", path, query={"limit": self.page_size, "continue": cont})
+            except ApiException as exc:
+                if exc.status == 410 and cont is not None:  # the continue token expired: start over
+                    items, cont = {}, None
+                    continue
+                raise
+            for item in page.get("items") or []:
+                obj = clean(item, res)
+                items[object_key(obj)] = obj
+            meta = page.get("metadata") or {}
+            rv = rv or str(meta.get("resourceVersion") or "")
+            cont = meta.get("continue") or None
+            if not cont:
+                break
+        with self._lock:
+            store = self._stores[(res.api_version, res.kind)]
+            was_absent = store.absent
+            store.items = items
+            store.resource_version = rv
+            store.absent = store.forbidden = False
+            store.relists += 1
+            if res.kind == "Pod" and res.api_version == "v1":
+                self._reconcile_assumptions(items)
+            store.synced = True
+            self.generation += 1
+            self._synced_cond.notify_all()
+        if was_absent:
+            log.info("watch %s: the kind is served now", res)
+        return rv
+
+    def _watch(self, res: Resource, rv: str) -> str:
+        """One watch request from `rv`; returns the last resourceVersion seen when the server ends it."""
+        path = object_path(res.api_version, res.plural, None)
+        query = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true",
+                 "timeoutSeconds": int(self.watch_timeout_s)}
+        key = (res.api_version, res.kind)
+
+        def opened(resp: Any) -> None:
+            with self._lock:
+                self._responses[key] = resp
+            if self._stop.is_set():
+                resp.shutdown()
+
+        try:
+            for line in stream_lines(self.api, path, query=query, timeout=(5.0, self.watch_timeout_s + 15.0),
+                                     opened=opened):
+                event = json.loads(line)
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    if code == 410:
+                        raise _Gone()
+                    raise ApiException(status=code or 500, reason=obj.get("message") or "watch error")
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if new_rv:
+                    rv = str(new_rv)
+                if etype == "BOOKMARK":
+                    continue
+                self._apply(res, etype, clean(obj, res))
+        finally:
+            with self._lock:
+                self._responses.pop(key, None)
+        with self._lock:
+            self._stores[key].resource_version = rv
+        return rv
+
+    def _apply(self, res: Resource, etype: str | None, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        is_pod = res.kind == "Pod" and res.api_version == "v1"
+        with self._lock:
+            store = self._stores[(res.api_version, res.kind)]
+            if etype == "DELETED":
+                store.items.pop(key, None)
+                if is_pod:
+                    uid = (obj.get("metadata") or {}).get("uid")
+                    self._bound.pop(uid, None)
+                    self._releasing.pop(uid, None)
+            else:
+                store.items[key] = obj
+                if is_pod:
+                    self._confirm(obj)
+            self.generation += 1
+
+    def _mark_absent(self, res: Resource, *, forbidden: bool = False) -> None:
+        with self._lock:
+            store = self._stores[(res.api_version, res.kind)]
+            if not store.absent or store.forbidden != forbidden:
+                if forbidden:
+                    log.warning("watch %s: forbidden (RBAC); checking again every %gs", res, self.absent_recheck_s)
+                else:
+                    log.info("watch %s: not served by the cluster (CRD not installed); checking again every %gs",
+                             res, self.absent_recheck_s)
+            store.absent = True
+            store.forbidden = forbidden
+            store.items = {}
+            store.synced = True
+            self.generation += 1
+            self._synced_cond.notify_all()
+
+    def _count_error(self, res: Resource) -> None:
+        with self._lock:
+            self._stores[(res.api_version, res.kind)].errors += 1
+
+    # -- reading -----------------------------------------------------------------------------------------------------
+    def _store_for(self, api_version: str, kind: str) -> _Store | None:
+        store = self._stores.get((api_version, kind))
+        if store is not None:
+            return store
+        group = api_version.split("/")[0] if "/" in api_version else ""
+        return next((s for s in self._stores.values() if s.res.kind == kind and s.res.group == group), None)
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """One object (or None); another served version of the same group and kind is used when this exact
+        apiVersion is not watched. Do not modify the result."""
+        with self._lock:
+            store = self._store_for(api_version, kind)
+            if store is None:
+                return None
+            key = f"{namespace}/{name}" if store.res.namespaced and namespace else name
+            return store.items.get(key)
+
+    def list(self, kind: str, api_version: str | None = None) -> list[dict[str, Any]]:
+        """Every object of `kind` (of every watched apiVersion, unless one is given). Do not modify them."""
+        with self._lock:
+            out: list[dict[str, Any]] = []
+            for (av, k), store in self._stores.items():
+                if k == kind and (api_version is None or av == api_version):
+                    out.extend(store.items.values())
+            return out
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("v1", "Pod", namespace, name)
+
+    def absent_kinds(self) -> list[str]:
+        """Kinds not served (or forbidden), e.g. "queues.scheduling.run.ai/v2 (forbidden)"."""
+        with self._lock:
+            return [str(s.res) + (" (forbidden)" if s.forbidden else "") for s in self._stores.values() if s.absent]
+
+    # -- assumptions -------------------------------------------------------------------------------------------------
+    def assume_bound(self, uid: str, namespace: str, name: str, node: str, devices: tuple[int, ...]) -> None:
+        """The binder accepted this placement: the pod counts as bound there from now on."""
+        with self._lock:
+            self._bound[uid] = Assumed(namespace, name, node, tuple(devices))
+            self.generation += 1
+
+    def bind_accepted(self, uid: str) -> None:
+        """The API accepted the bind: the assumption now lasts until the watch shows it, or `assume_ttl_s`."""
+        with self._lock:
+            a = self._bound.get(uid)
+            if a is not None:
+                pod = self.pod(a.namespace, a.name)
+                if pod is not None and (pod.get("spec") or {}).get("nodeName"):
+                    self._bound.pop(uid, None)  # the watch was faster
+                else:
+                    self._bound[uid] = Assumed(a.namespace, a.name, a.node, a.devices, time.monotonic())
+
+    def forget_bound(self, uid: str) -> None:
+        """The bind failed or was dropped: the pod is pending again (it is placed again next cycle)."""
+        with self._lock:
+            if self._bound.pop(uid, None) is not None:
+                self.generation += 1
+
+    def assume_releasing(self, uid: str) -> None:
+        """An eviction of this pod was decided: it counts as being deleted from now on."""
+        with self._lock:
+            self._releasing[uid] = None
+            self.generation += 1
+
+    def eviction_accepted(self, uid: str) -> None:
+        """The API accepted the eviction: the assumption lasts until the watch shows it, or `assume_ttl_s`."""
+        with self._lock:
+            if uid in self._releasing:
+                self._releasing[uid] = time.monotonic()
+
+    def forget_releasing(self, uid: str) -> None:
+        with self._lock:
+            if self._releasing.pop(uid, None) is not None:
+                self.generation += 1
+
+    def assumed(self) -> tuple[dict[str, Assumed], set[str]]:
+        """Copies of the bound and releasing assumptions (pod uid keys)."""
+        with self._lock:
+            self._expire()
+            return dict(self._bound), set(self._releasing)
+
+    def _confirm(self, pod: dict[str, Any]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid")
+        if uid in self._bound and (pod.get("spec") or {}).get("nodeName"):
+            del self._bound[uid]
+        if uid in self._releasing and (pod.get("metadata") or {}).get("deletionTimestamp"):
+            del self._releasing[uid]
+
+    def _reconcile_assumptions(self, items: dict[str, dict[str, Any]]) -> None:
+        present = {(p.get("metadata") or {}).get("uid"): p for p in items.values()}
+        for uid in list(self._bound):
+            if uid not in present:
+                del self._bound[uid]
+        for uid in list(self._releasing):
+            if uid not in present:
+                del self._releasing[uid]
+        for pod in present.values():
+            self._confirm(pod)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for uid, a in list(self._bound.items()):
+            if a.bound_at is not None and now - a.bound_at > self.assume_ttl_s:
+                log.warning("pod %s/%s: bound %.0fs ago but the watch does not show it; assumption dropped",
+                            a.namespace, a.name, now - a.bound_at)
+                del self._bound[uid]
+        for uid, since in list(self._releasing.items()):
+            if since is not None and now - since > self.assume_ttl_s:
+                del self._releasing[uid]
+
+    # -- the cycle's snapshot ----------------------------------------------------------------------------------------
+    def scheduling_objects(self, scheduler_names: tuple[str, ...], *, pod_groups: Mapping[str, str] | None = None,
+                           hold: Collection[str] = ()) -> list[RawObject]:
+        """The objects of a scheduling snapshot with assumptions applied (shallow copies where changed).
+        Our pods that are not bound lose `status.nominatedNodeName`: a pipelined pod is placed again every cycle
+        (KAI semantics), the nomination is only informational. `pod_groups` ("ns/pod" -> PodGroup name): the
+        group of pods whose `pod-group-name` annotation is not written yet; `hold`: unbound pods ("ns/pod") left
+        out of this snapshot (the grouper could not group them yet)."""
+        groups = pod_groups or {}
+        with self._lock:
+            self._expire()
+            bound = dict(self._bound)
+            releasing = set(self._releasing)
+            kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
+            per_kind = [(k, list(s.items.values())) for k, s in self._stores.items() if k in kinds]
+        stamp = _now_rfc3339()
+        ours = set(scheduler_names)
+        out: list[RawObject] = []
+        for (_av, kind), items in per_kind:
+            if kind != "Pod":
+                out.extend(RawObject(kind, o, "cluster") for o in items)
+                continue
+            for pod in items:
+                meta = pod.get("metadata") or {}
+                spec = pod.get("spec") or {}
+                status = pod.get("status") or {}
+                uid = meta.get("uid")
+                a = bound.get(uid)
+                key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+                if hold and key in hold and a is None and not spec.get("nodeName"):
+                    continue
+                group = groups.get(key)
+                if group and not (meta.get("annotations") or {}).get(PODGROUP_ANNOTATION):
+                    meta = {**meta, "annotations": {**(meta.get("annotations") or {}), PODGROUP_ANNOTATION: group}}
+                    pod = {**pod, "metadata": meta}
+                if a is not None and not spec.get("nodeName"):
+                    ann = dict(meta.get("annotations") or {})
+                    if a.devices:
+                        ann[GPU_DEVICES_ANNOTATION] = ",".join(str(d) for d in a.devices)
+                    else:
+                        ann.pop(GPU_DEVICES_ANNOTATION, None)
+                    status = {k: v for k, v in status.items() if k != "nominatedNodeName"}
+                    pod = {**pod, "metadata": {**meta, "annotations": ann}, "spec": {**spec, "nodeName": a.node},
+                           "status": status}
+                elif (not spec.get("nodeName") and status.get("nominatedNodeName")
+                      and spec.get("schedulerName") in ours):
+                    pod = {**pod, "status": {k: v for k, v in status.items() if k != "nominatedNodeName"}}
+                if uid in releasing and not meta.get("deletionTimestamp"):
+                    pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
+                out.append(RawObject("Pod", pod, "cluster"))
+        return out
+
+    def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
+                 pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = ()) -> Snapshot:
+        """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled)."""
+        objects = self.scheduling_objects(scheduler_names, pod_groups=pod_groups, hold=hold)
+        return Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
+                                     now=now if now is not None else time.time(), source="cluster")
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def watch_kinds_of(owner_kinds: Iterable[tuple[str, str, str]]) -> list[Resource]:
+    """Resources for (api_version, kind, plural) triples of namespaced workload kinds (the pod grouper's owners)."""
+    return [Resource(av, kind, plural, True) for av, kind, plural in owner_kinds]
+

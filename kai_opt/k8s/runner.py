@@ -1,0 +1,314 @@
+"""The in-cluster scheduler loop (`kai-opt run`): watch cache -> (pod grouper) -> snapshot -> state -> plan ->
+evictor + binder -> status, every `schedule_period_s`, on the leader replica only.
+
+A cycle never stops because of one bad object (the snapshot is lenient; bad objects get Events) and never crashes
+the loop: an unexpected error is logged and the next cycle starts afresh from the cache. Binds, evictions and
+status writes are asynchronous; the cache's assumptions make the next cycle see them at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from kai_opt.config import Config
+from kai_opt.engine import run_cycle
+from kai_opt.fairshare import FairShare
+from kai_opt.k8s.binder import Binder, BindRequest, BindResult
+from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, watch_kinds_of
+from kai_opt.k8s.client import ClusterError
+from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
+from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
+from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.status import StatusWriter
+from kai_opt.k8s.workqueue import TokenBucket, WorkPool
+from kai_opt.plan import Plan
+from kai_opt.state import ClusterState, PodStatus, build_state
+from kai_opt.state.resources import QR
+
+log = logging.getLogger("kai_opt.run")
+
+try:  # written in parallel by a colleague: used when present
+    from kai_opt.k8s.metrics import SchedulerMetrics
+except ImportError:  # pragma: no cover
+    SchedulerMetrics = None  # type: ignore[assignment,misc]
+
+try:
+    from kai_opt.k8s import grouper as _grouper
+except ImportError:  # pragma: no cover
+    _grouper = None  # type: ignore[assignment]
+
+REQUIRED_KINDS = ("nodes.v1", "pods.v1")
+
+
+class NullMetrics:
+    """Metrics sink when kai_opt.k8s.metrics is not available."""
+
+    ready = False
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did (also the log line)."""
+
+    number: int
+    pods: int = 0
+    pending_pods: int = 0
+    nodes: int = 0
+    binds: int = 0
+    pipelined: int = 0
+    evictions: int = 0
+    pending_groups: int = 0
+    rejected: int = 0
+    solver: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def line(self) -> str:
+        if self.error:
+            return f"cycle {self.number}: failed: {self.error}"
+        ms = " ".join(f"{k} {v * 1000:.0f}ms" for k, v in self.phases.items())
+        extra = f", {self.rejected} rejected objects" if self.rejected else ""
+        return (f"cycle {self.number}: {self.pods} pods ({self.pending_pods} pending) on {self.nodes} nodes{extra}"
+                f" | bind {self.binds}, pipeline {self.pipelined}, evict {self.evictions}, pending groups "
+                f"{self.pending_groups} | {ms} | {self.solver}")
+
+
+class Runner:
+    """One scheduler process. `run()` blocks until `stop()` (or leadership is lost, or `once`)."""
+
+    def __init__(self, api: client.ApiClient, config: Config, *, identity: str, leader_elect: bool = True,
+                 lease_namespace: str = "default", metrics: Any = None, once: bool = False) -> None:
+        rt = config.runtime
+        self.api = api
+        self.config = config
+        self.identity = identity
+        self.once = once
+        self.metrics = metrics if metrics is not None else NullMetrics()
+        self._stop = threading.Event()
+        self.lost_leadership = False
+        self.cycles = 0
+        kinds = list(SCHEDULING_KINDS)
+        if _grouper is not None:
+            kinds += watch_kinds_of(getattr(_grouper, "OWNER_KINDS", []))
+        self.cache = ClusterCache(api, kinds=kinds, watch_timeout_s=rt.watch_timeout_s,
+                                  backoff_max_s=rt.backoff_max_s, absent_recheck_s=rt.absent_kind_recheck_s,
+                                  assume_ttl_s=rt.assume_ttl_s)
+        le = rt.leader_election
+        self.elector = LeaderElector(api, namespace=lease_namespace, name=le.lease_name, identity=identity,
+                                     lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
+                                     retry_period_s=le.retry_period_s) if leader_elect else None
+        fence = self.elector.is_leader if self.elector is not None else (lambda: True)
+        self.limiter = TokenBucket(rt.client_qps, rt.client_burst)
+        self.status_pool = WorkPool("status", rt.status_workers)
+        self.recorder = EventRecorder(api, self.status_pool, qps=rt.event_qps, burst=rt.event_burst,
+                                      repeat_s=rt.event_repeat_s, instance=identity, client_limiter=self.limiter,
+                                      fence=fence)
+        common = {"workers": rt.bind_workers, "retries": rt.retries, "backoff_s": rt.retry_backoff_s,
+                  "timeout_s": rt.request_timeout_s, "fence": fence}
+        self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound, **common)
+        self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted, **common)
+        self.status = StatusWriter(api, self.cache, self.status_pool, self.limiter, self.recorder, fence=fence)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """0 after `stop()` or `once`; 1 when leadership was lost (the process should exit and restart)."""
+        self.cache.start()
+        try:
+            self._wait_synced()
+            if self.elector is not None:
+                if not self.elector.acquire(self._stop):
+                    return 0
+                self.metrics.leader(True)
+                self.elector.run_in_background(self._stop, self._lost)
+            self.metrics.ready = True
+            self._loop()
+        finally:
+            self._shutdown()
+        return 1 if self.lost_leadership else 0
+
+    def _wait_synced(self) -> None:
+        timeout = self.config.runtime.sync_timeout_s
+        if not self.cache.wait_synced(timeout):
+            if self._stop.is_set():
+                return
+            waiting = [k for k, s in self.cache.status().items() if not s["synced"]]
+            raise ClusterError(f"the watch cache did not sync within {timeout:g}s (still listing: "
+                               f"{', '.join(waiting)})")
+        missing = [k for k in self.cache.absent_kinds() if k.split(" ")[0] in REQUIRED_KINDS]
+        if missing:
+            raise ClusterError(f"cannot read {', '.join(missing)}: kai-opt needs list/watch on nodes and pods")
+        log.info("cache synced: %s", ", ".join(f"{k} {s['objects']}" for k, s in self.cache.status().items()
+                                               if not s["absent"]))
+        if self.cache.absent_kinds():
+            log.info("not served (skipped, looked for again later): %s", ", ".join(self.cache.absent_kinds()))
+
+    def _lost(self) -> None:
+        self.lost_leadership = True
+        self.metrics.leader(False)
+        self._stop.set()
+
+    def _loop(self) -> None:
+        period = self.config.schedule_period_s
+        while not self._stop.is_set():
+            start = time.monotonic()
+            report = self.cycle()
+            (log.error if report.error else log.info)(report.line())
+            if self.once:
+                self.drain(timeout=max(30.0, 3 * self.config.runtime.request_timeout_s))
+                return
+            self._stop.wait(max(0.0, period - (time.monotonic() - start)))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until queued binds, evictions and status writes are done."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        for pool in (self.evictor, self.binder, self.status_pool):
+            ok = pool.wait_idle(max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    def _shutdown(self) -> None:
+        self.metrics.ready = False
+        self.binder.stop()
+        self.evictor.stop()
+        self.binder.wait_idle(2.0)
+        self.evictor.wait_idle(2.0)
+        self.status_pool.stop(drop_queued=False)
+        self.status_pool.wait_idle(2.0)
+        if self.elector is not None and not self.lost_leadership:
+            self.elector.release()
+            self.metrics.leader(False)
+        self.cache.stop()
+
+    # -- one cycle -----------------------------------------------------------------------------------------------
+    def cycle(self) -> CycleReport:
+        self.cycles += 1
+        report = CycleReport(self.cycles)
+        phases = report.phases
+        t0 = time.perf_counter()
+        try:
+            names = tuple(self.config.scheduler_names)
+            groups, hold = self._group(names)
+            snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold)
+            state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
+            t1 = time.perf_counter()
+            phases["snapshot"] = t1 - t0
+            plan, fs = run_cycle(state, self.config)
+            t2 = time.perf_counter()
+            phases["fair_share"] = plan.phases.get("fair_share", 0.0)
+            phases["solve"] = max(0.0, t2 - t1 - phases["fair_share"])
+            self._apply(state, plan)
+            counts = self.status.update(snap, state, plan, fs)
+            self._queue_metrics(state, fs)
+            t3 = time.perf_counter()
+            phases["apply"] = t3 - t2
+            phases["total"] = t3 - t0
+            report.pods = int((state.pod_ours).sum())
+            report.pending_pods = int(((state.pod_status == PodStatus.PENDING) & state.pod_ours).sum())
+            report.nodes = state.n_nodes
+            report.binds, report.pipelined = len(plan.binds), len(plan.pipelines)
+            report.evictions, report.pending_groups = len(plan.evictions), len(plan.pending)
+            report.rejected = len(snap.rejected)
+            report.solver = plan.solver.status + (f" gap {plan.solver.gap:.3g}" if plan.solver.gap else "")
+            for name, seconds in phases.items():
+                self.metrics.cycle_phase(name, seconds)
+            self.metrics.solver(plan.solver.status, plan.solver.gap)
+            log.debug("status writes: %s", counts)
+        except Exception as exc:  # the loop goes on; the next cycle starts from the cache again
+            log.exception("cycle %d failed", self.cycles)
+            report.error = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return report
+
+    def _group(self, names: tuple[str, ...]) -> tuple[dict[str, str], set[str]]:
+        """Run the pod grouper (when available): create/patch PodGroups, annotate pods. Returns the groups of
+        pods not annotated yet (the snapshot assumes them) and the unbound pods to hold back this cycle (owner
+        not known yet, or no valid group: scheduling them alone could split a gang)."""
+        if _grouper is None or not hasattr(_grouper, "group_pods"):
+            return {}, set()
+        ours = set(names)
+        pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
+        grouping = _grouper.group_pods(pods, self.cache.get, self.config.default_queue)
+        existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
+        _grouper.sync_podgroups(self.api, grouping.podgroups, existing)
+        if hasattr(_grouper, "annotate_pods"):
+            _grouper.annotate_pods(self.api, pods, grouping.assignments)
+        hold: set[str] = set()
+        for p in pods:
+            meta = p.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            annotated = (meta.get("annotations") or {}).get("pod-group-name")
+            if key not in grouping.assignments and not annotated and not (p.get("spec") or {}).get("nodeName"):
+                hold.add(key)
+        return dict(grouping.assignments), hold
+
+    def _apply(self, state: ClusterState, plan: Plan) -> None:
+        def group_of(p: int) -> str | None:
+            g = int(state.pod_pg[p])
+            return state.pg_keys[g] if g >= 0 else None
+
+        evictions = []
+        for e in plan.evictions:
+            pod = state.pods[e.pod]
+            node = int(state.pod_node[e.pod])
+            evictions.append(EvictRequest(
+                pod.namespace, pod.name, pod.meta.uid or "", e.reason,
+                node=state.node_names[node] if node >= 0 else None, podgroup=group_of(e.pod),
+                beneficiary=state.pg_keys[e.beneficiary] if e.beneficiary >= 0 else None))
+        self.evictor.submit(evictions)
+        binds = []
+        for p in plan.binds:
+            pod = state.pods[p.pod]
+            if not pod.meta.uid:
+                continue
+            binds.append(BindRequest(pod.namespace, pod.name, pod.meta.uid, state.node_names[p.node],
+                                     tuple(p.devices), podgroup=group_of(p.pod)))
+        self.binder.submit(binds)
+        if self.config.runtime.nominate_pipelined:
+            self.binder.nominate((state.pods[p.pod].namespace, state.pods[p.pod].name, state.node_names[p.node])
+                                 for p in plan.pipelines)
+
+    def _queue_metrics(self, state: ClusterState, fs: FairShare) -> None:
+        for q, name in enumerate(state.q_names):
+            self.metrics.queue(name, {r: float(fs.fair_share[q, i]) for i, r in enumerate(QR)},
+                               {r: float(fs.allocated[q, i]) for i, r in enumerate(QR)},
+                               {r: float(fs.requested[q, i]) for i, r in enumerate(QR)})
+
+    # -- results of binds and evictions (worker threads) -------------------------------------------------------------
+    def _bound(self, result: BindResult) -> None:
+        req = result.request
+        if result.ok:
+            self.metrics.bound(1)
+            self.metrics.bind_latency(result.latency_s)
+            self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), NORMAL, "Scheduled",
+                               f"Successfully assigned {req.namespace}/{req.name} to {req.node}")
+        elif result.reason != "dropped":
+            self.metrics.bind_failure(result.reason)
+            self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), WARNING, "FailedBinding",
+                               f"binding to {req.node} failed ({result.reason}): {result.message}")
+
+    def _evicted(self, result: EvictResult) -> None:
+        req = result.request
+        ref = pod_ref(req.namespace, req.name, req.uid)
+        if result.ok and result.reason != "gone":
+            self.metrics.evicted(req.reason)
+            why = (f"to make room for podgroup {req.beneficiary}" if req.beneficiary
+                   else "its gang stayed below minMember")
+            self.recorder.emit(ref, NORMAL, "Evicted", f"Evicted by kai-opt ({req.reason}) {why}")
+        elif result.blocked:
+            self.recorder.emit(ref, WARNING, "EvictionBlocked", f"eviction ({req.reason}) for podgroup "
+                               f"{req.beneficiary} refused: {result.message}")

@@ -1,0 +1,308 @@
+"""What a cycle tells the cluster besides binds and evictions: PodGroup status, Queue status, and Events.
+
+PodGroup status (as KAI-Scheduler writes it): `phase` (Pending | Running | Succeeded | Failed), pod counts
+(`running` = bound and not finished, `pending`, `succeeded`, `failed`) and `schedulingConditions`: while the plan
+leaves the group pending, one entry `{type: UnschedulableOnNodePool, nodePool, status: "True", reason, message,
+reasons: [{reason, message}], transitionID, lastTransitionTime}` built verbatim from the plan's `Reason`s (`reason`
+= the first code, `message` = the messages joined by "; "); `transitionID` counts up from the last entry's, and
+an unchanged entry keeps its ID and time. The entry is removed once no pod of the group is pending. A PodGroup the
+snapshot rejected (malformed) gets the same entry with the snapshot's issue as reason and message.
+
+Queue status: `allocated`, `allocatedNonPreemptible`, `requested` and `fairShare` (resource lists: nvidia.com/gpu
+in devices, cpu, memory in bytes; subtree sums at the start of the cycle), `childQueues`, and a `Valid` condition
+that is False (with the issue) while the queue is rejected (e.g. its parent does not exist) and set back to True
+once it is fixed.
+
+Events: `FailedScheduling` (Warning) on each pending pod and `Unschedulable` (Warning) on its PodGroup with the
+plan's reason messages; a Warning named by the issue's reason on every object the snapshot rejected or warned
+about. `Scheduled`/`Evicted` events come from the binder's and evictor's results (see runner.py). All writes are
+asynchronous on the status pool (latest status per object wins), fenced by leadership, skipped when the cached
+object already shows them; a bad object never stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from kai_opt.api import Pod
+from kai_opt.fairshare import FairShare
+from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
+from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
+from kai_opt.k8s.events import WARNING, EventRecorder
+from kai_opt.k8s.workqueue import TokenBucket, WorkPool, classify
+from kai_opt.plan import Plan, Reason
+from kai_opt.snapshot import Issue, Snapshot
+from kai_opt.state import ClusterState, PodStatus
+from kai_opt.units import GPU_RESOURCE
+
+log = logging.getLogger(__name__)
+
+SCHEDULING_CONDITION = "UnschedulableOnNodePool"  # KAI's SchedulingConditionType
+NODE_POOL_LABEL = "kai.scheduler/node-pool"
+DEFAULT_NODE_POOL = "default"
+VALID_CONDITION = "Valid"
+_API_VERSION = {r.kind: r.api_version for r in SCHEDULING_KINDS}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- PodGroup status -------------------------------------------------------------------------------------------------
+def pod_counts(pods: list[Pod]) -> dict[str, int]:
+    running = sum(1 for p in pods if p.node_name and not p.finished and not p.releasing)
+    pending = sum(1 for p in pods if not p.node_name and not p.finished and not p.releasing)
+    succeeded = sum(1 for p in pods if p.phase == "Succeeded")
+    failed = sum(1 for p in pods if p.phase == "Failed")
+    return {"running": running, "pending": pending, "succeeded": succeeded, "failed": failed}
+
+
+def podgroup_phase(counts: dict[str, int], min_member: int) -> str:
+    total = sum(counts.values())
+    if total and counts["succeeded"] == total:
+        return "Succeeded"
+    if counts["running"] >= max(min_member, 1):
+        return "Running"
+    if counts["failed"] and not counts["running"] and not counts["pending"]:
+        return "Failed"
+    return "Pending"
+
+
+def scheduling_condition(reasons: list[Reason], node_pool: str) -> dict[str, Any]:
+    """KAI's scheduling condition from the plan's reasons (used verbatim), without transitionID/time."""
+    entries = []
+    for r in reasons:
+        entry: dict[str, Any] = {"reason": r.code, "message": r.message}
+        if isinstance(r.details, dict) and isinstance(r.details.get("queueDetails"), dict):
+            entry["details"] = {"queueDetails": r.details["queueDetails"]}
+        entries.append(entry)
+    return {"type": SCHEDULING_CONDITION, "nodePool": node_pool, "status": "True",
+            "reason": reasons[0].code if reasons else "Unschedulable",
+            "message": "; ".join(r.message for r in reasons), "reasons": entries}
+
+
+def _same_condition(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("type", "nodePool", "status", "reason", "message")
+    return all(a.get(k) == b.get(k) for k in keys) and (a.get("reasons") or []) == (b.get("reasons") or [])
+
+
+def merge_scheduling_conditions(existing: list[dict[str, Any]], new: dict[str, Any] | None, node_pool: str,
+                                now: str) -> list[dict[str, Any]]:
+    """The list with our entry for `node_pool` set to `new` (None: removed). An equal entry is kept as it is;
+    a changed one is appended last (KAI: the newest last) with the next transitionID."""
+    ours = [c for c in existing if c.get("type") == SCHEDULING_CONDITION and c.get("nodePool") == node_pool]
+    others = [c for c in existing if c not in ours]
+    if new is None:
+        return others
+    if ours and _same_condition(ours[-1], new):
+        return existing
+    last_id = 0
+    if existing:
+        try:
+            last_id = int(existing[-1].get("transitionID") or 0)
+        except (TypeError, ValueError):
+            last_id = 0
+    return [*others, {**new, "transitionID": str(last_id + 1), "lastTransitionTime": now}]
+
+
+def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] | None,
+                    now: str) -> dict[str, Any]:
+    """The status fields kai-opt owns for one PodGroup object: phase, counts, schedulingConditions."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    counts = pod_counts(pods)
+    min_member = spec.get("minMember") if isinstance(spec.get("minMember"), int) else 1
+    node_pool = ((obj.get("metadata") or {}).get("labels") or {}).get(NODE_POOL_LABEL) or DEFAULT_NODE_POOL
+    existing = [c for c in (status.get("schedulingConditions") or []) if isinstance(c, dict)]
+    if reasons:
+        conds = merge_scheduling_conditions(existing, scheduling_condition(reasons, node_pool), node_pool, now)
+    elif counts["pending"] == 0:
+        conds = merge_scheduling_conditions(existing, None, node_pool, now)
+    else:
+        conds = existing  # placed but not bound yet (pipelined, binding): keep what is there
+    return {"phase": podgroup_phase(counts, min_member), **counts, "schedulingConditions": conds}
+
+
+def _changed(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The desired fields that differ from `current` (an empty list equals a missing field)."""
+    out = {}
+    for k, v in desired.items():
+        have = current.get(k)
+        if v == have or (v in ([], {}, 0) and have is None):
+            continue
+        out[k] = v
+    return out
+
+
+# -- Queue status ----------------------------------------------------------------------------------------------------
+def _num(x: float) -> str:
+    if abs(x - round(x)) < 1e-9:
+        return str(round(x))
+    return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def resource_list(row: np.ndarray) -> dict[str, str]:
+    """KAI queue units (GPU devices, CPU millicores, memory bytes) as a Kubernetes resource list."""
+    gpu, cpu, mem = (float(v) for v in row)
+    cpu_text = _num(cpu / 1000) if abs(cpu / 1000 - round(cpu / 1000)) < 1e-9 else f"{round(cpu)}m"
+    return {GPU_RESOURCE: _num(max(gpu, 0.0)), "cpu": cpu_text, "memory": str(max(round(mem), 0))}
+
+
+def queue_status(obj: dict[str, Any] | None, fs: FairShare | None, q: int, children: list[str],
+                 issue: Issue | None, now: str) -> dict[str, Any]:
+    """The status fields kai-opt owns for one Queue (`fs`/`q` absent for a rejected queue)."""
+    status = (obj or {}).get("status") or {}
+    out: dict[str, Any] = {}
+    if fs is not None and q >= 0:
+        out["allocated"] = resource_list(fs.allocated[q])
+        out["allocatedNonPreemptible"] = resource_list(fs.allocated_np[q])
+        out["requested"] = resource_list(fs.requested[q])
+        out["fairShare"] = resource_list(fs.fair_share[q])
+        out["childQueues"] = sorted(children)
+    conds = [c for c in (status.get("conditions") or []) if isinstance(c, dict)]
+    valid = next((c for c in conds if c.get("type") == VALID_CONDITION), None)
+    if issue is not None:
+        want = {"type": VALID_CONDITION, "status": "False", "reason": issue.reason, "message": issue.message}
+    elif valid is not None and valid.get("status") != "True":
+        want = {"type": VALID_CONDITION, "status": "True", "reason": "Valid", "message": "the queue is valid"}
+    else:
+        want = None
+    if want is not None:
+        same = valid is not None and all(valid.get(k) == v for k, v in want.items())
+        if not same:
+            out["conditions"] = [c for c in conds if c.get("type") != VALID_CONDITION] + [
+                {**want, "lastTransitionTime": now}]
+    return out
+
+
+# -- the writer ------------------------------------------------------------------------------------------------------
+class StatusWriter:
+    """Writes PodGroup and Queue status and scheduling Events after each cycle (see the module docstring)."""
+
+    def __init__(self, api: Any, cache: ClusterCache, pool: WorkPool, limiter: TokenBucket,
+                 recorder: EventRecorder, *, fence: Callable[[], bool] = lambda: True, resend_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.cache = cache
+        self.pool = pool
+        self.limiter = limiter
+        self.recorder = recorder
+        self.fence = fence
+        self.resend_s = resend_s
+        self.clock = clock
+        self._sent: dict[str, tuple[str, float]] = {}
+        self.failures = 0
+
+    def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None) -> dict[str, int]:
+        """Queue this cycle's status writes and events; returns counts {podgroups, queues, events}."""
+        now = now_rfc3339()
+        rejected = {(i.kind, i.name): i for i in snap.rejected}
+        counts = {"podgroups": 0, "queues": 0, "events": 0}
+        counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now)
+        counts["queues"] = self._queues(state, fs, rejected, now)
+        counts["events"] = self._pending_events(state, plan) + self._issue_events(snap)
+        return counts
+
+    # PodGroups
+    def _podgroups(self, snap: Snapshot, state: ClusterState, plan: Plan,
+                   rejected: dict[tuple[str, str], Issue], now: str) -> int:
+        members: dict[str, list[Pod]] = {}
+        for p in snap.pods:
+            if p.podgroup and snap.is_ours(p):
+                members.setdefault(f"{p.namespace}/{p.podgroup}", []).append(p)
+        n = 0
+        for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            issue = rejected.get(("PodGroup", key))
+            if issue is not None:
+                reasons: list[Reason] | None = [Reason(issue.reason, issue.message)]
+            else:
+                g = state.pg_index.get(key)
+                reasons = plan.pending.get(g) if g is not None else None
+            desired = podgroup_status(obj, members.get(key, []), reasons, now)
+            patch = _changed(obj.get("status") or {}, desired)
+            if patch and self._submit(f"podgroup/{key}", object_path(
+                    PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")) + "/status",
+                    patch):
+                n += 1
+        return n
+
+    # Queues
+    def _queues(self, state: ClusterState, fs: FairShare | None, rejected: dict[tuple[str, str], Issue],
+                now: str) -> int:
+        n = 0
+        children = {name: [state.q_names[c] for c in state.q_children[q]] for q, name in enumerate(state.q_names)}
+        for obj in self.cache.list(QUEUE.kind, QUEUE.api_version):
+            name = (obj.get("metadata") or {}).get("name")
+            q = state.q_index.get(name, -1)
+            desired = queue_status(obj, fs if q >= 0 else None, q, children.get(name, []),
+                                   rejected.get(("Queue", name)), now)
+            patch = _changed(obj.get("status") or {}, desired)
+            if patch and self._submit(f"queue/{name}", object_path(QUEUE.api_version, QUEUE.plural, None, name)
+                                      + "/status", patch):
+                n += 1
+        return n
+
+    def _submit(self, key: str, path: str, patch: dict[str, Any]) -> bool:
+        digest = json.dumps(patch, sort_keys=True, default=str)
+        last = self._sent.get(key)
+        now = self.clock()
+        if last is not None and last[0] == digest and now - last[1] < self.resend_s:
+            return False  # sent already; the watch has not shown it yet
+        self._sent[key] = (digest, now)
+        return self.pool.submit(key, lambda: self._write(key, path, patch), replace=True)
+
+    def _write(self, key: str, path: str, patch: dict[str, Any]) -> None:
+        if not self.fence():
+            return
+        self.limiter.acquire()
+        try:
+            request(self.api, "PATCH", path, body={"status": patch}, content_type=MERGE_PATCH)
+        except Exception as exc:  # one object's status never stops the others
+            f = classify(exc)
+            self._sent.pop(key, None)
+            if f.status != 404:
+                self.failures += 1
+                log.warning("status of %s: %s %s", key, f.status or "", f.message)
+
+    # Events
+    def _pending_events(self, state: ClusterState, plan: Plan) -> int:
+        n = 0
+        for g, reasons in plan.pending.items():
+            if not reasons:
+                continue
+            message = "; ".join(r.message for r in reasons)
+            key = state.pg_keys[g]
+            ns, name = key.split("/", 1)
+            pg = self.cache.get(PODGROUP.api_version, PODGROUP.kind, ns, name)
+            if pg is not None and self.recorder.emit(pg, WARNING, "Unschedulable", message):
+                n += 1
+            for p in state.group_pods(g).tolist():
+                if int(state.pod_status[p]) != PodStatus.PENDING:
+                    continue
+                pod = state.pods[p]
+                raw = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                    "namespace": pod.namespace, "name": pod.name, "uid": pod.meta.uid}}
+                if self.recorder.emit(raw, WARNING, "FailedScheduling", message):
+                    n += 1
+        return n
+
+    def _issue_events(self, snap: Snapshot) -> int:
+        n = 0
+        for issue in [*snap.rejected, *snap.warnings]:
+            api_version = _API_VERSION.get(issue.kind)
+            if api_version is None or issue.name in ("", "?"):
+                continue
+            ns, _, name = issue.name.rpartition("/")
+            obj = self.cache.get(api_version, issue.kind, ns or None, name)
+            if obj is not None and self.recorder.emit(obj, WARNING, issue.reason, issue.message):
+                n += 1
+        return n

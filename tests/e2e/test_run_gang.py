@@ -1,0 +1,104 @@
+"""`kai-opt run` on a real apiserver: gangs bind all-or-nothing, a gang that cannot fit binds nothing and its
+PodGroup status and pod Events carry the plan's reason verbatim."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kai_opt.config import Config
+from kai_opt.engine import run_cycle
+from kai_opt.k8s.dump import dump_cluster
+from kai_opt.loaders.documents import Document
+from kai_opt.loaders.kubeobjects import objects_from_documents
+from kai_opt.snapshot import Snapshot
+from kai_opt.state import build_state
+
+from .schedharness import (
+    NS,
+    bound,
+    create,
+    devices,
+    events,
+    fresh,
+    get_podgroup,
+    namespace,
+    node,
+    pod,
+    podgroup,
+    pods,
+    queue,
+    scheduler,
+    wait_for,
+)
+from .testcluster import LocalCluster
+
+pytestmark = pytest.mark.e2e
+__all__ = ["fresh"]  # the fixture
+
+
+def test_two_gangs_on_room_for_one_bind_all_or_nothing(fresh: LocalCluster) -> None:
+    with fresh.api_client() as api:
+        objs = [namespace(), node("n1", 4), node("n2", 4), queue("team")]
+        for g in ("gang-a", "gang-b"):
+            objs.append(podgroup(g, 8, "team"))
+            objs += [pod(f"{g}-{i}", gpus=1, group=g) for i in range(8)]
+        create(api, objs)
+        with scheduler(fresh):
+            wait_for("one gang bound", lambda: len(bound(api)) == 8)
+            time.sleep(1.0)  # several more cycles: nothing of the other gang may bind
+            placed = bound(api)
+        assert len(placed) == 8
+        gangs = {name.rsplit("-", 1)[0] for name in placed}
+        assert len(gangs) == 1, f"pods of both gangs bound: {sorted(placed)}"
+        winner = gangs.pop()
+        loser = "gang-b" if winner == "gang-a" else "gang-a"
+        assert sorted(placed.values()).count("n1") == 4 and sorted(placed.values()).count("n2") == 4
+        by_node: dict[str, list[str]] = {}
+        for name, p in pods(api).items():
+            if name in placed:
+                by_node.setdefault(placed[name], []).append(devices(p) or "")
+        for node_name, devs in by_node.items():  # every GPU device of a node is given once
+            assert sorted(devs) == ["0", "1", "2", "3"], (node_name, devs)
+        status = get_podgroup(api, winner)["status"]
+        assert status["phase"] == "Running" and status["running"] == 8
+        lost = get_podgroup(api, loser)["status"]
+        assert lost["phase"] == "Pending" and lost["pending"] == 8 and not lost.get("running")
+        cond = lost["schedulingConditions"][-1]
+        assert cond["type"] == "UnschedulableOnNodePool" and cond["status"] == "True"
+        scheduled = {e["involvedObject"]["name"] for e in events(api, reason="Scheduled")}
+        assert scheduled == set(placed)
+
+
+def test_gang_that_cannot_fit_binds_nothing_and_reports_the_plans_reason(fresh: LocalCluster) -> None:
+    with fresh.api_client() as api:
+        create(api, [namespace(), node("n1", 3), node("n2", 3), queue("team"), podgroup("big", 8, "team"),
+                     *[pod(f"big-{i}", gpus=1, group="big") for i in range(8)]])
+        # the reason the engine gives for this cluster, computed independently from a dump of it
+        dumped = dump_cluster(api)
+        snap = Snapshot.from_objects(objects_from_documents([Document(dumped, "dump", 1)]))
+        state = build_state(snap)
+        plan, _ = run_cycle(state, Config())
+        expected = plan.pending[state.pg_index[f"{NS}/big"]]
+        assert "0/2 nodes are available" in expected[0].message
+        with scheduler(fresh):
+            conds = wait_for("the unschedulable condition", lambda: get_podgroup(api, "big").get(
+                "status", {}).get("schedulingConditions"))
+            wait_for("FailedScheduling events on every pod", lambda: len(
+                {e["involvedObject"]["name"] for e in events(api, reason="FailedScheduling")}) == 8)
+            time.sleep(0.6)
+            assert bound(api) == {}
+        cond = conds[-1]
+        assert cond["reason"] == expected[0].code
+        assert cond["message"] == "; ".join(r.message for r in expected)
+        assert [(r["reason"], r["message"]) for r in cond["reasons"]] == [(r.code, r.message) for r in expected]
+        assert cond["transitionID"] == "1" and cond["nodePool"] == "default"
+        status = get_podgroup(api, "big")["status"]
+        assert status["phase"] == "Pending" and status["pending"] == 8
+        failed = events(api, reason="FailedScheduling")
+        assert {e["message"] for e in failed} == {cond["message"]}
+        assert all(e["type"] == "Warning" and e["source"]["component"] == "kai-opt" for e in failed)
+        assert len(failed) == 8, "the same event is not repeated within event_repeat_s"
+        pg_events = [e for e in events(api, reason="Unschedulable") if e["involvedObject"]["kind"] == "PodGroup"]
+        assert len(pg_events) == 1 and pg_events[0]["message"] == cond["message"]
