@@ -10,6 +10,7 @@ watch (field selector spec.nodeName!=) timestamps every binding. Reported per ru
   bind pods/s   mean of the per-second binding counts from the first to the last binding (scheduler_perf's
                 SchedulingThroughput statistic, sampled the same way)
   create pods/s how fast this client created the pods (an upper bound of e2e on this machine)
+  cpu ms/pod    CPU time of the scheduler process per bound pod (robust when the machine is shared)
 
 Workloads: `single` = `--pods` one-pod workloads (1 GPU each); kube-scheduler gets plain pods, kai-opt the same
 pods with schedulerName kai-opt, each with its own PodGroup (minMember 1, created before the clock starts, named by
@@ -417,14 +418,15 @@ def plan_runs(args: argparse.Namespace, bin_dir: Path) -> list[tuple[Scheduler, 
 def table(results: list[Result], args: argparse.Namespace) -> str:
     base = next((r for r in results if r.run == "kube-scheduler" and r.ok), None)  # same mode: one per call
     head = ["run", "workload", "mode", "nodes", "pods", "e2e pods/s", "bind pods/s", "create pods/s", "all bound (s)",
-            "e2e vs kube-sched", "bind vs kube-sched", "vs 680 threshold (bind)", "note"]
+            "cpu ms/pod", "e2e vs kube-sched", "bind vs kube-sched", "vs 680 threshold (bind)", "note"]
     rows = []
     for r in results:
         ratio_e2e = f"{r.e2e_pods_per_s / base.e2e_pods_per_s:.2f}" if base and r.ok else "-"
         ratio_bind = f"{r.bind_pods_per_s / base.bind_pods_per_s:.2f}" if base and r.ok else "-"
+        cpu = f"{1000 * r.extra['scheduler_cpu_s'] / r.bound:.1f}" if r.bound and "scheduler_cpu_s" in r.extra else "-"
         rows.append([r.run, r.workload, r.mode, str(r.nodes), str(r.pods), f"{r.e2e_pods_per_s:.0f}",
                      f"{r.bind_pods_per_s:.0f}", f"{r.create_pods_per_s:.0f}",
-                     f"{r.seconds_to_all_bound:.1f}", ratio_e2e, ratio_bind,
+                     f"{r.seconds_to_all_bound:.1f}", cpu, ratio_e2e, ratio_bind,
                      f"{r.bind_pods_per_s / SCHEDULER_PERF_THRESHOLD:.2f}", r.note or ("ok" if r.ok else "FAILED")])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
