@@ -71,6 +71,8 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = -math.inf
         self._lock = threading.Lock()
+        self._op_lock = threading.Lock()  # one Lease request sequence at a time (renew vs release)
+        self._closed = False  # released: never acquire again
         self.transitions = 0
 
     @property
@@ -119,6 +121,12 @@ class LeaderElector:
 
     # -- one attempt ---------------------------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
+        with self._op_lock:
+            if self._closed:
+                return False
+            return self._try_acquire_or_renew()
+
+    def _try_acquire_or_renew(self) -> bool:
         now = _micro_time()
         started = self.clock()
         try:
@@ -192,22 +200,32 @@ class LeaderElector:
 
     def release(self) -> bool:
         """Give the Lease up (graceful shutdown): holder cleared, leaseDurationSeconds 1. True when released."""
-        with self._lock:
-            was_leader = self._leader
-            self._leader = False
-        if not was_leader:
-            return False
-        try:
-            lease = request(self.api, "GET", self.path, timeout=(2.0, 5.0))
-            spec = lease.get("spec") or {}
-            if spec.get("holderIdentity") != self.identity:
+        with self._op_lock:  # waits for a renewal in flight
+            self._closed = True
+            with self._lock:
+                was_leader = self._leader
+                self._leader = False
+            if not was_leader:
                 return False
-            now = _micro_time()
-            body = {**lease, "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now,
-                                      "renewTime": now, "leaseTransitions": spec.get("leaseTransitions") or 0}}
-            request(self.api, "PUT", self.path, body=body, timeout=(2.0, 5.0))
-            log.info("leader election: released Lease %s/%s", self.namespace, self.name)
-            return True
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-            log.warning("leader election: release Lease: %s", " ".join(str(exc).split())[:200])
+            for _attempt in range(3):
+                try:
+                    lease = request(self.api, "GET", self.path, timeout=(2.0, 5.0))
+                    spec = lease.get("spec") or {}
+                    if spec.get("holderIdentity") != self.identity:
+                        return False
+                    now = _micro_time()
+                    body = {**lease, "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now,
+                                              "renewTime": now,
+                                              "leaseTransitions": spec.get("leaseTransitions") or 0}}
+                    request(self.api, "PUT", self.path, body=body, timeout=(2.0, 5.0))
+                    log.info("leader election: released Lease %s/%s", self.namespace, self.name)
+                    return True
+                except ApiException as exc:
+                    if exc.status == 409:
+                        continue  # changed meanwhile: read it again
+                    log.warning("leader election: release Lease: %s %s", exc.status, exc.reason)
+                    return False
+                except (urllib3.exceptions.HTTPError, OSError) as exc:
+                    log.warning("leader election: release Lease: %s", " ".join(str(exc).split())[:200])
+                    return False
             return False

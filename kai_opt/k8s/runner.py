@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kai_opt.api.pod import PODGROUP_ANNOTATION
 from kai_opt.config import Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
@@ -44,6 +45,15 @@ except ImportError:  # pragma: no cover
     _grouper = None  # type: ignore[assignment]
 
 REQUIRED_KINDS = ("nodes.v1", "pods.v1")
+
+
+def _pod_key(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _podgroup_annotation(pod: dict[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(PODGROUP_ANNOTATION)
 
 
 class NullMetrics:
@@ -204,10 +214,12 @@ class Runner:
         try:
             names = tuple(self.config.scheduler_names)
             groups, hold = self._group(names)
+            tg = time.perf_counter()
+            phases["group"] = tg - t0
             snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold)
             state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
             t1 = time.perf_counter()
-            phases["snapshot"] = t1 - t0
+            phases["snapshot"] = t1 - tg
             plan, fs = run_cycle(state, self.config)
             t2 = time.perf_counter()
             phases["fair_share"] = plan.phases.get("fair_share", 0.0)
@@ -245,16 +257,18 @@ class Runner:
         grouping = _grouper.group_pods(pods, self.cache.get, self.config.default_queue)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
         _grouper.sync_podgroups(self.api, grouping.podgroups, existing)
-        if hasattr(_grouper, "annotate_pods"):
-            _grouper.annotate_pods(self.api, pods, grouping.assignments)
+        assigned = grouping.assignments
         hold: set[str] = set()
+        unannotated = False
         for p in pods:
-            meta = p.get("metadata") or {}
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-            annotated = (meta.get("annotations") or {}).get("pod-group-name")
-            if key not in grouping.assignments and not annotated and not (p.get("spec") or {}).get("nodeName"):
+            key, annotated = _pod_key(p), _podgroup_annotation(p)
+            if key in assigned and annotated != assigned[key]:
+                unannotated = True
+            elif key not in assigned and not annotated and not (p.get("spec") or {}).get("nodeName"):
                 hold.add(key)
-        return dict(grouping.assignments), hold
+        if unannotated and hasattr(_grouper, "annotate_pods"):  # (skipped when idle: its typed client is slow)
+            _grouper.annotate_pods(self.api, pods, assigned)
+        return dict(assigned), hold
 
     def _apply(self, state: ClusterState, plan: Plan) -> None:
         def group_of(p: int) -> str | None:
