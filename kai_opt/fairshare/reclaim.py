@@ -12,12 +12,14 @@ exempt.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le
 from kai_opt.fairshare.share import FairShare
+from kai_opt.state.resources import QR
 
 
 def can_reclaim(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndarray, *, preemptible: bool) -> bool:
@@ -25,6 +27,20 @@ def can_reclaim(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndar
     if not le(ledger.allocated[queue] + request, fs.fair_share[queue]):
         return False
     return preemptible or le(ledger.allocated_np[queue] + request, fs.deserved[queue])
+
+
+def reclaim_headroom(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndarray, *, preemptible: bool,
+                     names: list[str]) -> dict[str, Any]:
+    """Why `can_reclaim` says no, as a Reason's details: the bound crossed ("fair_share", or "quota" for
+    non-preemptible work) and, per resource (QR order), allocated, requested and both bounds."""
+    over_share = not le(ledger.allocated[queue] + request, fs.fair_share[queue])
+    resources = {}
+    for r, res in enumerate(QR):
+        resources[res] = {"allocated": float(ledger.allocated[queue, r]), "requested": float(request[r]),
+                          "fair_share": float(fs.fair_share[queue, r]), "deserved": float(fs.deserved[queue, r]),
+                          "allocated_non_preemptible": float(ledger.allocated_np[queue, r])}
+    return {"queue": names[queue], "bound": "fair_share" if over_share else ("quota" if not preemptible else None),
+            "resources": resources}
 
 
 def leveled(ledger: QueueLedger, reclaimer: int, victim: int) -> tuple[int, int]:

@@ -7,6 +7,7 @@ the children of a queue divide their parent's fair share, level by level (kai_op
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,10 @@ from kai_opt.usage import queue_usage
 
 UNLIMITED = -1.0
 NO_SHARE_DRF_PENALTY = 1000.0  # DRF of a resource with no allocatable share: allocated x this
+
+# Called after each traced sibling division: (parent queue or -1, resource, amount divided, the siblings' shares
+# with their steps, amount left undivided). `kai-opt explain --queue` records the levels above one queue with it.
+DivisionRecorder = Callable[[int, int, float, list[QueueShare], float], None]
 
 
 @dataclass
@@ -77,8 +82,11 @@ def divide_tree(
     requested: np.ndarray,  # float64[Q, 3], subtree sums
     *,
     trace: bool = False,
+    recorder: DivisionRecorder | None = None,
+    watch: set[int] | None = None,
 ) -> tuple[np.ndarray, list[list[list[str]]] | None]:
-    """Fair share of every queue: top-level queues divide `total`, children divide their parent's share."""
+    """Fair share of every queue: top-level queues divide `total`, children divide their parent's share.
+    With a `recorder`, the sibling sets holding a queue of `watch` (all when None) are traced and reported."""
     Q = len(names)
     fair = np.zeros((Q, total.shape[0]))
     steps: list[list[list[str]]] | None = [[[] for _ in range(total.shape[0])] for _ in range(Q)] if trace else None
@@ -87,28 +95,33 @@ def divide_tree(
     for q in range(Q):
         (children[int(parent[q])] if parent[q] >= 0 else top).append(q)
     for r in range(total.shape[0]):
-        pending: list[tuple[float, list[int]]] = [(float(total[r]), top)]
+        pending: list[tuple[float, list[int], int]] = [(float(total[r]), top, -1)]
         while pending:
-            amount, siblings = pending.pop()
+            amount, siblings, parent_q = pending.pop()
             if not siblings:
                 continue
             shares = [QueueShare(index=q, name=names[q], deserved=float(deserved[q, r]), limit=float(limit[q, r]),
                                  weight=float(weight[q, r]), priority=int(priority[q]),
                                  creation=float(creation[q]), request=float(requested[q, r])) for q in siblings]
-            divide(amount, shares, trace=trace)
+            record = recorder is not None and (watch is None or not watch.isdisjoint(siblings))
+            left = divide(amount, shares, trace=trace or record)
+            if record and recorder is not None:
+                recorder(parent_q, r, amount, shares, left)
             for s in shares:
                 fair[s.index, r] = s.fair_share
                 if steps is not None:
                     steps[s.index][r] = s.steps
-                pending.append((s.fair_share, children[s.index]))
+                pending.append((s.fair_share, children[s.index], s.index))
     return fair, steps
 
 
-def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None) -> FairShare:
+def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None,
+                       recorder: DivisionRecorder | None = None, watch: set[int] | None = None) -> FairShare:
     usage = queue_usage(state)
     total = cluster_total(state) if total is None else total
     fair, steps = divide_tree(total, state.q_parent, state.q_deserved, state.q_limit, state.q_oqw, state.q_priority,
-                              state.q_creation, state.q_names, usage.requested, trace=trace)
+                              state.q_creation, state.q_names, usage.requested, trace=trace, recorder=recorder,
+                              watch=watch)
     return FairShare(total=total, deserved=state.q_deserved.copy(), limit=state.q_limit.copy(),
                      over_quota_weight=state.q_oqw.copy(), fair_share=fair, allocated=usage.allocated,
                      allocated_np=usage.allocated_np, requested=usage.requested, steps=steps)

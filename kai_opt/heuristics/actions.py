@@ -8,7 +8,7 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
+from kai_opt.fairshare.reclaim import can_reclaim, reclaim_headroom, reclaimable
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.jobs import JobQueue
@@ -25,6 +25,7 @@ from kai_opt.heuristics.tasks import (
 from kai_opt.heuristics.victims import (
     active_groups,
     protected_by_min_runtime,
+    protection_counts,
     solve_with_victims,
 )
 from kai_opt.plan import Reason
@@ -169,7 +170,9 @@ class Actions:
             preemptible = bool(st.pg_preemptible[g])
             if not can_reclaim(sess.fs, sess.ledger, q, req, preemptible=preemptible):
                 self._add_reason(g, Reason("ReclaimNotAllowed", f"queue {st.q_names[q]!r} would exceed its fair "
-                                           "share (or, for non-preemptible work, its quota) by reclaiming"))
+                                           "share (or, for non-preemptible work, its quota) by reclaiming",
+                                           reclaim_headroom(sess.fs, sess.ledger, q, req, preemptible=preemptible,
+                                                            names=st.q_names)))
                 continue
             candidates = [v for v in active_groups(sess)
                           if int(st.pg_queue[v]) != q and st.pg_preemptible[v]
@@ -186,7 +189,10 @@ class Actions:
             if out.ok:
                 self._finish(g, out.attempt, jq)
             elif candidates:
-                self._add_reason(g, Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}"))
+                self._add_reason(g, Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}", {
+                    "why": out.why, "candidates": len(candidates),
+                    "protected": protection_counts(sess, [v for v in active_groups(sess)
+                                                          if int(st.pg_queue[v]) != q], "reclaim")}))
 
     def _victim_chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
         """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""

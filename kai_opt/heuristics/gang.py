@@ -78,12 +78,14 @@ class GangPlacer:
             if v is not None:
                 return Attempt(False, [Reason(v.reason, v.message(st.q_names), {
                     "queue": st.q_names[v.queue], "resource": v.resource, "bound": v.bound,
-                    "current": v.current, "requested": v.requested})])
+                    "current": v.current, "requested": v.requested, "job_queue": st.q_names[q],
+                    "over_by": v.current + v.requested - v.bound})])
         topo, req_lvl, pref_lvl = int(st.pg_topology[g]), int(st.pg_required_level[g]), int(st.pg_preferred_level[g])
         cp = sess.checkpoint()
         if topo >= 0 and req_lvl >= 0:
             need = float(st.pod_req[tasks, R_GPU].sum())
             per_domain = []
+            fit: dict[str, int] = {}  # domain -> pods it could hold (details)
             domains = _domains(sess, topo, req_lvl, self._active_domain(st.group_pods(g), topo, req_lvl))
             for name, m in _order_domains(sess, topo, req_lvl, domains, need, self._spread(tasks)):
                 a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
@@ -91,13 +93,15 @@ class GangPlacer:
                     return a
                 per_domain.append(f"<{name}>: node-group {name} can allocate only {len(a.placed)} of "
                                   f"{len(tasks)} required pods.")
+                fit[name] = len(a.placed)
                 sess.rollback(cp)
             level = st.topologies[topo].levels[req_lvl]
             msg = "\n".join(["Unable to schedule podgroup.", *per_domain,
                              f"topology {st.topologies[topo].name}, requirement {level} couldn't be satisfied "
                              f"for job </{st.pg_keys[g].split('/', 1)[1]}>."])
             return Attempt(False, [Reason("TopologyUnsatisfied", msg, {"topology": st.topologies[topo].name,
-                                                                        "level": level})])
+                                                                        "level": level, "required": len(tasks),
+                                                                        "domains": fit})])
         a = self._place_in(g, tasks, None, allow_pipeline, pref_lvl, topo)
         if not a.ok:
             sess.rollback(cp)
@@ -226,4 +230,9 @@ def fit_reason(sess: Session, p: int, placed: list[int], total: int, why: Counte
                f"Additional pods cannot be scheduled due to: {text}")
     else:
         msg = f"Resources were not found for pod {st.pods[p].key} due to: {text}"
-    return Reason("Unschedulable", msg, {"nodes": total, "reasons": dict(why), "placed": len(placed)})
+    details = {"nodes": total, "reasons": dict(why), "placed": len(placed), "required": m, "pod": st.pods[p].key}
+    s = int(st.pod_sg[p])
+    if s >= 0:  # the sub-group whose pods ran out of room (`placed` counts the pods placed in this call)
+        details["subgroup"] = st.sg_names[s]
+        details["subgroup_min_member"] = int(st.sg_min_member[s])
+    return Reason("Unschedulable", msg, details)

@@ -53,6 +53,19 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
     return limit > 0 and job_runtime(sess, g) < limit
 
 
+def protection_counts(sess: Session, groups: list[int], kind: str) -> dict[str, int]:
+    """Why running groups cannot be victims of `kind` (preempt | reclaim): how many are non-preemptible and how
+    many are younger than their queue's min runtime (a Reason's details; only computed when an action fails)."""
+    st = sess.state
+    out = {"non_preemptible": 0, "min_runtime": 0}
+    for v in groups:
+        if not st.pg_preemptible[v]:
+            out["non_preemptible"] += 1
+        elif protected_by_min_runtime(sess, v, kind):
+            out["min_runtime"] += 1
+    return out
+
+
 def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first;
