@@ -13,6 +13,11 @@ in devices, cpu, memory in bytes; subtree sums at the start of the cycle), `chil
 that is False (with the issue) while the queue is rejected (e.g. its parent does not exist) and set back to True
 once it is fixed.
 
+PodGroup annotations (KAI's, read back by the engine): `kai.scheduler/stale-podgroup-timestamp` is set when a
+group with running pods stays below minMember after the cycle's plan (and removed once it is whole again or has
+no running pods): the stale-gang action evicts it after `stale_gang_grace_s`; `kai.scheduler/last-start-timestamp`
+is set when the plan starts a group that had no running pods (the min-runtime rules measure from it).
+
 Events: `FailedScheduling` (Warning) on each pending pod and `Unschedulable` (Warning) on its PodGroup with the
 plan's reason messages; a Warning named by the issue's reason on every object the snapshot rejected or warned
 about. `Scheduled`/`Evicted` events come from the binder's and evictor's results (see runner.py). All writes are
@@ -32,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from kai_opt.api import Pod
+from kai_opt.api.meta import format_time
+from kai_opt.api.podgroup import LAST_START_ANNOTATION, STALE_TIMESTAMP_ANNOTATION
 from kai_opt.fairshare import FairShare
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
@@ -198,6 +205,7 @@ class StatusWriter:
         self.resend_s = resend_s
         self.clock = clock
         self._sent: dict[str, tuple[str, float]] = {}
+        self._pruned = clock()
         self.failures = 0
 
     def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None) -> dict[str, int]:
@@ -206,6 +214,7 @@ class StatusWriter:
         rejected = {(i.kind, i.name): i for i in snap.rejected}
         counts = {"podgroups": 0, "queues": 0, "events": 0}
         counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now)
+        counts["podgroups"] += self._annotations(state, plan)
         counts["queues"] = self._queues(state, fs, rejected, now)
         counts["events"] = self._pending_events(state, plan) + self._issue_events(snap)
         return counts
@@ -235,6 +244,43 @@ class StatusWriter:
                 n += 1
         return n
 
+    def _annotations(self, state: ClusterState, plan: Plan) -> int:
+        """Stale and last-start timestamps of declared PodGroups (see the module docstring)."""
+        active = np.isin(state.pod_status, (PodStatus.BOUND,)) & (state.pod_pg >= 0)
+        for e in plan.evictions:
+            active[e.pod] = False
+        running = np.bincount(state.pod_pg[active], minlength=state.n_groups) if state.n_groups else np.zeros(0)
+        placed = np.zeros(state.n_groups, dtype=np.int64)  # binds and pipelined
+        binds = np.zeros(state.n_groups, dtype=np.int64)
+        for pl in plan.placements:
+            g = int(state.pod_pg[pl.pod])
+            if g >= 0 and not pl.moved:
+                placed[g] += 1
+                binds[g] += not pl.pipelined
+        stamp = format_time(state.now)
+        n = 0
+        for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
+            meta = obj.get("metadata") or {}
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            g = state.pg_index.get(key)
+            if g is None or bool(state.pg_implicit[g]):
+                continue
+            ann = meta.get("annotations") or {}
+            now_active = int(running[g]) + int(placed[g])
+            stale = int(running[g]) > 0 and now_active < int(state.pg_min_member[g])
+            patch: dict[str, Any] = {}
+            if stale and STALE_TIMESTAMP_ANNOTATION not in ann:
+                patch[STALE_TIMESTAMP_ANNOTATION] = stamp
+            elif not stale and STALE_TIMESTAMP_ANNOTATION in ann:
+                patch[STALE_TIMESTAMP_ANNOTATION] = None
+            if binds[g] and not running[g] and ann.get(LAST_START_ANNOTATION) != stamp:
+                patch[LAST_START_ANNOTATION] = stamp
+            if patch and self._submit(f"podgroup-meta/{key}", object_path(
+                    PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")),
+                    {"metadata": {"annotations": patch}}, wrap=False):
+                n += 1
+        return n
+
     # Queues
     def _queues(self, state: ClusterState, fs: FairShare | None, rejected: dict[tuple[str, str], Issue],
                 now: str) -> int:
@@ -251,21 +297,27 @@ class StatusWriter:
                 n += 1
         return n
 
-    def _submit(self, key: str, path: str, patch: dict[str, Any]) -> bool:
-        digest = json.dumps(patch, sort_keys=True, default=str)
-        last = self._sent.get(key)
+    def _submit(self, key: str, path: str, patch: dict[str, Any], *, wrap: bool = True) -> bool:
+        """Queue a merge patch (of `status`, unless `wrap` is False); an identical one sent within `resend_s`
+        is skipped (the watch has not shown it yet)."""
+        body = {"status": patch} if wrap else patch
+        digest = json.dumps(body, sort_keys=True, default=str)
         now = self.clock()
+        last = self._sent.get(key)
         if last is not None and last[0] == digest and now - last[1] < self.resend_s:
-            return False  # sent already; the watch has not shown it yet
+            return False
         self._sent[key] = (digest, now)
-        return self.pool.submit(key, lambda: self._write(key, path, patch), replace=True)
+        if len(self._sent) > 4 * 1024 and now - self._pruned > self.resend_s:
+            self._sent = {k: v for k, v in self._sent.items() if now - v[1] < self.resend_s}
+            self._pruned = now
+        return self.pool.submit(key, lambda: self._write(key, path, body), replace=True)
 
-    def _write(self, key: str, path: str, patch: dict[str, Any]) -> None:
+    def _write(self, key: str, path: str, body: dict[str, Any]) -> None:
         if not self.fence():
             return
         self.limiter.acquire()
         try:
-            request(self.api, "PATCH", path, body={"status": patch}, content_type=MERGE_PATCH)
+            request(self.api, "PATCH", path, body=body, content_type=MERGE_PATCH)
         except Exception as exc:  # one object's status never stops the others
             f = classify(exc)
             self._sent.pop(key, None)

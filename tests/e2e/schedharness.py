@@ -161,11 +161,11 @@ def delete_all(api: ApiClient, api_version: str, plural: str, ns: str | None = N
 # -- the scheduler -------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def scheduler(cluster: LocalCluster, config: Config | None = None, *, identity: str = "test",
-              leader_elect: bool = False) -> Iterator[Runner]:
+              leader_elect: bool = False, metrics: Any = None) -> Iterator[Runner]:
     """`kai-opt run` in a thread of this process (as the admin); stopped and joined on exit."""
     api = make_api_client(host=cluster.host, token=cluster.token(), ca_file=cluster.ca_file, pool_size=64)
     runner = Runner(api, config or fast_config(), identity=identity, leader_elect=leader_elect,
-                    lease_namespace="default")
+                    lease_namespace="default", metrics=metrics)
     errors: list[BaseException] = []
 
     def main() -> None:

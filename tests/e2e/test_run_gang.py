@@ -7,15 +7,18 @@ import time
 
 import pytest
 
-from kai_opt.config import Config
+from kai_opt.config import Config, parse_config
 from kai_opt.engine import run_cycle
+from kai_opt.k8s.client import object_path, request
 from kai_opt.k8s.dump import dump_cluster
+from kai_opt.k8s.metrics import SchedulerMetrics
 from kai_opt.loaders.documents import Document
 from kai_opt.loaders.kubeobjects import objects_from_documents
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import build_state
 
 from .schedharness import (
+    FAST_RUNTIME,
     NS,
     bound,
     create,
@@ -45,7 +48,8 @@ def test_two_gangs_on_room_for_one_bind_all_or_nothing(fresh: LocalCluster) -> N
             objs.append(podgroup(g, 8, "team"))
             objs += [pod(f"{g}-{i}", gpus=1, group=g) for i in range(8)]
         create(api, objs)
-        with scheduler(fresh):
+        metrics = SchedulerMetrics()
+        with scheduler(fresh, metrics=metrics):
             wait_for("one gang bound", lambda: len(bound(api)) == 8)
             time.sleep(1.0)  # several more cycles: nothing of the other gang may bind
             placed = bound(api)
@@ -69,6 +73,10 @@ def test_two_gangs_on_room_for_one_bind_all_or_nothing(fresh: LocalCluster) -> N
         assert cond["type"] == "UnschedulableOnNodePool" and cond["status"] == "True"
         scheduled = {e["involvedObject"]["name"] for e in events(api, reason="Scheduled")}
         assert scheduled == set(placed)
+        text = metrics.text()
+        assert "kai_opt_pods_bound_total 8.0" in text
+        assert 'kai_opt_queue_allocated{queue="team",resource="gpu"} 8.0' in text
+        assert 'kai_opt_cycle_phase_seconds_count{phase="solve"}' in text
 
 
 def test_gang_that_cannot_fit_binds_nothing_and_reports_the_plans_reason(fresh: LocalCluster) -> None:
@@ -102,3 +110,23 @@ def test_gang_that_cannot_fit_binds_nothing_and_reports_the_plans_reason(fresh: 
         assert len(failed) == 8, "the same event is not repeated within event_repeat_s"
         pg_events = [e for e in events(api, reason="Unschedulable") if e["involvedObject"]["kind"] == "PodGroup"]
         assert len(pg_events) == 1 and pg_events[0]["message"] == cond["message"]
+
+
+def test_a_running_gang_that_loses_a_pod_is_marked_stale_then_evicted_whole(fresh: LocalCluster) -> None:
+    config = parse_config({"schedule_period_s": 0.2, "stale_gang_grace_s": 1.0, "runtime": FAST_RUNTIME})
+    with fresh.api_client() as api:
+        create(api, [namespace(), node("n1", 8), queue("team"), podgroup("g", 4, "team"),
+                     *[pod(f"g-{i}", gpus=1, group="g") for i in range(4)]])
+        with scheduler(fresh, config):
+            wait_for("the gang bound", lambda: len(bound(api)) == 4)
+            started = wait_for("its last-start timestamp", lambda: (get_podgroup(api, "g")["metadata"].get(
+                "annotations") or {}).get("kai.scheduler/last-start-timestamp"))
+            request(api, "DELETE", object_path("v1", "pods", NS, "g-0"), query={"gracePeriodSeconds": 0})
+            wait_for("the stale timestamp", lambda: (get_podgroup(api, "g")["metadata"].get("annotations") or {})
+                     .get("kai.scheduler/stale-podgroup-timestamp"))
+            wait_for("the rest of the gang evicted", lambda: len(events(api, reason="Evicted")) == 3, timeout=20)
+            assert all(p["metadata"].get("deletionTimestamp") for p in pods(api).values())
+        assert started.endswith("Z")
+        evicted = events(api, reason="Evicted")
+        assert sorted(e["involvedObject"]["name"] for e in evicted) == ["g-1", "g-2", "g-3"]
+        assert all("(stale-gang)" in e["message"] for e in evicted)
