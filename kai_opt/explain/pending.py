@@ -67,7 +67,7 @@ def summary(ex: dict[str, Any]) -> list[str]:
         if bf.get("subgroups"):
             text += " (" + ", ".join(f"subgroup {k}: {v['pods']} of {v['needed']}" for k, v in
                                      bf["subgroups"].items()) + ")"
-        if bf.get("domains"):
+        if bf.get("domains") and bf.get("pods"):
             text += " in " + ", ".join(bf["domains"].values())
         lines.append(text)
     q = ex.get("queue") or {}
@@ -92,8 +92,11 @@ def summary(ex: dict[str, Any]) -> list[str]:
         lines.append(f"{action}: " + _victim_line(rep))
     topo = ub.get("topology")
     if topo:
-        doms = ", ".join(f"{d} {c}/{topo['needed']}" for d, c in topo["domains"].items())
-        line = f"topology: no {topo['level']} domain has room for {topo['needed']} pods (pods that fit: {doms})"
+        if any(topo["domains"].values()):
+            doms = ", ".join(f"{d} {c}/{topo['needed']}" for d, c in topo["domains"].items())
+            line = f"topology: no {topo['level']} domain has room for {topo['needed']} pods (pods that fit: {doms})"
+        else:
+            line = f"topology: no {topo['level']} domain has room for even one of its pods"
         best = topo.get("best")
         if best and best.get("lacks"):
             line += f"; best {best['domain']} lacks: {best['lacks']}"
@@ -115,14 +118,16 @@ def _victim_line(rep: dict[str, Any]) -> str:
     if not rep:
         return "nothing to evaluate"
     parts = []
-    if not rep.get("allowed", True):
+    allowed = rep.get("allowed", True)
+    if not allowed:
         why = rep.get("why_not")
         if isinstance(why, dict):
             parts.append(f"not allowed: queue {why['queue']!r} would exceed its "
                          f"{'fair share' if why['bound'] == 'fair_share' else 'quota'}")
         else:
             parts.append(f"not allowed: {why}")
-    labels = {"eligible": "eligible", "non_preemptible": "non-preemptible", "min_runtime": "protected by min-runtime",
+    eligible = "eligible" if allowed else "it could take otherwise"
+    labels = {"eligible": eligible, "non_preemptible": "non-preemptible", "min_runtime": "protected by min-runtime",
               "not_lower_priority": "not lower priority",
               "victim_queue_at_or_below_fair_share": "their queue at or below its fair share"}
     for key, label in labels.items():

@@ -27,6 +27,7 @@ from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state.resources import QR
 
 OK = (cp_model.OPTIMAL, cp_model.FEASIBLE)
+WORKLOAD = ("minmember", "topology")  # relaxations that change the workload rather than the cluster
 PROTECTED = {"min_runtime": "younger than the min runtime", "action_disabled": "the action is disabled",
              "victim_queue_at_or_below_fair_share": "its queue is at or below its fair share",
              "reclaimer_over_fair_share": "the pending queue is at its fair share"}
@@ -62,9 +63,9 @@ def unblock(sess: Session, placer: Placer, need: Need, units: list[Unit]) -> dic
             if status in OK:
                 options.append(describe(um, solver, [fam]))
                 alone.add(fam)
-        # the cheapest mix of the kinds that are not enough alone (when every kind failed alone: of all), e.g.
-        # more room and a higher limit, leaving the workload itself as it is when possible
-        mix = [f for f in _applicable(um) if f not in alone]
+        # the cheapest mix of the kinds that are not enough alone, e.g. more room and a higher limit; changes to
+        # the workload itself (minMember, topology) join only when nothing else worked
+        mix = [f for f in _applicable(um) if f not in alone and (not options or f not in WORKLOAD)]
         if len(mix) > 1 or (not options and mix):
             rest = [lit for name, lit in um.core.items() if not name.startswith("topology")]
             off = [um.fam[f] for f in FAMILIES if f not in mix]
@@ -193,13 +194,17 @@ def domain_fit(um: UnblockModel, top: int = 5) -> dict[str, Any]:
     dom = cls.domains[(t.topo, t.level)]
     names = st.topologies[t.topo].domain_names[t.level]
     fit = np.zeros(len(names), dtype=np.int64)
+    promise = np.zeros(len(names), dtype=np.int64)  # pods with the domain's GPUs all free
     ok = dom >= 0
     for si in t.shapes:
         per = np.where(cls.static[si], cls.count * cls.cap_now[si], 0)
+        most = np.where(cls.static[si], cls.count * cls.cap_max[si], 0)
         fit += np.minimum(np.bincount(dom[ok], weights=per[ok], minlength=len(names)).astype(np.int64),
                           len(need.shapes[si].pods))
+        promise += np.bincount(dom[ok], weights=most[ok], minlength=len(names)).astype(np.int64)
     fit = np.minimum(fit, need.need)
-    order = np.lexsort((np.arange(len(names)), -fit))[:top]
+    present = np.unique(dom[ok])  # the domains the model kept (classes.DOMAINS_KEPT most promising)
+    order = present[np.lexsort((present, -promise[present], -fit[present]))][:top]
     out: dict[str, Any] = {"constraint": t.name, "level": st.topologies[t.topo].levels[t.level],
                            "needed": need.need, "domains": {names[d]: int(fit[d]) for d in order.tolist()}}
     if t.fixed >= 0:
@@ -217,8 +222,12 @@ def domain_fit(um: UnblockModel, top: int = 5) -> dict[str, Any]:
                 out["best"] = {"domain": names[best], "pods": int(fit[best]), "lacks": text or None,
                                "details": det}
             else:
+                usable = (dom == best) & cls.static[t.shapes].any(axis=0)
+                have = int((cls.count * cls.gpus)[usable].sum())
+                want = sum(need.shapes[si].gpu_milli for si in t.shapes) / max(1, len(t.shapes)) * need.need / 1000
                 out["best"] = {"domain": names[best], "pods": int(fit[best]),
-                               "lacks": "more free GPUs alone are not enough there"}
+                               "lacks": f"room: it cannot hold them even with all its GPUs free ({have} GPUs on "
+                                        f"nodes its pods may use, about {want:g} needed)"}
     return out
 
 
@@ -313,9 +322,9 @@ def _capacity_text(um: UnblockModel, solver: cp_model.CpSolver) -> tuple[str, An
     if doms:
         level = um.st.topologies[um.topos[0].topo].levels[um.topos[0].level].rsplit("/", 1)[-1]
         where = f" free in one {level} ({', '.join(doms.values())})"
-    example = nodes[0]
-    text = " and ".join(amount) + where + f", e.g. on {example['node']}" + (
-        f" (and {example['like_it'] - 1} nodes like it)" if example["like_it"] > 1 else "")
+    example = max(nodes, key=lambda e: e["more_gpus"] + e["more_cpu_cores"])
+    text = " and ".join(amount) + where + f", e.g. on {example['node']} ({example['free_gpus']} of " \
+        f"{example['gpus']} GPUs free now)"
     return text, {"gpus": gpu_milli / DEV, "cpu_cores": cpu_milli / 1000, "nodes": nodes, "domains": doms}
 
 
@@ -371,7 +380,21 @@ def _affinity_text(um: UnblockModel, solver: cp_model.CpSolver) -> tuple[str, An
     return text, dict(why)
 
 
+def _topology_text(um: UnblockModel, solver: cp_model.CpSolver) -> tuple[str, Any]:
+    texts, det = [], []
+    for ci, t in enumerate(um.topos):
+        levels = um.st.topologies[t.topo].levels
+        used = [lv for lv, lit in enumerate(um.lev[ci]) if solver.boolean_value(lit)]
+        if used and used[0] == t.level:
+            continue
+        texts.append(f"{t.name}: required level {levels[used[0]]} instead of {levels[t.level]}" if used else
+                     f"{t.name}: without its required {levels[t.level]}")
+        det.append({"constraint": t.name, "level": levels[used[0]] if used else None})
+    return "; ".join(texts), det
+
+
 _DESCRIBE = {
+    "topology": _topology_text,
     "evict": _evict_text,
     "capacity": _capacity_text,
     "limit": lambda um, s: _quantity_text(um, s, "limit"),
