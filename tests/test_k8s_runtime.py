@@ -238,23 +238,27 @@ def test_our_nominations_are_dropped_and_held_pods_left_out() -> None:
     assert objs["ungrouped"]["metadata"]["annotations"]["pod-group-name"] == "pg-x"
 
 
-def test_the_watch_loop_relists_on_410_and_reconnects_after_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_watch_loop_relists_on_410_and_resumes_after_connection_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     c = ClusterCache(api=None, kinds=[], backoff_initial_s=0.01, backoff_max_s=0.02)  # type: ignore[arg-type]
     res = Resource("v1", "Pod", "pods", True)
     c.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
     calls: list[str] = []
-    script = iter(["gone", "error", "stop"])
+    script = iter(["gone", "event", "resume"])
 
     def fake_list(r: Resource) -> str:
         calls.append("list")
-        return "1"
+        with c._lock:
+            store = c._stores[("v1", "Pod")]
+            store.synced, store.resource_version = True, "10"
+        return "10"
 
     def fake_watch(r: Resource, rv: str) -> str:
         step = next(script)
-        calls.append(step)
+        calls.append(f"{step}@{rv}")
         if step == "gone":
             raise cache_mod._Gone()
-        if step == "error":
+        if step == "event":  # an event moves the resume point, then the connection breaks
+            c._apply(r, "ADDED", _pod("a", "u1"), "12")
             raise ConnectionResetError("reset")
         c._stop.set()
         return rv
@@ -262,7 +266,7 @@ def test_the_watch_loop_relists_on_410_and_reconnects_after_errors(monkeypatch: 
     monkeypatch.setattr(c, "_list", fake_list)
     monkeypatch.setattr(c, "_watch", fake_watch)
     c._run(res)
-    assert calls == ["list", "gone", "list", "error", "list", "stop"]
+    assert calls == ["list", "gone@10", "list", "event@10", "resume@12"], "no relist after a broken connection"
     assert c.status()["pods.v1"]["errors"] == 1
 
 

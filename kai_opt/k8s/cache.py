@@ -206,16 +206,21 @@ class ClusterCache:
     # -- the watch loop of one kind ----------------------------------------------------------------------------------
     def _run(self, res: Resource) -> None:
         backoff = self.backoff_initial_s
+        rv = ""  # "" = list first; else resume the watch from here
         while not self._stop.is_set():
             try:
-                rv = self._list(res)
-                backoff = self.backoff_initial_s
+                if not rv:
+                    rv = self._list(res)
+                    backoff = self.backoff_initial_s
                 while not self._stop.is_set():
                     rv = self._watch(res, rv)
+                    backoff = self.backoff_initial_s
             except _Gone:
                 log.info("watch %s: resourceVersion expired; listing again", res)
+                rv = ""
                 continue
             except ApiException as exc:
+                rv = self._resume_point(res) if exc.status not in (403, 404, 410) else ""
                 if exc.status in (403, 404):  # not installed, or we may not read it: look again later
                     self._mark_absent(res, forbidden=exc.status == 403)
                     self._stop.wait(self.absent_recheck_s)
@@ -226,10 +231,16 @@ class ClusterCache:
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     return
+                rv = self._resume_point(res)  # a broken connection: watch again from the last version seen
                 self._count_error(res)
                 log.warning("watch %s: %s; retrying in %.1fs", res, " ".join(str(exc).split())[:200], backoff)
             self._stop.wait(backoff * (0.5 + random.random() / 2))
             backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _resume_point(self, res: Resource) -> str:
+        with self._lock:
+            store = self._stores[(res.api_version, res.kind)]
+            return store.resource_version if store.synced and not store.absent else ""
 
     def _list(self, res: Resource) -> str:
         """List all objects (in pages) and replace the store; returns the list's resourceVersion."""
@@ -297,8 +308,10 @@ class ClusterCache:
                 if new_rv:
                     rv = str(new_rv)
                 if etype == "BOOKMARK":
+                    with self._lock:
+                        self._stores[key].resource_version = rv
                     continue
-                self._apply(res, etype, clean(obj, res))
+                self._apply(res, etype, clean(obj, res), rv)
         finally:
             with self._lock:
                 self._responses.pop(key, None)
@@ -306,11 +319,13 @@ class ClusterCache:
             self._stores[key].resource_version = rv
         return rv
 
-    def _apply(self, res: Resource, etype: str | None, obj: dict[str, Any]) -> None:
+    def _apply(self, res: Resource, etype: str | None, obj: dict[str, Any], rv: str = "") -> None:
         key = object_key(obj)
         is_pod = res.kind == "Pod" and res.api_version == "v1"
         with self._lock:
             store = self._stores[(res.api_version, res.kind)]
+            if rv:
+                store.resource_version = rv
             if etype == "DELETED":
                 store.items.pop(key, None)
                 if is_pod:
