@@ -6,6 +6,14 @@ a JSON-able dict out.
 - pending (explain/pending.py): the plan's Reasons verbatim, enriched with node-level counts, gang fit, queue
   limits, quota and fair share, victims' protection, topology, and a solver's minimal unblocking change;
 - queue (explain/queue.py): fair share step by step, its pending work with the plan's reasons.
+
+Reason messages and KAI-Scheduler: a gang that does not fit reads as KAI's ("Resources were found for N pods
+while M are required for gang scheduling. ...") and a required topology that no domain satisfies exactly as KAI's
+("Unable to schedule podgroup.\n<d>: node-group d can allocate only a of b required pods.\n...topology T,
+requirement L couldn't be satisfied for job </j>."), without KAI's leading newline. The node-level part is
+kube-scheduler's form ("0/N nodes are available: N Insufficient nvidia.com/gpu, ...") where KAI writes "N node(s)
+didn't have enough resources: GPUs". A job larger than every domain of its level gets the per-domain lines too
+(KAI: "...: not enough resources in the cluster to allocate the job"). tests/test_explain.py compares them.
 """
 
 from __future__ import annotations
