@@ -104,6 +104,8 @@ class Runtime(_Model):
                                 "counts as bound this long")
     nominate_pipelined: bool = Field(True, description="write status.nominatedNodeName on pipelined pods "
                                      "(informational; they are placed again each cycle)")
+    blocked_eviction_retry_s: float = Field(5.0, ge=0, le=3600, description="a victim whose eviction a "
+                                            "PodDisruptionBudget refused is not tried again for this long")
     event_qps: float = Field(10.0, gt=0, le=10_000, description="Events per second (the rest is dropped)")
     event_burst: int = Field(100, ge=1, le=100_000, description="Events allowed at once above event_qps")
     event_repeat_s: float = Field(60.0, ge=0, le=86_400, description="the same Event on the same object is not "

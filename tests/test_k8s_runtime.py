@@ -367,3 +367,34 @@ def test_release_hands_the_lease_over_at_once(monkeypatch: pytest.MonkeyPatch) -
     assert fake.lease["spec"]["holderIdentity"] == "" and fake.lease["spec"]["leaseDurationSeconds"] == 1
     assert not a.try_acquire_or_renew(), "a released replica never takes the lease again"
     assert b.try_acquire_or_renew() and b.is_leader()
+
+
+# -- evictor ----------------------------------------------------------------------------------------------------------
+def test_a_budget_refusal_is_not_retried_every_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kai_opt.k8s import evictor as evictor_mod
+
+    calls: list[str] = []
+
+    def refuse(api: Any, method: str, path: str, **_kw: Any) -> Any:
+        calls.append(path)
+        raise ApiException(status=429, reason="Too Many Requests")
+
+    def budget_body(*_a: Any, **_kw: Any) -> bool:
+        return True
+
+    monkeypatch.setattr(evictor_mod, "request", refuse)
+    monkeypatch.setattr(evictor_mod, "_disruption_budget", budget_body)
+    c = _cache(_pod("v", "u1", node="n1"))
+    results: list[Any] = []
+    ev = evictor_mod.Evictor(None, c, TokenBucket(1000, 1000), blocked_retry_s=0.3,  # type: ignore[arg-type]
+                             on_result=results.append)
+    req = evictor_mod.EvictRequest("ns", "v", "u1", "reclaim", beneficiary="ns/b")
+    assert ev.submit([req]) == [req]
+    assert ev.wait_idle(5)
+    assert results[-1].blocked and not results[-1].ok and c.assumed()[1] == set(), "the victim keeps running"
+    assert ev.submit([req]) == [], "refused recently: not tried again yet"
+    time.sleep(0.35)
+    assert ev.submit([req]) == [req]
+    assert ev.wait_idle(5)
+    assert len(calls) == 2
+    ev.stop()

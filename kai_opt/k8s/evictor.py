@@ -6,7 +6,8 @@ others). The cache counts an accepted victim as releasing (being deleted) from a
 neither evicts it again nor gives its resources away twice. Answers:
 - 200/201: evicted; the pod is deleted gracefully and the watch shows it go;
 - 429 naming a disruption budget: refused; the victim keeps running and its beneficiary simply waits (the next
-  cycle plans again); any other 429 (API throttling), 5xx, timeouts and connection errors are retried with backoff;
+  cycle plans again; that victim's eviction is not tried again for `blocked_retry_s`); any other 429 (API
+  throttling), 5xx, timeouts and connection errors are retried with backoff;
 - 404: already gone; 409: the uid precondition failed (a new pod of that name): nothing to do.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -53,10 +55,12 @@ class EvictResult:
 
 class Evictor:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, limiter: TokenBucket, *, workers: int = 16,
-                 retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0,
+                 retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0, blocked_retry_s: float = 5.0,
                  fence: Callable[[], bool] = lambda: True,
                  on_result: Callable[[EvictResult], None] | None = None) -> None:
         self.api = api
+        self.blocked_retry_s = blocked_retry_s
+        self._blocked: dict[str, float] = {}  # uid -> monotonic time before which a refused eviction waits
         self.cache = cache
         self.limiter = limiter
         self.retries = retries
@@ -70,8 +74,10 @@ class Evictor:
     def submit(self, requests: Iterable[EvictRequest]) -> list[EvictRequest]:
         """Queue evictions; returns those accepted (a pod already queued or in flight is skipped)."""
         accepted = []
+        now = time.monotonic()
+        self._blocked = {uid: t for uid, t in self._blocked.items() if t > now}
         for req in requests:
-            if self._stop.is_set() or self.pool.busy(req.uid):
+            if self._stop.is_set() or self.pool.busy(req.uid) or req.uid in self._blocked:
                 continue
             self.cache.assume_releasing(req.uid)
             if self.pool.submit(req.uid, lambda req=req: self._evict(req)):
@@ -126,6 +132,7 @@ class Evictor:
         else:
             self.cache.forget_releasing(req.uid)
             if blocked:
+                self._blocked[req.uid] = time.monotonic() + self.blocked_retry_s
                 log.info("evict %s: refused by a disruption budget; it keeps running (%s)", req.key, message)
             elif reason != "dropped":
                 log.warning("evict %s failed (%s): %s", req.key, reason, message)

@@ -125,7 +125,8 @@ class Runner:
         common = {"workers": rt.bind_workers, "retries": rt.retries, "backoff_s": rt.retry_backoff_s,
                   "timeout_s": rt.request_timeout_s, "fence": fence}
         self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound, **common)
-        self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted, **common)
+        self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
+                               blocked_retry_s=rt.blocked_eviction_retry_s, **common)
         self.status = StatusWriter(api, self.cache, self.status_pool, self.limiter, self.recorder, fence=fence)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------

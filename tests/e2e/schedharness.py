@@ -28,6 +28,7 @@ NS = "sched"
 FAST_RUNTIME: dict[str, Any] = {
     "client_qps": 500, "client_burst": 500, "retry_backoff_s": 0.05, "event_repeat_s": 30,
     "absent_kind_recheck_s": 1, "backoff_max_s": 1, "watch_timeout_s": 30, "sync_timeout_s": 20,
+    "blocked_eviction_retry_s": 0.5,
     "leader_election": {"lease_duration_s": 2.0, "renew_deadline_s": 1.5, "retry_period_s": 0.25},
 }
 
@@ -161,9 +162,10 @@ def delete_all(api: ApiClient, api_version: str, plural: str, ns: str | None = N
 # -- the scheduler -------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def scheduler(cluster: LocalCluster, config: Config | None = None, *, identity: str = "test",
-              leader_elect: bool = False, metrics: Any = None) -> Iterator[Runner]:
-    """`kai-opt run` in a thread of this process (as the admin); stopped and joined on exit."""
-    api = make_api_client(host=cluster.host, token=cluster.token(), ca_file=cluster.ca_file, pool_size=64)
+              leader_elect: bool = False, metrics: Any = None, user: str | None = None) -> Iterator[Runner]:
+    """`kai-opt run` in a thread of this process (as the admin, or test identity `user`); stopped and joined on
+    exit."""
+    api = make_api_client(host=cluster.host, token=cluster.token(user), ca_file=cluster.ca_file, pool_size=64)
     runner = Runner(api, config or fast_config(), identity=identity, leader_elect=leader_elect,
                     lease_namespace="default", metrics=metrics)
     errors: list[BaseException] = []

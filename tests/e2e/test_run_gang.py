@@ -11,6 +11,7 @@ from kai_opt.config import Config, parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.k8s.client import object_path, request
 from kai_opt.k8s.dump import dump_cluster
+from kai_opt.k8s.manifests import cluster_rules
 from kai_opt.k8s.metrics import SchedulerMetrics
 from kai_opt.loaders.documents import Document
 from kai_opt.loaders.kubeobjects import objects_from_documents
@@ -130,3 +131,40 @@ def test_a_running_gang_that_loses_a_pod_is_marked_stale_then_evicted_whole(fres
         evicted = events(api, reason="Evicted")
         assert sorted(e["involvedObject"]["name"] for e in evicted) == ["g-1", "g-2", "g-3"]
         assert all("(stale-gang)" in e["message"] for e in evicted)
+
+
+def test_the_scheduler_works_with_the_least_privilege_rbac_of_the_manifests(fresh: LocalCluster) -> None:
+    """The scheduler as test identity `kai-opt`, granted only the manifests' ClusterRole and Lease Role."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    subject = [{"kind": "User", "name": "kai-opt", "apiGroup": "rbac.authorization.k8s.io"}]
+    grants = [
+        {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": "kai-opt-e2e-run"}, "rules": cluster_rules()},
+        {"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": "kai-opt-e2e-run"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kai-opt-e2e-run"},
+         "subjects": subject},
+        {"apiVersion": rbac, "kind": "Role", "metadata": {"name": "kai-opt-e2e-lease", "namespace": "default"},
+         "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "verbs": ["get", "create", "update"]}]},
+        {"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "kai-opt-e2e-lease", "namespace": "default"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kai-opt-e2e-lease"},
+         "subjects": subject},
+    ]
+    with fresh.api_client() as api:
+        create(api, [namespace(), node("n1", 4), queue("team"), podgroup("g", 4, "team"),
+                     *[pod(f"g-{i}", gpus=1, group="g") for i in range(4)], pod("lone", queue_name="team"), *grants])
+        try:
+            with scheduler(fresh, user="kai-opt", leader_elect=True, identity="rbac-test"):
+                wait_for("everything bound", lambda: len(bound(api)) == 5)
+                wait_for("podgroup status", lambda: get_podgroup(api, "g").get("status", {}).get("phase") == "Running")
+                wait_for("queue status", lambda: request(api, "GET", object_path(
+                    "scheduling.run.ai/v2", "queues", None, "team")).get("status", {}).get("allocated"))
+                wait_for("Scheduled events", lambda: len(events(api, reason="Scheduled")) == 5)
+                lease = request(api, "GET", object_path("coordination.k8s.io/v1", "leases", "default", "kai-opt"))
+                assert lease["spec"]["holderIdentity"] == "rbac-test"
+            assert devices(pods(api)["g-0"]) is not None
+        finally:
+            for g in reversed(grants):
+                plural = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+                          "Role": "roles", "RoleBinding": "rolebindings"}[g["kind"]]
+                request(api, "DELETE", object_path(rbac, plural, g["metadata"].get("namespace"),
+                                                   g["metadata"]["name"]))

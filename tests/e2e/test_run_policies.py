@@ -73,9 +73,12 @@ def test_a_disruption_budget_refusal_keeps_the_victims_and_the_reclaimer_waits(f
                      and all(p["status"].get("phase") == "Running" for p in pods(api).values()))
             create(api, [podgroup("b", 4, "qb"), *[pod(f"b{i}", gpus=1, group="b") for i in range(4)]])
             wait_for("refused evictions reported", lambda: events(api, reason="EvictionBlocked"), timeout=15)
+            nominated = wait_for("b nominated onto the node while it waits", lambda: {
+                n: p["status"].get("nominatedNodeName") for n, p in pods(api).items() if n.startswith("b")} == {
+                f"b{i}": "n1" for i in range(4)})
             time.sleep(1.0)
             now = pods(api)
-            assert all(not p["metadata"].get("deletionTimestamp") for p in now.values())
+            assert nominated and all(not p["metadata"].get("deletionTimestamp") for p in now.values())
             assert sorted(bound(api)) == [f"a{i}" for i in range(8)], "victims keep running, b waits"
             request(api, "DELETE", object_path("policy/v1", "poddisruptionbudgets", NS, "a"))
             wait_for("team b bound once the budget is gone",
