@@ -50,6 +50,8 @@ class RawObject:
     obj: dict[str, Any]
     source: str | None = None
     line: int | None = None
+    memo_key: tuple[str, ...] | None = None  # names this exact content (e.g. kind, uid, resourceVersion): its
+    # parsed model may be reused from `from_objects(memo=...)`; None when the object was changed locally
 
 
 @dataclass
@@ -78,7 +80,10 @@ class Snapshot:
         scheduler_names: tuple[str, ...] | None = None,
         now: float | None = None,
         source: str | None = None,
+        memo: dict[tuple[str, ...], Any] | None = None,
     ) -> Snapshot:
+        """`memo`: parsed models by `RawObject.memo_key`, reused and filled in (a watch cache passes the same
+        dict every cycle, so unchanged objects are not parsed again; models are immutable)."""
         snap = cls(now=now, source=source)
         if scheduler_names:
             snap.scheduler_names = tuple(scheduler_names)
@@ -96,7 +101,12 @@ class Snapshot:
                 snap.rejected.append(Issue(raw.kind, "?", "Invalid", err.message))
                 continue
             try:
-                parsed = model.from_k8s(raw.obj)
+                key = raw.memo_key if memo is not None else None
+                parsed = memo.get(key) if key is not None and memo is not None else None
+                if parsed is None:
+                    parsed = model.from_k8s(raw.obj)
+                    if key is not None and memo is not None:
+                        memo[key] = parsed
                 buckets[raw.kind].append(parsed)
                 snap.origins[id(parsed)] = (raw.source, raw.line)
             except InputError as exc:

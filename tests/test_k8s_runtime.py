@@ -398,3 +398,20 @@ def test_a_budget_refusal_is_not_retried_every_cycle(monkeypatch: pytest.MonkeyP
     assert ev.wait_idle(5)
     assert len(calls) == 2
     ev.stop()
+
+
+def test_snapshots_reuse_the_parsed_model_of_unchanged_objects() -> None:
+    a, b = _pod("a", "u1"), _pod("b", "u2")
+    a["metadata"]["resourceVersion"], b["metadata"]["resourceVersion"] = "1", "1"
+    c = _cache(a, b)
+    first = {p.name: p for p in c.snapshot(scheduler_names=("kai-opt",)).pods}
+    changed = _pod("b", "u2", nominated="n1")
+    changed["metadata"]["resourceVersion"] = "2"
+    c._apply(c._stores[("v1", "Pod")].res, "MODIFIED", changed)
+    c.assume_bound("u1", "ns", "a", "n1", ())
+    second = {p.name: p for p in c.snapshot(scheduler_names=("kai-opt",)).pods}
+    assert second["a"].node_name == "n1" and first["a"].node_name is None, "an assumption is never memoised"
+    c.forget_bound("u1")
+    third = {p.name: p for p in c.snapshot(scheduler_names=("kai-opt",)).pods}
+    assert third["a"] is first["a"], "unchanged: the same parsed model"
+    assert third["b"] is not first["b"]

@@ -137,6 +137,7 @@ class ClusterCache:
         self._bound: dict[str, Assumed] = {}  # pod uid -> assumption
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
         self.generation = 0  # bumped on every change (cheap "anything new?" check)
+        self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
 
@@ -489,9 +490,10 @@ class ClusterCache:
         out: list[RawObject] = []
         for (_av, kind), items in per_kind:
             if kind != "Pod":
-                out.extend(RawObject(kind, o, "cluster") for o in items)
+                out.extend(RawObject(kind, o, "cluster", memo_key=_memo_key(kind, o)) for o in items)
                 continue
             for pod in items:
+                original = pod
                 meta = pod.get("metadata") or {}
                 spec = pod.get("spec") or {}
                 status = pod.get("status") or {}
@@ -518,15 +520,31 @@ class ClusterCache:
                     pod = {**pod, "status": {k: v for k, v in status.items() if k != "nominatedNodeName"}}
                 if uid in releasing and not meta.get("deletionTimestamp"):
                     pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
-                out.append(RawObject("Pod", pod, "cluster"))
+                out.append(RawObject("Pod", pod, "cluster", memo_key=_memo_key("Pod", pod) if pod is original
+                                     else None))
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
                  pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = ()) -> Snapshot:
         """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled)."""
         objects = self.scheduling_objects(scheduler_names, pod_groups=pod_groups, hold=hold)
-        return Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
-                                     now=now if now is not None else time.time(), source="cluster")
+        snap = Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
+                                     now=now if now is not None else time.time(), source="cluster",
+                                     memo=self._memo)
+        if len(self._memo) > len(objects):  # forget objects that changed or went away
+            with self._lock:
+                kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
+                present = {_memo_key(k[1], o) for k, st in self._stores.items() if k in kinds
+                           for o in st.items.values()}
+            self._memo = {k: v for k, v in self._memo.items() if k in present}
+        return snap
+
+
+def _memo_key(kind: str, obj: dict[str, Any]) -> tuple[str, ...] | None:
+    """(kind, uid, resourceVersion): the same key means the same content, so its parsed model can be reused."""
+    meta = obj.get("metadata") or {}
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    return (kind, str(uid), str(rv)) if uid and rv else None
 
 
 def _now_rfc3339() -> str:
