@@ -129,6 +129,8 @@ class Config(_Model):
     placement: Placement = Placement()
     max_consolidation_preemptees: int = Field(-1, ge=-1, description="victim jobs a consolidation may move "
                                               "(-1 = unlimited, 0 = consolidation off)")
+    max_victim_scenarios: int = Field(8, ge=1, description="victim scenarios (evict the next victims, then try "
+                                      "to place) simulated per pending job and action")
     preempt_min_runtime_s: float = Field(0.0, ge=0, description="default when no queue in the tree sets "
                                          "preemptMinRuntime")
     reclaim_min_runtime_s: float = Field(0.0, ge=0, description="default when no queue sets reclaimMinRuntime")

@@ -27,7 +27,7 @@ class QueueLedger:
         """Add (or, with a negative amount, remove) usage of a leaf queue and all its ancestors."""
         if queue < 0:
             return
-        chain = self.ancestors[queue]
-        self.allocated[chain] += amount
-        if non_preemptible:
-            self.allocated_np[chain] += amount
+        for q in self.ancestors[queue]:
+            self.allocated[q] += amount
+            if non_preemptible:
+                self.allocated_np[q] += amount

@@ -22,14 +22,12 @@ from kai_opt.fairshare.quantities import le, less_all, less_somewhere
 from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED, FairShare
 
 
-def _drf(fs: FairShare, allocatable: np.ndarray, allocated: np.ndarray) -> float:
+def _drf(total: list[float], allocatable: list[float], allocated: list[float]) -> float:
     best = 0.0
-    for r in range(len(allocated)):
-        share = allocatable[r]
+    for t, share, used in zip(total, allocatable, allocated, strict=True):
         if share == UNLIMITED:
-            share = fs.total[r]
-        value = allocated[r] * NO_SHARE_DRF_PENALTY if share == 0 else allocated[r] / share
-        best = max(best, value)
+            share = t
+        best = max(best, used * NO_SHARE_DRF_PENALTY if share == 0 else used / share)
     return best
 
 
@@ -41,40 +39,43 @@ class QueueOrder:
         self.fs = fs
         self.ledger = ledger
         self.names = names
-        self.creation = creation
-        self.priority = priority
-        self.allocatable = fs.allocatable_share
+        self.creation = [c if not math.isnan(c) else math.inf for c in creation.tolist()]
+        self.priority = priority.tolist()
+        self.allocatable = fs.allocatable_share.tolist()
+        self.fair_share = fs.fair_share.tolist()
+        self.deserved = fs.deserved.tolist()
+        self.total = fs.total.tolist()
 
     def compare(self, a: int, b: int, job_a: np.ndarray, job_b: np.ndarray) -> int:
         """-1 when queue a goes first, 1 when b does (never 0)."""
-        fs, alloc = self.fs, self.ledger.allocated
-        over_a = less_all(fs.fair_share[a], alloc[a])
-        over_b = less_all(fs.fair_share[b], alloc[b])
+        alloc_a, alloc_b = self.ledger.allocated[a].tolist(), self.ledger.allocated[b].tolist()
+        over_a = less_all(self.fair_share[a], alloc_a)
+        over_b = less_all(self.fair_share[b], alloc_b)
         if over_a != over_b:
             return 1 if over_a else -1
-        with_a, with_b = alloc[a] + job_a, alloc[b] + job_b
-        starved_a, starved_b = le(with_a, fs.deserved[a]), le(with_b, fs.deserved[b])
+        with_a = [x + y for x, y in zip(alloc_a, job_a.tolist(), strict=True)]
+        with_b = [x + y for x, y in zip(alloc_b, job_b.tolist(), strict=True)]
+        starved_a, starved_b = le(with_a, self.deserved[a]), le(with_b, self.deserved[b])
         if starved_a != starved_b:
             return -1 if starved_a else 1
         if self.priority[a] != self.priority[b]:
             return -1 if self.priority[a] > self.priority[b] else 1
-        zero_a = bool(np.any((self.allocatable[a] == 0) & (with_a > 0)))
-        zero_b = bool(np.any((self.allocatable[b] == 0) & (with_b > 0)))
+        sa, sb = self.allocatable[a], self.allocatable[b]
+        zero_a = any(s == 0 and w > 0 for s, w in zip(sa, with_a, strict=True))
+        zero_b = any(s == 0 and w > 0 for s, w in zip(sb, with_b, strict=True))
         if zero_a != zero_b:
             return 1 if zero_a else -1
-        da, db = _drf(fs, self.allocatable[a], with_a), _drf(fs, self.allocatable[b], with_b)
+        da, db = _drf(self.total, sa, with_a), _drf(self.total, sb, with_b)
         if da != db:
             return -1 if da < db else 1
-        da, db = _drf(fs, self.allocatable[a], alloc[a]), _drf(fs, self.allocatable[b], alloc[b])
+        da, db = _drf(self.total, sa, alloc_a), _drf(self.total, sb, alloc_b)
         if da != db:
             return -1 if da < db else 1
-        sa, sb = self.allocatable[a], self.allocatable[b]
         if less_somewhere(sa, sb) and le(sa, sb):
             return -1
         if less_somewhere(sb, sa) and le(sb, sa):
             return 1
-        ca = self.creation[a] if not math.isnan(self.creation[a]) else math.inf
-        cb = self.creation[b] if not math.isnan(self.creation[b]) else math.inf
+        ca, cb = self.creation[a], self.creation[b]
         if ca != cb:
             return -1 if ca < cb else 1
         return -1 if self.names[a] <= self.names[b] else 1

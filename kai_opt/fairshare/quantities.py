@@ -7,9 +7,9 @@ import numpy as np
 UNLIMITED = -1.0
 
 
-def le(a: np.ndarray, b: np.ndarray) -> bool:
+def le(a: np.ndarray | list[float], b: np.ndarray | list[float]) -> bool:
     """a <= b in every resource, with -1 as +infinity on either side."""
-    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+    for x, y in zip(_floats(a), _floats(b), strict=True):
         if x == UNLIMITED:
             if y != UNLIMITED:
                 return False
@@ -18,11 +18,15 @@ def le(a: np.ndarray, b: np.ndarray) -> bool:
     return True
 
 
-def less_all(a: np.ndarray, b: np.ndarray) -> bool:
+def less_all(a: np.ndarray | list[float], b: np.ndarray | list[float]) -> bool:
     """a < b in every resource (plain comparison, as KAI's `Less`)."""
-    return bool(np.all(a < b))
+    return all(x < y for x, y in zip(_floats(a), _floats(b), strict=True))
 
 
-def less_somewhere(a: np.ndarray, b: np.ndarray) -> bool:
+def _floats(a: np.ndarray | list[float]) -> list[float]:
+    return a.tolist() if isinstance(a, np.ndarray) else a
+
+
+def less_somewhere(a: np.ndarray | list[float], b: np.ndarray | list[float]) -> bool:
     """a is less than b in at least one resource (= not b <= a)."""
     return not le(b, a)

@@ -87,6 +87,16 @@ def reclaimable(
             if q not in remaining:
                 remaining[q] = ledger.allocated[q].copy()
             remaining[q] -= chunk
+    return reclaimer_side(fs, ledger, reclaimer, request, remaining, preemptible=preemptible,
+                          saturation_multiplier=saturation_multiplier, n_top_queues=n_top_queues)
+
+
+def reclaimer_side(fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray,
+                   remaining: dict[int, np.ndarray], *, preemptible: bool, saturation_multiplier: float = 1.0,
+                   n_top_queues: int | None = None) -> str | None:
+    """The reclaimer's side of `reclaimable`, given each queue's allocation once the victims are gone
+    (`remaining`, queues not in it keep theirs). More victims only lower `remaining`, so when this fails with
+    every victim taken so far, it fails for any subset of them too."""
     tops = n_top_queues if n_top_queues is not None else sum(1 for a in ledger.ancestors if len(a) == 1)
     for q in ledger.ancestors[reclaimer]:
         after = remaining.get(q, ledger.allocated[q]) + request

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.reclaim import can_reclaim, reclaim_headroom, reclaimable
+from kai_opt.fairshare.reclaim import can_reclaim, reclaim_headroom, reclaimable, reclaimer_side
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.jobs import JobQueue
@@ -103,6 +104,11 @@ class Actions:
                                - sess.rel[st.node_ok, R_GPU]).sum())
             if idle_gpus + 1e-9 < float(st.pod_req[tasks, R_GPU].sum()):
                 continue  # consolidation only defragments: the cluster must have the GPUs idle
+            q = int(st.pg_queue[g])
+            if not can_reclaim(sess.fs, sess.ledger, q, sess.queue_request(tasks).sum(axis=0), preemptible=True):
+                # moving running pods for work above its queue's fair share would only be undone by the next
+                # reclaim: churn, not defragmentation
+                continue
             candidates = [v for v in active_groups(sess) if v != g and st.pg_preemptible[v]]
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._all_moved,
@@ -135,16 +141,7 @@ class Actions:
                 if capacity_violation(sess.fs, sess.ledger, int(st.pg_queue[g]), req,
                                       preemptible=bool(st.pg_preemptible[g])) is not None:
                     break  # re-placing it would put its queue over a limit: it is only evicted
-                cp = sess.checkpoint()
-                ok = True
-                for p in unit:
-                    choice = self.placer.choose(p, self.gang.domain_for_move(p), allow_pipeline=True)
-                    if choice is None:
-                        ok = False
-                        break
-                    sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
-                if not ok:
-                    sess.rollback(cp)
+                if not self.gang.move_unit(unit):
                     break
                 moved.extend(unit)
         return moved
@@ -185,7 +182,8 @@ class Actions:
                                    saturation_multiplier=s.cfg.reclaim_saturation_multiplier)
 
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
-                                     replace_victims=self._move_victims)
+                                     replace_victims=self._move_victims,
+                                     worth_trying=self._reclaimer_side_tracker(q, req, preemptible))
             if out.ok:
                 self._finish(g, out.attempt, jq)
             elif candidates:
@@ -193,6 +191,25 @@ class Actions:
                     "why": out.why, "candidates": len(candidates),
                     "protected": protection_counts(sess, [v for v in active_groups(sess)
                                                           if int(st.pg_queue[v]) != q], "reclaim")}))
+
+    def _reclaimer_side_tracker(self, q: int, req: np.ndarray, preemptible: bool) -> Callable[[list[int]], bool]:
+        """For solve_with_victims: whether, with every victim taken so far gone, the reclaimer's side of the
+        reclaim rules holds (if not, no subset of these victims can pass validation)."""
+        sess, st = self.sess, self.sess.state
+        ledger = sess.ledger.copy()
+        remaining: dict[int, np.ndarray] = {}
+        mine = set(ledger.ancestors[q])
+        mult = sess.cfg.reclaim_saturation_multiplier
+
+        def track(chunk: list[int]) -> bool:
+            drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
+            for a in ledger.ancestors[int(st.pg_queue[int(st.pod_pg[chunk[0]])])]:
+                if a in mine:
+                    remaining[a] = remaining.get(a, ledger.allocated[a]) - drop
+            return reclaimer_side(sess.fs, ledger, q, req, remaining, preemptible=preemptible,
+                                  saturation_multiplier=mult) is None
+
+        return track
 
     def _victim_chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
         """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""

@@ -5,6 +5,8 @@ that could hold the pods first); a preferred level is tried first and dropped wh
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +16,8 @@ from kai_opt.heuristics.placer import Placer, format_fit_error
 from kai_opt.heuristics.session import ACTIVE, Session
 from kai_opt.plan import Reason
 from kai_opt.state import R_GPU
+
+LISTED_DOMAINS = 16  # a required-topology failure lists every domain's count up to this many domains
 
 
 @dataclass
@@ -40,9 +44,10 @@ def _domains(sess: Session, topo: int, level: int, mask: np.ndarray | None) -> l
 
 
 def _order_domains(sess: Session, topo: int, level: int, domains: list[tuple[str, np.ndarray, int]],
-                   need_gpu: float, spread: bool) -> list[tuple[str, np.ndarray]]:
+                   need_gpu: float, spread: bool, *, fitting_only: bool = False) -> list[tuple[str, np.ndarray]]:
     """Bin-pack from the top of the tree down: a domain's key is the free GPUs of its ancestor at each level
-    (top first) and its own, fewest first (most first when spreading); domains that cannot hold the pods last."""
+    (top first) and its own, fewest first (most first when spreading); domains that cannot hold the pods' GPUs
+    (even once releases finish) last, or dropped with `fitting_only`."""
     t = sess.state.topologies[topo]
     future = (sess.alloc[:, R_GPU] - sess.held[:, R_GPU]).astype(float)
     free_at = []
@@ -57,15 +62,64 @@ def _order_domains(sess: Session, topo: int, level: int, domains: list[tuple[str
         own = float(future[m].sum())
         path = [free_at[lvl][t.domain[lvl][node]] for lvl in range(level)] + [own]
         key = tuple(-x if spread else x for x in path)
-        scored.append((own + 1e-9 < need_gpu, key, name, m))
+        short = own + 1e-9 < need_gpu
+        if not (short and fitting_only):
+            scored.append((short, key, name, m))
     scored.sort(key=lambda x: (x[0], x[1], x[2]))
     return [(name, m) for _, _, name, m in scored]
+
+
+def _ordered_domains(sess: Session, topo: int, level: int, within: np.ndarray | None, need_gpu: float,
+                     spread: bool, *, fitting_only: bool = False) -> list[tuple[str, int]]:
+    """(name, domain id) in `_order_domains(_domains(...))` order, computed with per-domain sums instead of a
+    node mask per domain: callers build a domain's mask (`_domain_mask`) only when they reach it."""
+    t = sess.state.topologies[topo]
+    dom = t.domain[level]
+    n_dom = len(t.domain_names[level])
+    future = (sess.alloc[:, R_GPU] - sess.held[:, R_GPU]).astype(float)
+    sel = dom >= 0
+    if within is not None:
+        sel = sel & within
+    idx = np.flatnonzero(sel)
+    own = np.bincount(dom[idx], weights=future[idx], minlength=n_dom)
+    first = np.full(n_dom, -1, dtype=np.int64)
+    first[dom[idx][::-1]] = idx[::-1]
+    present = np.flatnonzero(first >= 0)
+    own_p = own[present]
+    short = own_p + 1e-9 < need_gpu
+    if fitting_only:
+        present, own_p, short = present[~short], own_p[~short], short[~short]
+    sign = -1.0 if spread else 1.0
+    keys = [t.name_rank[level][present], sign * own_p]  # np.lexsort: the last key is the primary one
+    for lvl in range(level - 1, -1, -1):
+        d_l = t.domain[lvl]
+        ok = d_l >= 0
+        free = np.bincount(d_l[ok], weights=future[ok], minlength=len(t.domain_names[lvl]))
+        keys.append(sign * free[d_l[first[present]]])
+    keys.append(short)
+    order = present[np.lexsort(keys)]
+    names = t.domain_names[level]
+    return [(names[d], d) for d in order.tolist()]
+
+
+def _domain_mask(sess: Session, topo: int, level: int, d: int, within: np.ndarray | None) -> np.ndarray:
+    m = sess.state.topologies[topo].domain[level] == d
+    return m & within if within is not None else m
 
 
 class GangPlacer:
     def __init__(self, sess: Session, placer: Placer) -> None:
         self.sess = sess
         self.placer = placer
+        self._quiet_depth = 0  # > 0: attempts whose failure reasons nobody reads (domain trials)
+
+    @contextmanager
+    def _quiet(self, on: bool = True) -> Iterator[None]:
+        self._quiet_depth += int(on)
+        try:
+            yield
+        finally:
+            self._quiet_depth -= int(on)
 
     def place(self, g: int, tasks: list[int], *, allow_pipeline: bool = True,
               check_capacity: bool = True) -> Attempt:
@@ -86,15 +140,24 @@ class GangPlacer:
             need = float(st.pod_req[tasks, R_GPU].sum())
             per_domain = []
             fit: dict[str, int] = {}  # domain -> pods it could hold (details)
-            domains = _domains(sess, topo, req_lvl, self._active_domain(st.group_pods(g), topo, req_lvl))
-            for name, m in _order_domains(sess, topo, req_lvl, domains, need, self._spread(tasks)):
-                a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
+            within = self._active_domain(st.group_pods(g), topo, req_lvl)
+            domains = _ordered_domains(sess, topo, req_lvl, within, need, self._spread(tasks))
+            many = len(domains) > LISTED_DOMAINS  # large trees: skip (and count) domains short of GPUs
+            ordered = _ordered_domains(sess, topo, req_lvl, within, need, self._spread(tasks), fitting_only=True) \
+                if many else domains
+            for name, d in ordered:
+                m = _domain_mask(sess, topo, req_lvl, d, within)
+                with self._quiet():
+                    a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
                 if a.ok:
                     return a
                 per_domain.append(f"<{name}>: node-group {name} can allocate only {len(a.placed)} of "
                                   f"{len(tasks)} required pods.")
                 fit[name] = len(a.placed)
                 sess.rollback(cp)
+            if len(ordered) < len(domains):
+                per_domain.append(f"{len(domains) - len(ordered)} other domains have fewer than {need / 1000:g} "
+                                  "GPUs free.")
             level = st.topologies[topo].levels[req_lvl]
             msg = "\n".join(["Unable to schedule podgroup.", *per_domain,
                              f"topology {st.topologies[topo].name}, requirement {level} couldn't be satisfied "
@@ -108,13 +171,15 @@ class GangPlacer:
         return a
 
     def _active_domain(self, pods: np.ndarray, topo: int, level: int) -> np.ndarray | None:
-        """Nodes of the domain that already-active pods of the (sub)group sit in: the rest must join them."""
+        """Nodes of the domain that already-active (or moved) pods of the (sub)group sit in: the rest must join
+        them."""
         sess = self.sess
-        active = pods[np.isin(sess.status[pods], ACTIVE)]
-        if len(active) == 0:
+        nodes = [int(sess.node[p]) for p in pods[np.isin(sess.status[pods], ACTIVE)].tolist()]
+        nodes += [sess.moves[p].node for p in pods.tolist() if p in sess.moves]  # re-placed by consolidation
+        if not nodes:
             return None
         dom = sess.state.topologies[topo].domain[level]
-        doms = set(int(dom[int(sess.node[p])]) for p in active.tolist())
+        doms = set(int(dom[n]) for n in nodes)
         if len(doms) != 1 or -1 in doms:
             return np.zeros(sess.state.n_nodes, dtype=bool)  # already spread (or outside): no domain fits
         return dom == doms.pop()
@@ -139,6 +204,35 @@ class GangPlacer:
             s = int(st.sg_parent[s])
         return mask
 
+    def move_unit(self, unit: list[int]) -> bool:
+        """Re-place evicted pods of one group (a consolidation move, pipelined), all or nothing, each off its
+        whole-GPU node, inside the required domains: those its group's active (or already moved) pods sit in,
+        else each domain in bin-pack order. On failure the session is unchanged."""
+        sess, st = self.sess, self.sess.state
+        g = int(st.pod_pg[unit[0]])
+        topo, lvl = int(st.pg_topology[g]), int(st.pg_required_level[g])
+        outer: list[int | None] = [None]
+        if topo >= 0 and lvl >= 0 and self.domain_for_move(unit[0]) is None:
+            need = float(st.pod_req[unit, R_GPU].sum())
+            outer = [d for _, d in _ordered_domains(sess, topo, lvl, None, need, self._spread(unit),
+                                                    fitting_only=True)]
+        for d in outer:
+            domain = None if d is None else _domain_mask(sess, topo, lvl, d, None)
+            cp = sess.checkpoint()
+            for p in unit:
+                mask = self.domain_for_move(p)
+                if domain is not None:
+                    mask = domain if mask is None else mask & domain
+                away = int(sess.node[p]) if st.pod_gpu_whole[p] else -1
+                choice = self.placer.choose(p, mask, allow_pipeline=True, exclude=away)
+                if choice is None:
+                    break
+                sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
+            else:
+                return True
+            sess.rollback(cp)
+        return False
+
     def _spread(self, tasks: list[int]) -> bool:
         return self.sess.cfg.placement.gpu.value == "spread"
 
@@ -151,9 +245,11 @@ class GangPlacer:
             need = float(sess.state.pod_req[tasks, R_GPU].sum())
             levels = list(range(pref_lvl, -1, -1))  # the preferred level, then wider levels
             for lvl in levels:
-                for _name, m in _order_domains(sess, topo, lvl, _domains(sess, topo, lvl, mask), need,
-                                               self._spread(tasks)):
-                    a = self._place_subgroups(g, tasks, m, allow_pipeline)
+                for _name, d in _ordered_domains(sess, topo, lvl, mask, need, self._spread(tasks),
+                                                 fitting_only=True):
+                    m = _domain_mask(sess, topo, lvl, d, mask)
+                    with self._quiet():
+                        a = self._place_subgroups(g, tasks, m, allow_pipeline)
                     if a.ok:
                         return a
                     sess.rollback(cp)
@@ -179,21 +275,23 @@ class GangPlacer:
             done = False
             need = float(st.pod_req[pods, R_GPU].sum())
             cp = sess.checkpoint()
-            tries: list[np.ndarray] = []
+            tries: list[tuple[int, int, np.ndarray | None]] = []  # (level, domain, within); level -1: within
             if req_lvl >= 0:
                 fixed = self._active_domain(st.group_pods(g)[st.pod_sg[st.group_pods(g)] == s], topo, req_lvl) \
                     if s >= 0 else None
                 within = mask if fixed is None else (fixed if mask is None else mask & fixed)
-                tries = [m for _, m in _order_domains(sess, topo, req_lvl, _domains(sess, topo, req_lvl, within),
-                                                      need, self._spread(pods))]
+                tries = [(req_lvl, d, within) for _, d in _ordered_domains(sess, topo, req_lvl, within, need,
+                                                                          self._spread(pods))]
             else:
                 for lvl in range(pref_lvl, -1, -1):
-                    tries += [m for _, m in _order_domains(sess, topo, lvl, _domains(sess, topo, lvl, mask), need,
-                                                           self._spread(pods))]
-                tries.append(mask if mask is not None else np.ones(st.n_nodes, dtype=bool))
+                    tries += [(lvl, d, mask) for _, d in _ordered_domains(sess, topo, lvl, mask, need,
+                                                                          self._spread(pods), fitting_only=True)]
+                tries.append((-1, -1, mask if mask is not None else np.ones(st.n_nodes, dtype=bool)))
             last = Attempt(False)
-            for m in tries:
-                a = self._place_pods(pods, m, allow_pipeline)
+            for i, (lvl, d, within) in enumerate(tries):
+                m = within if lvl < 0 else _domain_mask(sess, topo, lvl, d, within)
+                with self._quiet(i < len(tries) - 1):  # only the last try's reasons are reported
+                    a = self._place_pods(pods, m, allow_pipeline)
                 if a.ok:
                     placed += a.placed
                     any_pipe |= a.any_pipelined
@@ -212,6 +310,8 @@ class GangPlacer:
         for p in pods:
             choice = self.placer.choose(p, mask, allow_pipeline=allow_pipeline)
             if choice is None:
+                if self._quiet_depth:
+                    return Attempt(False, [], placed, any_pipe)
                 total, why = self.placer.failure_reasons(p, mask)
                 return Attempt(False, [fit_reason(self.sess, p, placed, total, why)], placed, any_pipe)
             self.sess.place(p, choice.node, choice.devices, pipelined=choice.pipelined)

@@ -24,6 +24,10 @@ class JobQueue:
         self.leaf: dict[int, list[tuple[tuple, int]]] = {}
         self.count = np.zeros(st.n_queues, dtype=np.int64)  # jobs in each queue's subtree
         self._request: dict[int, np.ndarray] = {}
+        self._tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
+        self._choice: dict[int, int] = {}  # queue (-1: the top level) -> its child that goes first
+        self._dirty: set[int] = {-1}  # queues whose choice must be recomputed
+        self._seen = sess.ledger.allocated.copy()
         for g in jobs:
             self.push(g)
 
@@ -42,6 +46,7 @@ class JobQueue:
         self._request.pop(g, None)
         for a in self.sess.ledger.ancestors[q]:
             self.count[a] += 1
+        self._dirty_above(q)
 
     def request(self, g: int) -> np.ndarray:
         r = self._request.get(g)
@@ -51,12 +56,39 @@ class JobQueue:
             self._request[g] = r
         return r
 
+    # -- the best child of each queue, recomputed only where something changed ------------------------------
+    def _sync(self) -> None:
+        """Queues whose allocation changed since the last pop (placements, evictions) dirty their parents' choice."""
+        now = self.sess.ledger.allocated
+        changed = np.flatnonzero(np.any(now != self._seen, axis=1))
+        if len(changed):
+            self._seen = now.copy()
+            for q in changed.tolist():
+                self._dirty_above(q)
+
+    def _dirty_above(self, q: int) -> None:
+        parent = self.sess.state.q_parent
+        while q >= 0:
+            q = int(parent[q])
+            if q in self._dirty:
+                if q < 0:
+                    return
+                continue
+            self._dirty.add(q)
+
+    def _best_child(self, parent: int) -> int:
+        q = self._choice.get(parent)
+        if q is None or parent in self._dirty:
+            kids = self._tops if parent < 0 else self.sess.state.q_children[parent]
+            q = self._best([c for c in kids if self.count[c] > 0])
+            self._choice[parent] = q
+            self._dirty.discard(parent)
+        return q
+
     def _head(self, q: int) -> int:
         """The job queue q's subtree would run next (for comparing queues)."""
-        st = self.sess.state
         while q not in self.leaf or not self.leaf[q]:
-            kids = [c for c in st.q_children[q] if self.count[c] > 0]
-            q = self._best(kids)
+            q = self._best_child(q)
         return self.leaf[q][0][1]
 
     def _best(self, queues: list[int]) -> int:
@@ -66,14 +98,14 @@ class JobQueue:
         return self.order.best(queues, heads)
 
     def pop(self) -> int | None:
-        st = self.sess.state
-        tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0 and self.count[q] > 0]
-        if not tops:
+        if not self._tops or self.count[self._tops].sum() == 0:
             return None
-        q = self._best(tops)
+        self._sync()
+        q = self._best_child(-1)
         while q not in self.leaf or not self.leaf[q]:
-            q = self._best([c for c in st.q_children[q] if self.count[c] > 0])
+            q = self._best_child(q)
         _, g = self.leaf[q].pop(0)
         for a in self.sess.ledger.ancestors[q]:
             self.count[a] -= 1
+        self._dirty_above(q)
         return g

@@ -40,6 +40,8 @@ class Placer:
         self.n = st.n_nodes
         self.non_gpu_cols = np.array([c for c in range(len(st.resources)) if c != R_GPU], dtype=np.int64)
         self._static: dict[int, np.ndarray] = {}
+        self._failures: dict[int, tuple[np.ndarray, list[str]]] = {}
+        self._last: tuple | None = None  # the last binpack choice, for _same_node_again
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
         self.has_gpu = np.diff(st.dev_start) > 0
@@ -65,13 +67,13 @@ class Placer:
         """(fits now, fits once releases finish) over the candidate node indexes."""
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
-        cols = self.non_gpu_cols
-        held = sess.held[np.ix_(candidates, cols)]
-        alloc = sess.alloc[np.ix_(candidates, cols)]
-        rel = sess.rel[np.ix_(candidates, cols)]
-        need = req[cols]
-        future_ok = np.all(alloc - held >= need, axis=1)
-        now_ok = future_ok & np.all(alloc - held - rel >= need, axis=1)
+        future_ok = np.ones(len(candidates), dtype=bool)
+        now_ok = np.ones(len(candidates), dtype=bool)
+        for c in self.non_gpu_cols[req[self.non_gpu_cols] > 0].tolist():  # as kube: only what the pod requests
+            free = sess.alloc[candidates, c] - sess.held[candidates, c]
+            future_ok &= free >= req[c]
+            now_ok &= free - sess.rel[candidates, c] >= req[c]
+        now_ok &= future_ok
         whole = int(st.pod_gpu_whole[p])
         if whole:
             now_ok &= sess.whole_idle[candidates] >= whole
@@ -121,6 +123,15 @@ class Placer:
                     mask &= ~hit
         return mask
 
+    def _devices_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(global device indexes of `nodes`, position in `nodes` of each device's node)."""
+        starts = self.sess.dev_start[nodes]
+        counts = self.sess.dev_start[nodes + 1] - starts
+        owner = np.repeat(np.arange(len(nodes)), counts)
+        first = np.cumsum(counts) - counts
+        dev = np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
+        return dev, owner
+
     # -- scoring -------------------------------------------------------------------------------------------------
     def _strategy(self, p: int) -> Strategy:
         st = self.sess.state
@@ -136,11 +147,10 @@ class Placer:
             tier += np.where(self.has_gpu[candidates], 0, TIER_RESOURCE_TYPE)
         if st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
             per = self.per_device(p, candidates)
-            shared = np.zeros(len(candidates), dtype=bool)
-            for i, n in enumerate(candidates.tolist()):
-                a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-                used = sess.dev_held[a:b] + sess.dev_rel[a:b]
-                shared[i] = bool(np.any((used > 0) & (DEV - used >= per[i])))
+            dev, owner = self._devices_of(candidates)
+            used = sess.dev_held[dev] + sess.dev_rel[dev]
+            hit = (used > 0) & (DEV - used >= per[owner])
+            shared = np.bincount(owner[hit], minlength=len(candidates)) > 0
             tier += np.where(shared, TIER_GPU_SHARING, 0)
         pod = st.pods[p]
         if pod.node_affinity_preferred:
@@ -193,10 +203,68 @@ class Placer:
     # -- one pod -------------------------------------------------------------------------------------------------
     def choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
                exclude: int = -1) -> Choice | None:
+        again = self._same_node_again(p, mask, allow_pipeline, exclude)
+        if again is not None:
+            return again
+        choice = self._choose(p, mask, allow_pipeline=allow_pipeline, exclude=exclude)
+        self._last = None
+        if choice is not None and exclude < 0 and self._strategy(p) == Strategy.binpack:
+            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.version)
+        return choice
+
+    def _prefilter(self, p: int, candidates: np.ndarray) -> np.ndarray:
+        """Drop nodes that cannot hold p even once releases finish, by its scarcest resource (whole GPUs, a GPU
+        share, else CPU): cheap, and it leaves few nodes for the full fit."""
+        st, sess = self.sess.state, self.sess
+        whole = int(st.pod_gpu_whole[p])
+        if whole:
+            return candidates[sess.whole_future[candidates] >= whole]
+        if st.pod_gpu_frac[p]:
+            return candidates[sess.max_future[candidates] >= int(st.pod_gpu_frac[p])]
+        cpu = int(st.pod_req[p, R_CPU])
+        if cpu > 0:
+            return candidates[sess.alloc[candidates, R_CPU] - sess.held[candidates, R_CPU] >= cpu]
+        return candidates
+
+    def _shape(self, p: int) -> tuple | None:
+        """Pods with equal shapes are interchangeable for placement (None: this pod is not, it has pod
+        (anti-)affinity, which depends on where other pods are)."""
+        st = self.sess.state
+        pod = st.pods[p]
+        if pod.pod_affinity or pod.pod_anti_affinity:
+            return None
+        return (int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]),
+                int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]), int(st.pod_pg[p]))
+
+    def _same_node_again(self, p: int, mask: np.ndarray | None, allow_pipeline: bool,
+                         exclude: int) -> Choice | None:
+        """Bin-packing shortcut, exact: right after an equal pod was placed on node n (the only change since),
+        n scores at least as well as before (less free, sharing tier only rises, others unchanged), so it is
+        the choice again if it still fits the same way (bind vs pipeline)."""
+        last = self._last
+        if last is None or exclude >= 0 or self.sess.version != last[5] + 1:
+            return None
+        shape, last_mask, last_pipe_ok, n, was_pipelined, _ = last
+        if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p):
+            return None
+        now_ok, future_ok = self.fit(p, np.array([n], dtype=np.int64))
+        same_way = (not now_ok[0] and future_ok[0]) if was_pipelined else now_ok[0]
+        if not same_way:
+            return None
+        pipelined = was_pipelined
+        devices = self.devices_for(p, n, pipelined)
+        if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
+            pipelined = True
+        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.version)
+        return Choice(n, pipelined, devices)
+
+    def _choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
+                exclude: int = -1) -> Choice | None:
         candidates = np.nonzero(self.static_mask(int(self.sess.state.pod_sig[p])) if mask is None
                                 else self.static_mask(int(self.sess.state.pod_sig[p])) & mask)[0]
         if exclude >= 0:
             candidates = candidates[candidates != exclude]
+        candidates = self._prefilter(p, candidates)
         if len(candidates) == 0:
             return None
         now_ok, future_ok = self.fit(p, candidates)
@@ -223,21 +291,17 @@ class Placer:
         """kube-scheduler style: per reason, how many nodes fail it (a node may count under several)."""
         st, sess = self.sess.state, self.sess
         reasons: Counter[str] = Counter()
-        sig = st.sigs[int(st.pod_sig[p])]
-        all_nodes = np.arange(self.n)
-        considered = all_nodes if mask is None else all_nodes[mask]
-        ok_nodes = []
-        for n in considered.tolist():
-            if not st.node_ok[n]:
-                reasons["node(s) were unschedulable or not ready"] += 1
-                continue
-            why = sig.first_failure(st.node_labels[n], st.node_taints[n], st.node_names[n])
-            if why:
-                reasons[f"node(s) {why}"] += 1
-                continue
-            ok_nodes.append(n)
-        if ok_nodes:
-            cand = np.array(ok_nodes, dtype=np.int64)
+        considered = np.arange(self.n) if mask is None else np.flatnonzero(mask)
+        ready = st.node_ok[considered]
+        if (~ready).any():
+            reasons["node(s) were unschedulable or not ready"] += int((~ready).sum())
+        codes, texts = self._static_failures(int(st.pod_sig[p]))
+        code = codes[considered]
+        for c in np.unique(code[ready & (code >= 0)]).tolist():
+            reasons[f"node(s) {texts[c]}"] += int((ready & (code == c)).sum())
+        ok_nodes = considered[ready & (code < 0)]
+        if len(ok_nodes):
+            cand = ok_nodes
             req = st.pod_req[p]
             free = sess.alloc[cand] - sess.held[cand]  # counting releases: what could ever be there this cycle
             for col in (R_CPU, R_MEM, R_PODS, *range(4, len(st.resources))):
@@ -262,6 +326,28 @@ class Placer:
             if bad_aff:
                 reasons["node(s) didn't match pod affinity/anti-affinity rules"] += bad_aff
         return len(considered), reasons
+
+    def _static_failures(self, sig: int) -> tuple[np.ndarray, list[str]]:
+        """Per node: index into the texts of the first label/taint rule it fails for this signature (-1: none),
+        judged once per node class."""
+        hit = self._failures.get(sig)
+        if hit is None:
+            st = self.sess.state
+            s = st.sigs[sig]
+            classes = st.node_class
+            n_classes = int(classes.max()) + 1 if self.n else 0
+            first = np.full(n_classes, -1, dtype=np.int64)
+            first[classes[::-1]] = np.arange(self.n - 1, -1, -1)
+            texts: list[str] = []
+            per_class = np.full(n_classes, -1, dtype=np.int64)
+            for c, n in enumerate(first.tolist()):
+                why = s.first_failure(st.node_labels[n], st.node_taints[n], st.node_names[n]) if n >= 0 else None
+                if why:
+                    if why not in texts:
+                        texts.append(why)
+                    per_class[c] = texts.index(why)
+            hit = self._failures[sig] = (per_class[classes] if self.n else np.zeros(0, dtype=np.int64), texts)
+        return hit
 
 
 def format_fit_error(total: int, reasons: Counter[str]) -> str:

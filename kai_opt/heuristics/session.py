@@ -25,7 +25,7 @@ DEV = 1000  # milli-GPU per device
 
 @dataclass
 class _Op:
-    kind: str  # place | evict | move | pipeline
+    kind: str  # place | evict | move | pipeline | unevict
     pod: int
     node: int
     devices: tuple[int, ...]
@@ -36,6 +36,7 @@ class _Op:
     non_preemptible: bool
     claimed: np.ndarray | None = None  # releasing resources a pipelined placement claimed
     dev_claimed: tuple[int, ...] = ()
+    eviction: Eviction | None = None  # unevict: the eviction it took back
 
 
 class Session:
@@ -62,6 +63,9 @@ class Session:
         self.moves: dict[int, Placement] = {}
         self.evictions: dict[int, Eviction] = {}
         self.touched: list[int] = []  # nodes changed, in order (caches re-check these)
+        self.version = 0  # bumped by every change of the state (place, evict, pipeline, undo)
+        # pod -> an eviction op of it (unevict undoes it; a pod's evictions in one session are all alike)
+        self._evict_op: dict[int, _Op] = {}
         n = state.n_nodes
         self.whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
         self.whole_future = np.zeros(n, dtype=np.int64)  # devices free once releases finish
@@ -185,12 +189,35 @@ class Session:
         prev = int(self.status[p])
         self.status[p] = PodStatus.RELEASING
         self.evictions[p] = Eviction(p, reason, beneficiary)
-        self.log.append(_Op("evict", p, n, devices, prev, amount, per_dev, qa if counted else qa * 0, np_flag))
+        op = _Op("evict", p, n, devices, prev, amount, per_dev, qa if counted else qa * 0, np_flag)
+        self.log.append(op)
+        self._evict_op[p] = op
         self._touch(n)
+
+    def unevict(self, p: int) -> None:
+        """Take back the eviction of p made in this session (the pod keeps running as if never chosen)."""
+        ev = self._evict_op[p]
+        self._apply_eviction(ev, -1)
+        self.status[p] = ev.prev_status
+        eviction = self.evictions.pop(p)
+        self.log.append(_Op("unevict", p, ev.node, ev.devices, ev.prev_status, ev.amount, ev.dev_amount,
+                            ev.queue_amount, ev.non_preemptible, eviction=eviction))
+        self._touch(ev.node)
+
+    def _apply_eviction(self, op: _Op, sign: int) -> None:
+        """sign +1: the pod's resources turn releasing and leave its queue; -1: back."""
+        n = op.node
+        self.held[n] -= sign * op.amount
+        self.rel[n] += sign * op.amount
+        for d in op.devices:
+            self.dev_held[d] -= sign * op.dev_amount
+            self.dev_rel[d] += sign * op.dev_amount
+        self.ledger.add(int(self.queue_of_pod[op.pod]), -sign * op.queue_amount, non_preemptible=op.non_preemptible)
 
     def convert_to_pipelined(self, pods: list[int]) -> None:
         """KAI: when any task of a gang must wait for releases, the whole gang waits (pipelined). The pods keep
         the resources they were given (free now); they are bound together once the rest is released."""
+        self.version += 1
         for p in pods:
             if int(self.status[p]) == ALLOCATED:
                 self.log.append(_Op("pipeline", p, int(self.node[p]), (), ALLOCATED, np.zeros(0), 0, np.zeros(0),
@@ -213,6 +240,13 @@ class Session:
                 for d in self.devices.get(p, ()):
                     self.dev_piped[d] -= self.gpu_per_device(p, n)
                 continue
+            if op.kind == "unevict":
+                self._apply_eviction(op, +1)
+                self.status[p] = PodStatus.RELEASING
+                assert op.eviction is not None
+                self.evictions[p] = op.eviction
+                self._touch(n)
+                continue
             q = int(self.queue_of_pod[p])
             if op.kind in ("place", "move"):
                 self.held[n] -= op.amount
@@ -233,16 +267,12 @@ class Session:
                     self.devices.pop(p, None)
                     del self.placements[p]
             else:  # evict
-                self.held[n] += op.amount
-                self.rel[n] -= op.amount
-                for d in op.devices:
-                    self.dev_held[d] += op.dev_amount
-                    self.dev_rel[d] -= op.dev_amount
-                self.ledger.add(q, op.queue_amount, non_preemptible=op.non_preemptible)
+                self._apply_eviction(op, -1)
                 self.status[p] = op.prev_status
                 del self.evictions[p]
             self._touch(n)
 
     def _touch(self, n: int) -> None:
+        self.version += 1
         self.touched.append(n)
         self._refresh_gpu_summary(np.array([n]))

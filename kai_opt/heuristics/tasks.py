@@ -66,7 +66,8 @@ def readiness_problem(sess: Session, g: int, shape: GroupShape | None = None) ->
 
 
 def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) -> list[int]:
-    """Pending pods to place in one go: enough to satisfy every minimum, or one more for an elastic group."""
+    """Pending pods to place in one go: enough to satisfy every minimum, or one more for an elastic group; none
+    when the pending pods cannot reach the minimums (e.g. its running pods were evicted this cycle)."""
     shape = shape or group_shape(sess, g)
     st = sess.state
     pending_all = shape.pods[pending_mask(sess, shape.pods)]
@@ -77,7 +78,10 @@ def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) ->
     for s, pods in shape.leaves:
         deficit = int(st.sg_min_member[s]) - int(active_mask(sess, pods).sum())
         if deficit > 0:
-            for p in pods[pending_mask(sess, pods)][:deficit].tolist():
+            ready = pods[pending_mask(sess, pods)]
+            if len(ready) < deficit:
+                return []
+            for p in ready[:deficit].tolist():
                 chosen.append(p)
                 taken.add(p)
     deficit = int(st.pg_min_member[g]) - int(active_mask(sess, shape.pods).sum()) - len(chosen)
@@ -89,6 +93,8 @@ def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) ->
                 chosen.append(p)
                 taken.add(p)
                 deficit -= 1
+        if deficit > 0:
+            return []
     if not chosen:
         chosen = [int(pending_all[0])]
     order = {int(p): i for i, p in enumerate(shape.pods.tolist())}

@@ -10,8 +10,9 @@ consolidating reclaim and preempt; consolidation requires it of every victim), a
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,68 +67,179 @@ def protection_counts(sess: Session, groups: list[int], kind: str) -> dict[str, 
     return out
 
 
-def victim_chunk_order(sess: Session, groups: list[int]) -> list[tuple[int, list[int]]]:
+def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
-    its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first;
-    inside a queue, jobs above their minimum first (they give up one pod, the last in task order, and go back in
-    line), then lower priority, then newer. A job at its minimum gives up all its pods."""
-    import heapq
-
-    st, fs = sess.state, sess.fs
-    remaining = {g: st.group_pods(g)[sess.status[st.group_pods(g)] == PodStatus.BOUND].tolist() for g in groups}
+    its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
+    compared level by level from the top of the tree; inside a queue, jobs above their minimum first (they give
+    up one pod, the last in task order, and go back in line), then lower priority, then newer. A job at its
+    minimum gives up all its pods. Lazy: the caller stops taking chunks once the beneficiary fits."""
+    st = sess.state
+    status = sess.status[st.pg_pods]
+    bound_c = np.concatenate([[0], np.cumsum(status == PodStatus.BOUND)])
+    active_c = np.concatenate([[0], np.cumsum(np.isin(status, ACTIVE))])
+    start = st.pg_pod_start
+    remaining: dict[int, list[int]] = {}  # the group's bound pods in task order, made when first needed
+    left = {g: int(bound_c[start[g + 1]] - bound_c[start[g]]) for g in groups}
     # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims
-    newly = {g: int(active_mask(sess, st.group_pods(g)).sum()) - len(remaining[g]) for g in groups}
-    allocated = sess.ledger.allocated.copy()
-    allocatable = fs.allocatable_share
+    newly = {g: int(active_c[start[g + 1]] - active_c[start[g]]) - left[g] for g in groups}
 
-    def level_key(q: int) -> tuple:
-        over = bool(np.all(fs.fair_share[q] < allocated[q]))
-        share = allocatable[q]
-        share = np.where(share == -1, fs.total, share)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            drf = float(np.max(np.where(share == 0, allocated[q] * 1000.0, allocated[q] / np.where(share == 0, 1,
-                                                                                                   share))))
-        return (not over, int(st.q_priority[q]), -drf)
+    def bound_pods(g: int) -> list[int]:
+        pods = remaining.get(g)
+        if pods is None:
+            a, b = int(start[g]), int(start[g + 1])
+            pods = remaining[g] = st.pg_pods[a:b][status[a:b] == PodStatus.BOUND].tolist()
+        return pods
 
-    def queue_key(q: int) -> tuple:
-        """Compared level by level from the top of the tree, as KAI's victim queue walks it."""
-        return tuple(x for a in reversed(sess.ledger.ancestors[q]) for x in level_key(a))
+    tree = _VictimTree(sess)
 
-    def key(g: int) -> tuple:
+    def job_key(g: int) -> tuple:
         m = int(st.pg_min_member[g])
-        n = len(remaining[g]) + newly[g]
+        n = left[g] + newly[g]
         elastic = 0 if n > m else (1 if n == m else 2)
         created = st.pg_creation[g]
-        return (*queue_key(int(st.pg_queue[g])), elastic, int(st.pg_priority[g]),
-                -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
+        return (elastic, int(st.pg_priority[g]), -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
 
-    version = 0  # bumps whenever some queue's allocation drops: keys are judged again lazily
-    heap = [(key(g), version, g) for g in groups if remaining[g]]
-    heapq.heapify(heap)
-    out: list[tuple[int, list[int]]] = []
-    while heap:
-        k, ver, g = heapq.heappop(heap)
+    for g in groups:
+        if left[g]:
+            tree.push_job(int(st.pg_queue[g]), job_key(g), g)
+    tree.build()
+    while True:
+        g = tree.pop_job()
+        if g is None:
+            return
         q = int(st.pg_queue[g])
-        if ver != version:
-            fresh = key(g)
-            if fresh != k:
-                heapq.heappush(heap, (fresh, version, g))
-                continue
-        pods = remaining[g]
+        pods = bound_pods(g)
         if len(pods) + newly[g] > int(st.pg_min_member[g]):
             chunk = [pods.pop()]
         elif newly[g] == 0:
             chunk = list(pods)
             pods.clear()
         else:
+            tree.refresh(q)
             continue  # its gang now relies on pods placed this cycle: its core stays
-        out.append((g, chunk))
-        for a in sess.ledger.ancestors[q]:
-            allocated[a] -= sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
-        version += 1
+        left[g] = len(pods)
+        yield g, chunk
+        tree.release(q, sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0))
         if pods:
-            heapq.heappush(heap, (key(g), version, g))
-    return out
+            tree.push_job(q, job_key(g), g)
+        tree.refresh(q)
+
+
+class _VictimTree:
+    """The victim order's queue tree: per leaf queue a heap of its jobs, per parent a heap of its children keyed
+    by (the child's level key, the best key below it), so the next victim is found by walking down from the top
+    and a chunk taken re-keys only the queues on its path (lazy deletion by version)."""
+
+    def __init__(self, sess: Session) -> None:
+        fs = sess.fs
+        self.sess, self.fs = sess, fs
+        self.parent = sess.state.q_parent
+        self.priority = sess.state.q_priority
+        self.allocated = sess.ledger.allocated.copy()
+        self.share = np.where(fs.allocatable_share == -1, fs.total, fs.allocatable_share)
+        self.jobs: dict[int, list[tuple[tuple, int]]] = {}
+        self.children: dict[int, list[tuple[tuple, int, int]]] = {}  # parent (-1: top) -> (key, version, queue)
+        self.version: dict[int, int] = {}
+        self.levels: dict[int, tuple] = {}
+
+    def level_key(self, q: int) -> tuple:
+        k = self.levels.get(q)
+        if k is None:
+            alloc, share = self.allocated[q], self.share[q]
+            over = bool(np.all(self.fs.fair_share[q] < alloc))
+            drf = max((a * 1000.0 if d == 0 else a / d) for a, d in zip(alloc.tolist(), share.tolist(), strict=True))
+            k = self.levels[q] = (not over, int(self.priority[q]), -drf)
+        return k
+
+    def push_job(self, q: int, key: tuple, g: int) -> None:
+        heapq.heappush(self.jobs.setdefault(q, []), (key, g))
+
+    def build(self) -> None:
+        for q in list(self.jobs):
+            self.refresh(q)
+
+    def _best(self, q: int) -> tuple | None:
+        if q in self.jobs:
+            h = self.jobs[q]
+            return h[0][0] if h else None
+        h = self.children.get(q, [])
+        while h and h[0][1] != self.version.get(h[0][2]):
+            heapq.heappop(h)
+        return h[0][0] if h else None
+
+    def refresh(self, q: int) -> None:
+        """Re-key q and its ancestors in their parents' heaps (after q's jobs or allocation changed)."""
+        while q >= 0:
+            self.version[q] = self.version.get(q, 0) + 1
+            best = self._best(q)
+            if best is not None:
+                heapq.heappush(self.children.setdefault(int(self.parent[q]), []),
+                               ((self.level_key(q), best), self.version[q], q))
+            q = int(self.parent[q])
+
+    def release(self, q: int, amount: np.ndarray) -> None:
+        """A chunk of leaf q's allocation is taken: q and its ancestors count less from now on."""
+        for a in self.sess.ledger.ancestors[q]:
+            self.allocated[a] -= amount
+            self.levels.pop(a, None)
+
+    def pop_job(self) -> int | None:
+        q = -1
+        while q not in self.jobs:
+            h = self.children.get(q, [])
+            while h and h[0][1] != self.version.get(h[0][2]):
+                heapq.heappop(h)
+            if not h:
+                return None
+            q = h[0][2]
+        h = self.jobs[q]
+        return heapq.heappop(h)[1] if h else None
+
+
+class _FitCount:
+    """A quick necessary condition for whole-GPU tasks: for each size s, nodes (of the feasible ones) can hold
+    at least as many pods of >= s devices as there are such tasks, counting whole devices free once releases
+    finish. Kept up to date per touched node, so a victim scenario that cannot work is skipped without a
+    placement attempt (KAI's accumulated-idle-GPUs scenario filter plays the same role)."""
+
+    def __init__(self, sess: Session, tasks: list[int], feasible: np.ndarray) -> None:
+        st = sess.state
+        sig = int(st.pod_sig[tasks[0]])  # `feasible` is this signature's node mask: count its tasks only
+        whole = [int(st.pod_gpu_whole[p]) for p in tasks if st.pod_sig[p] == sig and st.pod_gpu_whole[p] > 0]
+        self.sizes = sorted(set(whole))
+        self.need = {s: sum(1 for w in whole if w >= s) for s in self.sizes}
+        self.sess, self.feasible = sess, feasible
+        free = sess.whole_future[feasible]
+        self.count = {s: int((free // s).sum()) for s in self.sizes}
+
+    def ok(self) -> bool:
+        return all(self.count[s] >= self.need[s] for s in self.sizes)
+
+    def ok_without(self, pods: np.ndarray) -> bool:
+        """Whether it could hold with all of `pods` (running) gone: the bound on what any victims can do."""
+        if not self.sizes:
+            return True
+        sess, st = self.sess, self.sess.state
+        held = sess.dev_held.copy()
+        starts, ends = st.pod_dev_start[pods], st.pod_dev_start[pods + 1]
+        counts = ends - starts
+        if counts.sum():
+            owner = np.repeat(np.arange(len(pods)), counts)
+            dev = st.pod_dev[np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))]
+            mem = np.maximum(st.node_gpu_mem_mib[sess.node[pods]], 1)
+            per = np.where(st.pod_gpu_whole[pods] > 0, DEV,
+                           np.where(st.pod_gpu_frac[pods] > 0, st.pod_gpu_frac[pods],
+                                    np.minimum(DEV, -(-st.pod_gpu_mem[pods] * DEV // mem))))
+            np.subtract.at(held, dev, per[owner])
+        whole = np.bincount(sess.dev_node[held <= 0], minlength=sess.state.n_nodes)[self.feasible]
+        return all(int((whole // s).sum()) >= self.need[s] for s in self.sizes)
+
+    def update(self, before: dict[int, int]) -> None:
+        """`before`: feasible node -> whole devices free before the change."""
+        for n, b in before.items():
+            a = int(self.sess.whole_future[n])
+            for s in self.sizes:
+                self.count[s] += a // s - b // s
 
 
 def solve_with_victims(
@@ -142,34 +254,49 @@ def solve_with_victims(
     feasible: np.ndarray,
     max_victim_jobs: int = -1,
     replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
+    worth_trying: Callable[[list[int]], bool] | None = None,
 ) -> Outcome:
+    """Take victim chunks in order, evicting each; whenever the beneficiary could fit, try to place it on what
+    is free or being released, then keep unneeded victims, move the movable ones and validate. The session is
+    unchanged unless it returns ok. `worth_trying(chunk)` sees every chunk taken and says whether the victims
+    so far could pass validation at all (a necessary condition that spares hopeless attempts)."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
-    chunks: list[list[int]] = []
     jobs_used: set[int] = set()
-    for v, c in victim_chunk_order(sess, candidates):
-        if not any(feasible[int(sess.node[p])] for p in c):
+    accumulated: list[list[int]] = []
+    last_why = "not enough resources even with every eligible victim evicted"
+    ledger_before = sess.ledger.copy()
+    releasable = float((sess.alloc[feasible, R_GPU] - sess.held[feasible, R_GPU]).sum())
+    fits = _FitCount(sess, tasks, feasible)
+    everyone = _bound_pods(sess, candidates)
+    if not fits.ok_without(everyone[feasible[sess.node[everyone]]]):
+        return Outcome(False, [], "not enough resources even with every eligible victim evicted")
+    scenarios = 0
+    cp0 = sess.checkpoint()
+    for v, chunk in victim_chunk_order(sess, candidates):
+        if not any(feasible[int(sess.node[p])] for p in chunk):
             continue
         if v not in jobs_used:
             if max_victim_jobs >= 0 and len(jobs_used) >= max_victim_jobs:
                 continue
             jobs_used.add(v)
-        chunks.append(c)
-    if not chunks:
-        return Outcome(False, [], "no eligible victims")
-    accumulated: list[list[int]] = []
-    last_why = "not enough resources even with every eligible victim evicted"
-    ledger_before = sess.ledger.copy()
-    releasable = float((sess.alloc[feasible, R_GPU] - sess.held[feasible, R_GPU]).sum())
-    for chunk in chunks:
         accumulated.append(chunk)
-        releasable += float(sum(sess.pod_node_amount(p, int(sess.node[p]))[R_GPU] for p in chunk))
-        if releasable + 1e-9 < need_gpu:
+        before: dict[int, int] = {}
+        for p in chunk:
+            n = int(sess.node[p])
+            if feasible[n]:
+                before.setdefault(n, int(sess.whole_future[n]))
+            releasable += float(sess.pod_node_amount(p, n)[R_GPU])
+            sess.evict(p, reason, g)
+        fits.update(before)
+        hopeful = worth_trying(chunk) if worth_trying is not None else True
+        if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
+        if scenarios >= sess.cfg.max_victim_scenarios:
+            last_why = f"gave up after {scenarios} victim scenarios (max_victim_scenarios)"
+            break
+        scenarios += 1
         cp = sess.checkpoint()
-        for c in accumulated:
-            for p in c:
-                sess.evict(p, reason, g)
         attempt = gang.place(g, tasks, allow_pipeline=True)
         if not attempt.ok:
             sess.rollback(cp)
@@ -189,8 +316,19 @@ def solve_with_victims(
             attempt.any_pipelined = True
             return Outcome(True, victims, None, attempt)
         last_why = why
-        sess.rollback(cp)
+        sess.rollback(cp)  # back to every accumulated victim evicted, nothing placed
+    sess.rollback(cp0)
+    if not accumulated:
+        return Outcome(False, [], "no eligible victims")
     return Outcome(False, [], last_why)
+
+
+def _bound_pods(sess: Session, groups: list[int]) -> np.ndarray:
+    st = sess.state
+    if not groups:
+        return np.zeros(0, dtype=np.int64)
+    pods = np.concatenate([st.group_pods(g) for g in groups])
+    return pods[sess.status[pods] == PodStatus.BOUND]
 
 
 def _queue_capacity(sess: Session, g: int, tasks: list[int]) -> str | None:
@@ -226,32 +364,13 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
         if any(sess.dev_held[d] + a > DEV for d, a in dev_extra.items()):
             continue
         for p in chunk:
-            _restore(sess, p)
+            sess.unevict(p)
         if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
             for p in chunk:
                 sess.evict(p, reason, beneficiary)
             continue
         kept.update(chunk)
     return [p for c in evicted for p in c if p not in kept]
-
-
-def _restore(sess: Session, p: int) -> None:
-    """Undo the eviction of p in place (as if it had not been chosen)."""
-    for i in range(len(sess.log) - 1, -1, -1):
-        op = sess.log[i]
-        if op.kind == "evict" and op.pod == p:
-            n = op.node
-            sess.held[n] += op.amount
-            sess.rel[n] -= op.amount
-            for d in op.devices:
-                sess.dev_held[d] += op.dev_amount
-                sess.dev_rel[d] -= op.dev_amount
-            sess.ledger.add(int(sess.queue_of_pod[p]), op.queue_amount, non_preemptible=op.non_preemptible)
-            sess.status[p] = op.prev_status
-            del sess.evictions[p]
-            del sess.log[i]
-            sess._touch(n)
-            return
 
 
 def active_groups(sess: Session) -> list[int]:

@@ -69,6 +69,16 @@ class TopologyIndex:
     def level_index(self, label: str) -> int:
         return self.levels.index(label)
 
+    @cached_property
+    def name_rank(self) -> list[np.ndarray]:
+        """Per level: the rank of each domain's name (orderings break ties by name)."""
+        out = []
+        for names in self.domain_names:
+            r = np.empty(len(names), dtype=np.int64)
+            r[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+            out.append(r)
+        return out
+
 
 @dataclass
 class ClusterState:
@@ -238,12 +248,18 @@ class ClusterState:
             return min(1000, -(-int(self.pod_gpu_mem[p]) * 1000 // mem))
         return 1000 if self.pod_gpu_whole[p] else 0
 
+    @cached_property
+    def _pod_qreq(self) -> np.ndarray:
+        """float64[P, 3]: pod requests in queue units (gpu-memory pods fixed up per call)."""
+        out = np.empty((self.n_pods, len(QR_COLUMN)), dtype=np.float64)
+        for j, (col, div) in enumerate(zip(QR_COLUMN, QR_DIVISOR, strict=True)):
+            out[:, j] = self.pod_req[:, col] / div
+        return out
+
     def pod_queue_request(self, pods: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
         """float64[len(pods), 3]: what pods count against a queue (KAI units). gpu-memory pods count their
         fraction of the node they are on, or of the smallest GPU memory in the cluster when not placed."""
-        out = np.empty((len(pods), len(QR_COLUMN)), dtype=np.float64)
-        for j, (col, div) in enumerate(zip(QR_COLUMN, QR_DIVISOR, strict=True)):
-            out[:, j] = self.pod_req[pods, col] / div
+        out = self._pod_qreq[pods]
         mem = self.pod_gpu_mem[pods]
         if mem.any():
             where = np.nonzero(mem)[0]
