@@ -310,7 +310,9 @@ def test_batch_engine_hook(monkeypatch: pytest.MonkeyPatch) -> None:
         trace.replay(nodes, pods, "greedy", seed=0, batch=3, inflate=0)
 
 
-def test_unwired_engines_are_a_user_error() -> None:
+def test_unwired_engines_are_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    trace.check_engines(["greedy", "cpsat"])  # wired by kai_opt.bench.batch
+    monkeypatch.delitem(trace._FACTORIES, "cpsat")
     with pytest.raises(InputError, match="'cpsat' is not wired"):
         trace.check_engines(["cpsat"])
     with pytest.raises(InputError, match="'nope' is unknown"):
@@ -370,6 +372,9 @@ def test_cli_table_and_markdown(capsys: pytest.CaptureFixture[str], tiny_trace: 
 def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], tiny_trace: tuple[Path, Path],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     nodes, pods = tiny_trace
+    code, _, err = run_cli(capsys, "bench", "trace", "--nodes", str(nodes), "--pods", str(pods), "--engines", "nope")
+    assert code == 2 and err.count("\n") == 1 and "'nope' is unknown" in err
+    monkeypatch.delitem(trace._FACTORIES, "cpsat")
     code, _, err = run_cli(capsys, "bench", "trace", "--nodes", str(nodes), "--pods", str(pods), "--engines", "cpsat")
     assert code == 2 and err.count("\n") == 1 and "cpsat" in err
     monkeypatch.setattr(openb, "default_trace_dir", lambda repo_root=None: None)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -162,6 +162,14 @@ class Cluster:
         for g in gpus:
             self.gpu_free[node, g] -= pods.gpu_milli[i]
 
+    def release(self, pods: Pods, i: int, placement: Placement) -> None:
+        """Undo `apply` (a pod leaves, or a tentative gang placement is rolled back)."""
+        node, gpus = placement
+        self.cpu_free[node] += pods.cpu[i]
+        self.mem_free[node] += pods.mem[i]
+        for g in gpus:
+            self.gpu_free[node, g] += pods.gpu_milli[i]
+
 
 def first_free_gpus(row: np.ndarray, k: int) -> tuple[int, ...]:
     """The k lowest-index wholly free GPUs."""
@@ -171,6 +179,12 @@ def first_free_gpus(row: np.ndarray, k: int) -> tuple[int, ...]:
 def tightest_gpu(row: np.ndarray, d: int) -> int:
     """The GPU with the least free share that still holds d (lowest index on ties)."""
     return int(np.where(row >= d, row, MILLI + 1).argmin())
+
+
+def candidates(cluster: Cluster, pods: Pods, i: int, mask: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the nodes pod i fits now (and that `mask` allows)."""
+    ok = cluster.fits(pods, i)
+    return np.flatnonzero(ok if mask is None else ok & mask)
 
 
 def pick(cand: np.ndarray, scores: np.ndarray, rank: np.ndarray) -> tuple[int, int]:
@@ -208,8 +222,9 @@ class Policy:
         row = cluster.gpu_free[node]
         return (tightest_gpu(row, d),) if d < MILLI else first_free_gpus(row, k)
 
-    def place(self, cluster: Cluster, pods: Pods, i: int) -> Placement | None:
-        cand = np.flatnonzero(cluster.fits(pods, i))
+    def place(self, cluster: Cluster, pods: Pods, i: int, mask: np.ndarray | None = None) -> Placement | None:
+        """The policy's placement of pod i, or None; `mask` (N,) restricts the nodes further (selectors, ...)."""
+        cand = candidates(cluster, pods, i, mask)
         if cand.size == 0:
             return None
         _, node = pick(cand, self.scores(cluster, pods, i, cand), self.rank)
@@ -323,19 +338,27 @@ def typical_workload(pods: PodList, models: Sequence[str], coverage: float = TYP
 
     Memory is not part of a shape, as in the paper's simulator.
     """
-    counts = Counter(zip(pods.cpu_milli.tolist(), pods.gpu_milli.tolist(), pods.num_gpu.tolist(), pods.gpu_spec,
-                         strict=True))
+    return typical_shapes(pods.cpu_milli, pods.gpu_milli, pods.num_gpu, pods.gpu_spec, models, coverage)
+
+
+def typical_shapes(cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, spec: Sequence[str], models: Sequence[str],
+                   coverage: float = TYPICAL_COVERAGE) -> Workload:
+    """FGD's target workload from per-pod (CPU milli, milli per GPU, GPU count, gpu_spec): the most popular shapes
+    covering `coverage` of the pods (ties: larger shape first), weights renormalised."""
+    counts = Counter(zip(cpu.tolist(), milli.tolist(), num.tolist(), spec, strict=True))
+    if not counts:
+        raise ValueError("a target workload needs at least one pod")
     ranked = sorted(((n, *shape) for shape, n in counts.items()), reverse=True)
-    need, got, chosen = coverage * len(pods), 0, []
-    for n, cpu, milli, num, spec in ranked:
+    need, got, chosen = coverage * len(cpu), 0, []
+    for n, c, m, k, sp in ranked:
         if got >= need:
             break
-        chosen.append((n, cpu, milli, num, spec))
+        chosen.append((n, c, m, k, sp))
         got += n
     n_, cpu_, milli_, num_, spec_ = zip(*chosen, strict=True)
     w = np.asarray(n_, dtype=np.float64)
     return Workload(np.asarray(cpu_, dtype=np.int64), np.asarray(milli_, dtype=np.int64),
-                    np.asarray(num_, dtype=np.int64), np.asarray([spec_mask(s, models) for s in spec_],
+                    np.asarray(num_, dtype=np.int64), np.asarray([spec_mask(x, models) for x in spec_],
                                                                  dtype=np.int64), w / w.sum(), tuple(spec_))
 
 
@@ -369,6 +392,10 @@ class FgdPolicy(Policy):
         self.free = cluster.gpu_free.sum(axis=1)
         self.frag = self._frag(cluster.cpu_free, self.free, self.cnt, self.below, self.access)
 
+    def node_fragmentation(self) -> np.ndarray:
+        """(N,) F_n = sum_m p_m F_n(m) of the current state, in milli-GPUs."""
+        return self.frag @ self.p
+
     def _levels(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per node and request level u: GPUs with free >= u, and total free on GPUs with free < u."""
         g = gpu_free[:, :, None]
@@ -384,8 +411,8 @@ class FgdPolicy(Policy):
         delta = (self.frag[nodes] - after) @ self.p
         return (1.0 / (1.0 + np.exp(-delta / 1000.0)) * 100).astype(np.int64)
 
-    def place(self, cluster: Cluster, pods: Pods, i: int) -> Placement | None:
-        cand = np.flatnonzero(cluster.fits(pods, i))
+    def place(self, cluster: Cluster, pods: Pods, i: int, mask: np.ndarray | None = None) -> Placement | None:
+        cand = candidates(cluster, pods, i, mask)
         if cand.size == 0:
             return None
         k, d, x = int(pods.num_gpu[i]), int(pods.gpu_milli[i]), int(pods.cpu[i])
@@ -435,7 +462,26 @@ class BatchEngine(Protocol):
     def place_batch(self, cluster: Cluster, pods: Pods) -> Sequence[Placement | None]: ...
 
 
-EngineFactory = Callable[[Cluster, Workload, np.random.Generator], "Policy | BatchEngine"]
+@dataclass
+class CycleResult:
+    """One cycle of a `CycleEngine`: a placement (or None) per new pod, and new places for running pods (keys:
+    positions in the `running` pods it was given)."""
+
+    placements: Sequence[Placement | None]
+    moves: Mapping[int, Placement] = field(default_factory=dict)
+
+
+@runtime_checkable
+class CycleEngine(Protocol):
+    """An external engine that sees the running pods (shapes, where they are) and may move them, as a scheduler
+    with consolidation does. Moves land first (every moved pod leaves, then each takes its new place), then the
+    new pods' placements in order; all must fit."""
+
+    def place_cycle(self, cluster: Cluster, running: Pods, where: Sequence[Placement], pods: Pods) -> CycleResult:
+        ...
+
+
+EngineFactory = Callable[..., "Policy | BatchEngine | CycleEngine"]  # (cluster, workload, rng, **options)
 
 _FACTORIES: dict[str, EngineFactory] = {
     "fgd": lambda c, w, r: FgdPolicy(c, r, w),
@@ -449,7 +495,8 @@ _FACTORIES: dict[str, EngineFactory] = {
 
 
 def register_engine(name: str, factory: EngineFactory) -> None:
-    """Make `name` (e.g. greedy, cpsat) available to the replay; the factory returns a Policy or a BatchEngine."""
+    """Make `name` (e.g. greedy, cpsat) available to the replay; the factory returns a Policy, a BatchEngine or a
+    CycleEngine. Options given to `replay` are passed to the factory as keyword arguments."""
     _FACTORIES[name] = factory
 
 
@@ -510,6 +557,8 @@ class Run:
     used: np.ndarray
     placed: np.ndarray
     seconds: float
+    moves: int = 0  # running pods a CycleEngine moved
+    options: dict[str, object] = field(default_factory=dict)  # engine options (e.g. consolidation)
 
     def alloc_pct_at(self, pct: int) -> float:
         """Allocated GPU % at `pct` arrived: the mean over events whose arrived % rounds to pct, else to pct +- 1
@@ -539,14 +588,17 @@ class Run:
 
     def to_json(self) -> dict[str, object]:
         at100 = self.unallocated_at(100)
-        return {"engine": self.engine, "seed": self.seed, "batch": self.batch,
+        return {"engine": self.engine, **self.options, "seed": self.seed, "batch": self.batch,
                 "unallocated_pct_at_100": round(at100, 4) if at100 == at100 else None, "curve": self.curve(),
-                "pods": len(self.placed), "placed": int(self.placed.sum()), "seconds": round(self.seconds, 3)}
+                "pods": len(self.placed), "placed": int(self.placed.sum()), "moves": self.moves,
+                "seconds": round(self.seconds, 3)}
 
 
 def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: float = 1.3, batch: int = 1,
-           workload: Workload | None = None, progress: Callable[[int], None] | None = None) -> Run:
-    """Replay the trace once with one engine and seed (see the module docstring for the protocol)."""
+           workload: Workload | None = None, progress: Callable[[int], None] | None = None,
+           options: Mapping[str, object] | None = None) -> Run:
+    """Replay the trace once with one engine and seed (see the module docstring for the protocol). `options`
+    are passed to the engine's factory (e.g. `consolidation=True` for kai-opt's engines) and kept in the Run."""
     check_engines([engine])
     if batch < 1:
         raise InputError(f"batch must be at least 1, got {batch}", field="--batch")
@@ -555,9 +607,11 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
     seq = pod_sequence(pods, cluster.total_gpu_milli, seed, inflate)
     shapes = Pods.from_list(pods, cluster.models).take(seq)
     wl = workload if workload is not None else typical_workload(pods, cluster.models)
-    eng = _FACTORIES[engine](cluster, wl, np.random.default_rng([seed, 7919]))
+    opts = dict(options or {})
+    eng = _FACTORIES[engine](cluster, wl, np.random.default_rng([seed, 7919]), **opts)
     placed = np.zeros(len(shapes), dtype=bool)
-    done = 0
+    where: dict[int, Placement] = {}  # placed pods' places, kept for CycleEngines
+    moves = done = 0
     for start in range(0, len(shapes), batch):
         stop = min(start + batch, len(shapes))
         if isinstance(eng, Policy):
@@ -567,14 +621,16 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
                     cluster.apply(shapes, i, pl)
                     eng.applied(cluster, pl[0])
                     placed[i] = True
+        elif isinstance(eng, CycleEngine):
+            moves += _apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where)
         else:
             _apply_batch(eng, engine, cluster, shapes, start, stop, placed)
-        if progress is not None and (stop - done >= 256 or stop == len(shapes)):
+        if progress is not None and (stop - done >= 256 or stop == len(shapes) or not isinstance(eng, Policy)):
             progress(stop - done)
             done = stop
     req = shapes.request
     return Run(engine, seed, batch, cluster.total_gpu_milli, np.cumsum(req), np.cumsum(req * placed), placed,
-               time.perf_counter() - t0)
+               time.perf_counter() - t0, moves, opts)
 
 
 def _apply_batch(eng: BatchEngine, name: str, cluster: Cluster, shapes: Pods, start: int, stop: int,
@@ -593,14 +649,52 @@ def _apply_batch(eng: BatchEngine, name: str, cluster: Cluster, shapes: Pods, st
         placed[i] = True
 
 
+def _apply_cycle(eng: CycleEngine, name: str, cluster: Cluster, shapes: Pods, start: int, stop: int,
+                 placed: np.ndarray, where: dict[int, Placement]) -> int:
+    """One CycleEngine cycle: checked moves first, then the new pods; returns the number of pods moved."""
+    running = np.asarray(sorted(where), dtype=np.int64)
+    result = eng.place_cycle(cluster.copy(), shapes.take(running), [where[int(i)] for i in running],
+                             shapes.take(slice(start, stop)))
+    if len(result.placements) != stop - start:
+        raise ValueError(f"engine {name} returned {len(result.placements)} placements for {stop - start} pods")
+    moves = {}
+    for k, pl in result.moves.items():
+        if not 0 <= int(k) < len(running):
+            raise ValueError(f"engine {name} moved running pod {k} of {len(running)}")
+        i = int(running[int(k)])
+        new = (int(pl[0]), tuple(int(g) for g in pl[1]))
+        if new != where[i]:
+            moves[i] = new
+    for i in moves:
+        cluster.release(shapes, i, where[i])
+    for i, pl in moves.items():
+        why = cluster.problem(shapes, i, pl)
+        if why:
+            raise ValueError(f"engine {name} moved pod {i} infeasibly: {why}")
+        cluster.apply(shapes, i, pl)
+        where[i] = pl
+    for i, pl in enumerate(result.placements, start=start):
+        if pl is None:
+            continue
+        pl = (int(pl[0]), tuple(int(g) for g in pl[1]))
+        why = cluster.problem(shapes, i, pl)
+        if why:
+            raise ValueError(f"engine {name} placed pod {i} infeasibly: {why}")
+        cluster.apply(shapes, i, pl)
+        placed[i] = True
+        where[i] = pl
+    return len(moves)
+
+
 # -- summaries -------------------------------------------------------------------------------------------------------
 
 
 def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
-    """Per engine (first-seen order): mean and sample sd over seeds at 100%, the published number, mean curve."""
+    """Per engine and options (first-seen order): mean and sample sd over seeds at 100%, the published number,
+    the mean moves, the mean curve."""
     out = []
-    for name in dict.fromkeys(r.engine for r in runs):
-        rs = [r for r in runs if r.engine == name]
+    for name, opts in dict.fromkeys((r.engine, tuple(r.options.items())) for r in runs):
+        rs = [r for r in runs if r.engine == name and tuple(r.options.items()) == opts]
         at100 = np.asarray([r.unallocated_at(100) for r in rs])
         at100 = at100[~np.isnan(at100)]  # runs that never reached 100% arrived do not count
         curves = [dict((int(p), u) for p, u in r.curve()) for r in rs]
@@ -608,11 +702,12 @@ def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
         pub = PUBLISHED_AT_100.get(name)
         mean = round(float(at100.mean()), 4) if at100.size else None
         out.append({
-            "engine": name, "seeds": [r.seed for r in rs], "batch": rs[0].batch,
+            "engine": name, **dict(opts), "seeds": [r.seed for r in rs], "batch": rs[0].batch,
             "unallocated_pct_at_100_mean": mean,
             "unallocated_pct_at_100_sd": round(float(at100.std(ddof=1)), 4) if at100.size > 1 else None,
             "published_at_100": pub,
             "delta_vs_published": round(mean - pub, 4) if pub is not None and mean is not None else None,
+            "moves_mean": round(float(np.mean([r.moves for r in rs])), 2),
             "seconds_per_run": round(float(np.mean([r.seconds for r in rs])), 3),
             "curve_mean": [[float(p), round(float(np.mean([c[p] for c in curves])), 4)] for p in common],
         })

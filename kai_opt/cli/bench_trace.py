@@ -12,13 +12,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kai_opt.bench import batch as batch_engines
 from kai_opt.bench import openb, trace
 from kai_opt.cli.app import app
 from kai_opt.cli.render import console, print_json
+from kai_opt.config import load_config
 from kai_opt.errors import InputError
 
 FIRST_SEED = 42  # the paper's artifact runs seeds 42..51
 FGD_TOLERANCE = 0.5
+KAI_OPT_ENGINES = ("greedy", "cpsat")  # batch engines that may move running pods (consolidation)
 
 
 def _bench_group() -> typer.Typer:
@@ -45,6 +48,12 @@ class TraceOutput(StrEnum):
     table = "table"
     json = "json"
     markdown = "markdown"
+
+
+class Consolidation(StrEnum):
+    on = "on"
+    off = "off"
+    both = "both"
 
 
 def _trace_files(nodes: Path | None, pods: Path | None) -> tuple[Path, Path]:
@@ -76,14 +85,20 @@ def trace_cmd(
     engines: str = typer.Option(",".join(trace.BUILTIN_ENGINES), "--engines", help="Comma-separated engines"),
     output: TraceOutput = typer.Option(TraceOutput.table, "--output", "-o", help="table, json or markdown"),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: unallocated GPU % vs arrived workload"),
+    consolidation: Consolidation = typer.Option(Consolidation.both, "--consolidation",
+                                                help="greedy/cpsat: may move running pods (on), not (off), or both"),
+    config: Path | None = typer.Option(None, "--config", help="kai-opt config for greedy/cpsat (solver budget, ...)"),
 ) -> None:
     """Replay an openb trace (FGD protocol): shuffle, inflate, place pods one by one; report the unallocated
     GPU % at 100% arrived workload (mean and sd over seeds) beside the published numbers."""
     names = _engine_list(engines)
+    if config is not None:
+        batch_engines.register(load_config(config))
     nodes_path, pods_path = _trace_files(nodes, pods)
     node_list, pod_list = openb.read_nodes(nodes_path), openb.read_pods(pods_path)
     seed_list = list(range(FIRST_SEED, FIRST_SEED + seeds))
-    runs = _run_all(node_list, pod_list, names, seed_list, inflate, batch)
+    moving = {"on": (True,), "off": (False,), "both": (False, True)}[consolidation.value]
+    runs = _run_all(node_list, pod_list, names, seed_list, inflate, batch, moving)
     summary = trace.summarize(runs)
     published = _published_applies(nodes_path, pods_path, inflate)
     if not published:
@@ -104,8 +119,13 @@ def _published_applies(nodes: Path, pods: Path, inflate: float) -> bool:
     return nodes.name == openb.DEFAULT_NODES and pods.name == openb.DEFAULT_PODS and abs(inflate - 1.3) < 1e-9
 
 
+def _variants(name: str, moving: tuple[bool, ...]) -> list[dict[str, object]]:
+    """Engine options per run: kai-opt's engines with and/or without consolidation, the policies as they are."""
+    return [{"consolidation": m} for m in moving] if name in KAI_OPT_ENGINES else [{}]
+
+
 def _run_all(nodes: openb.NodeList, pods: openb.PodList, names: list[str], seeds: list[int], inflate: float,
-             batch: int) -> list[trace.Run]:
+             batch: int, moving: tuple[bool, ...] = (False, True)) -> list[trace.Run]:
     capacity = nodes.total_gpu_milli
     if capacity == 0:
         raise InputError("the cluster has no GPUs", source=nodes.source)
@@ -115,12 +135,13 @@ def _run_all(nodes: openb.NodeList, pods: openb.PodList, names: list[str], seeds
     columns = (TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     runs = []
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("replay", total=sum(lengths.values()) * len(names))
-        for name in names:
+        jobs = [(name, opts) for name in names for opts in _variants(name, moving)]
+        task = progress.add_task("replay", total=sum(lengths.values()) * len(jobs))
+        for name, opts in jobs:
             for seed in seeds:
-                progress.update(task, description=f"{name} seed {seed}")
+                progress.update(task, description=f"{_label(name, opts)} seed {seed}")
                 runs.append(trace.replay(nodes, pods, name, seed, inflate=inflate, batch=batch, workload=workload,
-                                         progress=lambda n: progress.advance(task, n)))
+                                         progress=lambda n: progress.advance(task, n), options=opts))
     return runs
 
 
@@ -140,16 +161,25 @@ def _notes(nodes: openb.NodeList, pods: openb.PodList, seeds: list[int], inflate
     return notes
 
 
+def _label(name: str, opts: dict[str, Any]) -> str:
+    if "consolidation" not in opts:
+        return name
+    return f"{name} ({'consolidation' if opts['consolidation'] else 'no consolidation'})"
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
     pub, delta = row["published_at_100"], row["delta_vs_published"]
     at130 = dict((int(p), u) for p, u in row["curve_mean"]).get(130)
     mean, sd = row["unallocated_pct_at_100_mean"], row["unallocated_pct_at_100_sd"]
-    return [row["engine"], "—" if mean is None else f"{mean:.2f}", "—" if sd is None else f"{sd:.2f}",
+    consol = {True: "yes", False: "no"}.get(row.get("consolidation"), "—")  # type: ignore[arg-type]
+    return [row["engine"], consol, "—" if mean is None else f"{mean:.2f}", "—" if sd is None else f"{sd:.2f}",
             "—" if pub is None else f"{pub:.2f}", "—" if delta is None else f"{delta:+.2f}",
-            "—" if at130 is None else f"{at130:.2f}", str(len(row["seeds"])), f"{row['seconds_per_run']:.1f}"]
+            "—" if at130 is None else f"{at130:.2f}", f"{row['moves_mean']:g}", str(len(row["seeds"])),
+            f"{row['seconds_per_run']:.1f}"]
 
 
-HEADERS = ["engine", "unalloc. GPU % @100", "sd", "published", "Δ", "unalloc. @130", "seeds", "s/run"]
+HEADERS = ["engine", "consolidation", "unalloc. GPU % @100", "sd", "published", "Δ", "unalloc. @130", "moves",
+           "seeds", "s/run"]
 
 
 def _table(summary: list[dict[str, Any]], notes: list[str]) -> None:
@@ -178,10 +208,12 @@ def _plot(runs: list[trace.Run], summary: list[dict[str, Any]], path: Path) -> N
 
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
     for row in summary:
-        curves = [dict((int(p), u) for p, u in r.curve()) for r in runs if r.engine == row["engine"]]
+        opts = {k: row[k] for k in ("consolidation",) if k in row}
+        curves = [dict((int(p), u) for p, u in r.curve()) for r in runs
+                  if r.engine == row["engine"] and r.options == opts]
         xs = [int(p) for p, _ in row["curve_mean"]]
         ys = np.asarray([[c[x] for x in xs] for c in curves])
-        (line,) = ax.plot(xs, ys.mean(axis=0), label=row["engine"], linewidth=1.8)
+        (line,) = ax.plot(xs, ys.mean(axis=0), label=_label(row["engine"], opts), linewidth=1.8)
         if len(ys) > 1:
             sd = ys.std(axis=0, ddof=1)
             ax.fill_between(xs, ys.mean(axis=0) - sd, ys.mean(axis=0) + sd, color=line.get_color(), alpha=0.15)
