@@ -16,6 +16,7 @@ from typing import Any
 from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
 from kai_opt.api.meta import ident
 from kai_opt.errors import InputError
+from kai_opt.gcpause import gc_paused
 
 KINDS: dict[str, type] = {
     "Node": Node,
@@ -83,7 +84,15 @@ class Snapshot:
         memo: dict[tuple[str, ...], Any] | None = None,
     ) -> Snapshot:
         """`memo`: parsed models by `RawObject.memo_key`, reused and filled in (a watch cache passes the same
-        dict every cycle, so unchanged objects are not parsed again; models are immutable)."""
+        dict every cycle, so unchanged objects are not parsed again; models are immutable). The cyclic GC is
+        paused meanwhile (kai_opt.gcpause)."""
+        with gc_paused():
+            return cls._from_objects(objects, strict=strict, scheduler_names=scheduler_names, now=now,
+                                     source=source, memo=memo)
+
+    @classmethod
+    def _from_objects(cls, objects: Iterable[RawObject], *, strict: bool, scheduler_names: tuple[str, ...] | None,
+                      now: float | None, source: str | None, memo: dict[tuple[str, ...], Any] | None) -> Snapshot:
         snap = cls(now=now, source=source)
         if scheduler_names:
             snap.scheduler_names = tuple(scheduler_names)

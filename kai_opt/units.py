@@ -62,6 +62,17 @@ def _ceil(d: Decimal) -> int:
 
 def to_internal(resource: str, value: str | int | float) -> int:
     """Quantity of `resource` in kai-opt's internal integer unit (see module docstring)."""
+    if type(value) is str:  # snapshots repeat the same few quantities: convert each once
+        return _text_to_internal(resource, value)
+    return _to_internal(resource, value)
+
+
+@lru_cache(maxsize=1 << 16)
+def _text_to_internal(resource: str, value: str) -> int:
+    return _to_internal(resource, value)
+
+
+def _to_internal(resource: str, value: str | int | float) -> int:
     q = parse_quantity(value)
     if q < 0:
         raise QuantityError(f"negative quantity {value!r}")

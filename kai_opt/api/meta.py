@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
 
 MODEL = ConfigDict(frozen=True, extra="forbid")
@@ -38,6 +40,8 @@ def as_list(value: Any, *, obj: str, field: str) -> list[Any]:
 
 
 def str_map(value: Any, *, obj: str, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
     return {str(k): "" if v is None else str(v) for k, v in as_dict(value, obj=obj, field=field).items()}
 
 
@@ -45,16 +49,27 @@ def parse_time(value: Any, *, obj: str, field: str) -> float | None:
     """RFC 3339 timestamp (or epoch seconds) as epoch seconds; None when absent."""
     if value is None or value == "":
         return None
+    if type(value) is str:  # snapshots repeat timestamps: parse each text once
+        try:
+            return _parse_time_text(value)
+        except ValueError as exc:
+            raise InputError(f"invalid timestamp {value!r}", obj=obj, field=field) from exc
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, datetime):
-        dt = value
-    else:
-        text = str(value).strip()
-        try:
-            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise InputError(f"invalid timestamp {value!r}", obj=obj, field=field) from exc
+        return _epoch(value)
+    try:
+        return _parse_time_text(str(value))
+    except ValueError as exc:
+        raise InputError(f"invalid timestamp {value!r}", obj=obj, field=field) from exc
+
+
+@lru_cache(maxsize=1 << 16)
+def _parse_time_text(value: str) -> float:
+    return _epoch(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+
+
+def _epoch(dt: datetime) -> float:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
@@ -94,34 +109,44 @@ class ObjectMeta(BaseModel):
         return v
 
     @classmethod
-    def from_k8s(cls, kind: str, obj: dict[str, Any], *, namespaced: bool) -> ObjectMeta:
-        who = ident(kind, obj)
-        md = as_dict(obj.get("metadata"), obj=who, field="metadata")
+    def from_k8s(cls, kind: str, obj: dict[str, Any], *, namespaced: bool, who: str | None = None) -> ObjectMeta:
+        """`who`: the object's `ident(kind, obj)` when the caller has it already."""
+        who = who or ident(kind, obj)
+        md = obj.get("metadata")
+        if type(md) is not dict:
+            md = as_dict(md, obj=who, field="metadata")
         name = md.get("name")
         if not name or not isinstance(name, str):
             raise InputError("missing name", obj=who, field="metadata.name")
         ns = md.get("namespace") or ("default" if namespaced else None)
-        owners = tuple(
-            OwnerReference(
-                api_version=str(o.get("apiVersion", "")),
-                kind=str(o.get("kind", "")),
-                name=str(o.get("name", "")),
-                uid=str(o.get("uid", "")),
-                controller=bool(o.get("controller", False)),
-            )
-            for o in as_list(md.get("ownerReferences"), obj=who, field="metadata.ownerReferences")
+        raw_owners = md.get("ownerReferences")
+        owners = () if raw_owners is None else tuple(
+            trusted(OwnerReference, {
+                "api_version": str(o.get("apiVersion", "")),
+                "kind": str(o.get("kind", "")),
+                "name": str(o.get("name", "")),
+                "uid": str(o.get("uid", "")),
+                "controller": bool(o.get("controller", False)),
+            })
+            for o in as_list(raw_owners, obj=who, field="metadata.ownerReferences")
             if isinstance(o, dict)
         )
-        return cls(
-            name=name,
-            namespace=ns if namespaced else None,
-            uid=md.get("uid"),
-            labels=str_map(md.get("labels"), obj=who, field="metadata.labels"),
-            annotations=str_map(md.get("annotations"), obj=who, field="metadata.annotations"),
-            creation_timestamp=parse_time(md.get("creationTimestamp"), obj=who, field="metadata.creationTimestamp"),
-            deletion_timestamp=parse_time(md.get("deletionTimestamp"), obj=who, field="metadata.deletionTimestamp"),
-            owner_references=owners,
-        )
+        uid = md.get("uid")
+        fields = {
+            "name": name,
+            "namespace": ns if namespaced else None,
+            "uid": uid,
+            "labels": str_map(md.get("labels"), obj=who, field="metadata.labels"),
+            "annotations": str_map(md.get("annotations"), obj=who, field="metadata.annotations"),
+            "creation_timestamp": parse_time(md.get("creationTimestamp"), obj=who,
+                                             field="metadata.creationTimestamp"),
+            "deletion_timestamp": parse_time(md.get("deletionTimestamp"), obj=who,
+                                             field="metadata.deletionTimestamp"),
+            "owner_references": owners,
+        }
+        if type(name) is str and is_opt_str(fields["namespace"]) and is_opt_str(uid):
+            return trusted(cls, fields)  # every value checked above (name non-empty; maps and times converted)
+        return cls(**fields)
 
 
 SelectorOp = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]

@@ -25,7 +25,9 @@ class Taint(BaseModel):
 def parse_resource_list(raw: Any, *, obj: str, field: str) -> dict[str, int]:
     """A Kubernetes ResourceList in internal units (see kai_opt.units)."""
     out: dict[str, int] = {}
-    for name, value in as_dict(raw, obj=obj, field=field).items():
+    if type(raw) is not dict:
+        raw = as_dict(raw, obj=obj, field=field)
+    for name, value in raw.items():
         try:
             out[str(name)] = to_internal(str(name), value)
         except QuantityError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, field_validator, model_validator
@@ -22,6 +23,7 @@ from kai_opt.api.meta import (
     str_map,
 )
 from kai_opt.api.node import parse_resource_list
+from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
 from kai_opt.units import GPU_RESOURCE
 
@@ -145,9 +147,13 @@ class Pod(BaseModel):
     @classmethod
     def from_k8s(cls, obj: dict[str, Any]) -> Pod:
         who = ident("Pod", obj)
-        meta = ObjectMeta.from_k8s("Pod", obj, namespaced=True)
-        spec = as_dict(obj.get("spec"), obj=who, field="spec")
-        status = as_dict(obj.get("status"), obj=who, field="status")
+        meta = ObjectMeta.from_k8s("Pod", obj, namespaced=True, who=who)
+        spec = obj.get("spec")
+        if type(spec) is not dict:
+            spec = as_dict(spec, obj=who, field="spec")
+        status = obj.get("status")
+        if type(status) is not dict:
+            status = as_dict(status, obj=who, field="status")
         ann, labels = meta.annotations, meta.labels
         requests = effective_requests(spec, who)
         fraction = _float_annotation(ann, GPU_FRACTION_ANNOTATION, who)
@@ -155,46 +161,69 @@ class Pod(BaseModel):
         num_dev = _int_annotation(ann, GPU_FRACTION_NUM_DEVICES_ANNOTATION, who)
         affinity = as_dict(spec.get("affinity"), obj=who, field="spec.affinity")
         phase = status.get("phase") or "Pending"
-        if phase not in PodPhase.__members__.values():
+        if not isinstance(phase, str) or phase not in _PHASES:
             raise InputError(f"unknown phase {phase!r}", obj=who, field="status.phase")
         devices = None
         if ann.get(GPU_DEVICES_ANNOTATION):
             try:
-                devices = tuple(int(x) for x in ann[GPU_DEVICES_ANNOTATION].split(",") if x.strip())
+                devices = _device_list(ann[GPU_DEVICES_ANNOTATION])
             except ValueError as exc:
                 raise InputError(f"expected comma-separated device indexes, got {ann[GPU_DEVICES_ANNOTATION]!r}",
                                  obj=who, field=f"metadata.annotations.{GPU_DEVICES_ANNOTATION}") from exc
-        gates = tuple(str(as_dict(g, obj=who, field="spec.schedulingGates").get("name", ""))
-                      for g in as_list(spec.get("schedulingGates"), obj=who, field="spec.schedulingGates"))
-        try:
-            return cls(
-                meta=meta,
-                scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
-                phase=PodPhase(phase),
-                node_name=spec.get("nodeName") or None,
-                nominated_node=status.get("nominatedNodeName") or None,
-                requests=requests,
-                gpu_fraction=fraction,
-                gpu_memory_mib=gpu_mem,
-                gpu_fraction_num_devices=num_dev if num_dev is not None else 1,
-                podgroup=ann.get(PODGROUP_ANNOTATION) or labels.get(PODGROUP_ANNOTATION) or None,
-                queue=labels.get(QUEUE_LABEL) or labels.get(LEGACY_QUEUE_LABEL) or None,
-                subgroup=labels.get(SUBGROUP_LABEL) or None,
-                priority=spec.get("priority"),
-                priority_class_name=spec.get("priorityClassName") or None,
-                node_selector=str_map(spec.get("nodeSelector"), obj=who, field="spec.nodeSelector"),
-                node_affinity=_node_affinity_required(affinity, who),
-                node_affinity_preferred=_node_affinity_preferred(affinity, who),
-                pod_affinity=_pod_affinity_terms(affinity, "podAffinity", who),
-                pod_anti_affinity=_pod_affinity_terms(affinity, "podAntiAffinity", who),
-                tolerations=_tolerations(spec, who),
-                scheduling_gates=gates,
-                start_time=parse_time(status.get("startTime"), obj=who, field="status.startTime"),
-                gpu_devices=devices,
-                gpu_group=labels.get(GPU_GROUP_LABEL) or None,
-            )
+        raw_gates = spec.get("schedulingGates")
+        gates = () if raw_gates is None else tuple(
+            str(as_dict(g, obj=who, field="spec.schedulingGates").get("name", ""))
+            for g in as_list(raw_gates, obj=who, field="spec.schedulingGates"))
+        try:  # ValueErrors of the helpers below and pydantic's become one-line InputErrors
+            fields = {
+                "meta": meta,
+                "scheduler_name": str(spec.get("schedulerName") or "default-scheduler"),
+                "phase": _PHASES[phase],
+                "node_name": spec.get("nodeName") or None,
+                "nominated_node": status.get("nominatedNodeName") or None,
+                "requests": requests,
+                "gpu_fraction": fraction,
+                "gpu_memory_mib": gpu_mem,
+                "gpu_fraction_num_devices": num_dev if num_dev is not None else 1,
+                "podgroup": ann.get(PODGROUP_ANNOTATION) or labels.get(PODGROUP_ANNOTATION) or None,
+                "queue": labels.get(QUEUE_LABEL) or labels.get(LEGACY_QUEUE_LABEL) or None,
+                "subgroup": labels.get(SUBGROUP_LABEL) or None,
+                "priority": spec.get("priority"),
+                "priority_class_name": spec.get("priorityClassName") or None,
+                "node_selector": str_map(spec.get("nodeSelector"), obj=who, field="spec.nodeSelector"),
+                "node_affinity": _node_affinity_required(affinity, who) if affinity else (),
+                "node_affinity_preferred": _node_affinity_preferred(affinity, who) if affinity else (),
+                "pod_affinity": _pod_affinity_terms(affinity, "podAffinity", who) if affinity else (),
+                "pod_anti_affinity": _pod_affinity_terms(affinity, "podAntiAffinity", who) if affinity else (),
+                "tolerations": _tolerations(spec, who),
+                "scheduling_gates": gates,
+                "start_time": parse_time(status.get("startTime"), obj=who, field="status.startTime"),
+                "gpu_devices": devices,
+                "gpu_group": labels.get(GPU_GROUP_LABEL) or None,
+            }
+            return trusted(cls, fields) if _checked(fields) else cls(**fields)
         except ValueError as exc:  # pydantic ValidationError is a ValueError
             raise InputError(_first_error(exc), obj=who, field=_annotation_field(exc)) from exc
+
+
+_PHASES: dict[object, PodPhase] = {p.value: p for p in PodPhase}
+
+
+@lru_cache(maxsize=1 << 12)
+def _device_list(text: str) -> tuple[int, ...]:
+    """`kai-opt.io/gpu-devices` ("0,1,2") as device indexes (few distinct values: each is parsed once)."""
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _checked(f: dict[str, Any]) -> bool:
+    """Whether `Pod(**f)` would keep every value as it is: the values not converted by `from_k8s` have their
+    field's type, and the sharing rules of `_sharing_excludes_whole_gpus` hold (annotations are range-checked)."""
+    priority = f["priority"]
+    sharing = f["gpu_fraction"] is not None or f["gpu_memory_mib"] is not None
+    return (is_opt_str(f["node_name"]) and is_opt_str(f["nominated_node"]) and is_opt_str(f["priority_class_name"])
+            and (priority is None or type(priority) is int)
+            and not (sharing and (f["requests"].get(GPU_RESOURCE)
+                                  or (f["gpu_fraction"] is not None and f["gpu_memory_mib"] is not None))))
 
 
 def _first_error(exc: ValueError) -> str:
@@ -240,8 +269,12 @@ def _int_annotation(ann: dict[str, str], key: str, who: str) -> int | None:
 
 
 def _container_requests(c: dict[str, Any], who: str, field: str) -> dict[str, int]:
-    res = as_dict(c.get("resources"), obj=who, field=f"{field}.resources")
-    limits = parse_resource_list(res.get("limits"), obj=who, field=f"{field}.resources.limits")
+    res = c.get("resources")
+    if type(res) is not dict:
+        res = as_dict(res, obj=who, field=f"{field}.resources")
+    raw_limits = res.get("limits")
+    limits = {} if raw_limits is None else parse_resource_list(raw_limits, obj=who,
+                                                             field=f"{field}.resources.limits")
     requests = parse_resource_list(res.get("requests"), obj=who, field=f"{field}.resources.requests")
     for k, v in limits.items():  # API defaulting: a request left out takes the limit
         requests.setdefault(k, v)
@@ -266,20 +299,25 @@ def effective_requests(spec: dict[str, Any], who: str) -> dict[str, int]:
     """What kube-scheduler reserves: max(sum of app containers + sidecars, any init step) + overhead, plus 1 pod."""
     total: dict[str, int] = {}
     for i, c in enumerate(as_list(spec.get("containers"), obj=who, field="spec.containers")):
-        total = _add(total, _container_requests(as_dict(c, obj=who, field=f"spec.containers[{i}]"), who,
-                                                f"spec.containers[{i}]"))
-    sidecars: dict[str, int] = {}
-    init_peak: dict[str, int] = {}
-    for i, c in enumerate(as_list(spec.get("initContainers"), obj=who, field="spec.initContainers")):
-        c = as_dict(c, obj=who, field=f"spec.initContainers[{i}]")
-        req = _container_requests(c, who, f"spec.initContainers[{i}]")
-        if c.get("restartPolicy") == "Always":  # native sidecar: runs alongside the app containers
-            total = _add(total, req)
-            sidecars = _add(sidecars, req)
-        else:
-            init_peak = _max(init_peak, _add(req, sidecars))
-    total = _max(total, init_peak)
-    total = _add(total, parse_resource_list(spec.get("overhead"), obj=who, field="spec.overhead"))
+        if type(c) is not dict:
+            c = as_dict(c, obj=who, field=f"spec.containers[{i}]")
+        total = _add(total, _container_requests(c, who, f"spec.containers[{i}]"))
+    inits = spec.get("initContainers")
+    if inits is not None:
+        sidecars: dict[str, int] = {}
+        init_peak: dict[str, int] = {}
+        for i, c in enumerate(as_list(inits, obj=who, field="spec.initContainers")):
+            c = as_dict(c, obj=who, field=f"spec.initContainers[{i}]")
+            req = _container_requests(c, who, f"spec.initContainers[{i}]")
+            if c.get("restartPolicy") == "Always":  # native sidecar: runs alongside the app containers
+                total = _add(total, req)
+                sidecars = _add(sidecars, req)
+            else:
+                init_peak = _max(init_peak, _add(req, sidecars))
+        total = _max(total, init_peak)
+    overhead = spec.get("overhead")
+    if overhead is not None:
+        total = _add(total, parse_resource_list(overhead, obj=who, field="spec.overhead"))
     total["pods"] = 1
     return {k: v for k, v in total.items() if v or k == "pods"}
 
@@ -330,8 +368,11 @@ def _pod_affinity_terms(affinity: dict[str, Any], kind: str, who: str) -> tuple[
 
 
 def _tolerations(spec: dict[str, Any], who: str) -> tuple[Toleration, ...]:
+    raw = spec.get("tolerations")
+    if raw is None:
+        return ()
     out = []
-    for i, t in enumerate(as_list(spec.get("tolerations"), obj=who, field="spec.tolerations")):
+    for i, t in enumerate(as_list(raw, obj=who, field="spec.tolerations")):
         t = as_dict(t, obj=who, field=f"spec.tolerations[{i}]")
         op = t.get("operator") or "Equal"
         if op not in ("Equal", "Exists"):

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, field_validator, model_validator
 
 from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, as_list, ident, parse_time
+from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
 
 STALE_TIMESTAMP_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
@@ -27,6 +28,8 @@ class TopologyConstraint(BaseModel):
 
     @classmethod
     def from_k8s(cls, raw: Any, *, obj: str, field: str) -> TopologyConstraint | None:
+        if raw is None:
+            return None
         raw = as_dict(raw, obj=obj, field=field)
         tc = cls(topology=raw.get("topology") or None, required_level=raw.get("requiredTopologyLevel") or None,
                  preferred_level=raw.get("preferredTopologyLevel") or None)
@@ -101,7 +104,7 @@ class PodGroup(BaseModel):
     @classmethod
     def from_k8s(cls, obj: dict[str, Any]) -> PodGroup:
         who = ident("PodGroup", obj)
-        meta = ObjectMeta.from_k8s("PodGroup", obj, namespaced=True)
+        meta = ObjectMeta.from_k8s("PodGroup", obj, namespaced=True, who=who)
         spec = as_dict(obj.get("spec"), obj=who, field="spec")
         min_member = spec.get("minMember", 1)
         if isinstance(min_member, bool) or not isinstance(min_member, int) or min_member < 1:
@@ -111,7 +114,8 @@ class PodGroup(BaseModel):
             raise InputError(f"must be preemptible or non-preemptible, got {pre!r}", obj=who,
                              field="spec.preemptibility")
         subs = []
-        for i, s in enumerate(as_list(spec.get("subGroups"), obj=who, field="spec.subGroups")):
+        raw_subs = spec.get("subGroups")
+        for i, s in enumerate(() if raw_subs is None else as_list(raw_subs, obj=who, field="spec.subGroups")):
             f = f"spec.subGroups[{i}]"
             s = as_dict(s, obj=who, field=f)
             if not s.get("name"):
@@ -124,20 +128,25 @@ class PodGroup(BaseModel):
                                      s.get("topologyConstraint"), obj=who, field=f"{f}.topologyConstraint")))
         ann = meta.annotations
         try:
-            return cls(
-                meta=meta,
-                min_member=min_member,
-                queue=spec.get("queue") or None,
-                priority_class_name=spec.get("priorityClassName") or None,
-                preemptibility=pre,
-                topology_constraint=TopologyConstraint.from_k8s(spec.get("topologyConstraint"), obj=who,
-                                                                field="spec.topologyConstraint"),
-                sub_groups=tuple(subs),
-                stale_since=parse_time(ann.get(STALE_TIMESTAMP_ANNOTATION), obj=who,
-                                       field=f"metadata.annotations.{STALE_TIMESTAMP_ANNOTATION}"),
-                last_start=parse_time(ann.get(LAST_START_ANNOTATION), obj=who,
-                                      field=f"metadata.annotations.{LAST_START_ANNOTATION}"),
-            )
+            fields = {
+                "meta": meta,
+                "min_member": min_member,
+                "queue": spec.get("queue") or None,
+                "priority_class_name": spec.get("priorityClassName") or None,
+                "preemptibility": pre,
+                "topology_constraint": TopologyConstraint.from_k8s(spec.get("topologyConstraint"), obj=who,
+                                                                   field="spec.topologyConstraint"),
+                "sub_groups": tuple(subs),
+                "stale_since": parse_time(ann.get(STALE_TIMESTAMP_ANNOTATION), obj=who,
+                                          field=f"metadata.annotations.{STALE_TIMESTAMP_ANNOTATION}"),
+                "last_start": parse_time(ann.get(LAST_START_ANNOTATION), obj=who,
+                                         field=f"metadata.annotations.{LAST_START_ANNOTATION}"),
+            }
+            # checked above: min_member, preemptibility; no sub-groups, so the tree validator has nothing to check
+            if not subs and type(min_member) is int and is_opt_str(fields["queue"]) \
+                    and is_opt_str(fields["priority_class_name"]):
+                return trusted(cls, fields)
+            return cls(**fields)
         except ValueError as exc:
             errors = getattr(exc, "errors", None)
             msg = errors()[0]["msg"].removeprefix("Value error, ") if callable(errors) else str(exc)

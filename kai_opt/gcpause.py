@@ -1,0 +1,39 @@
+"""Pausing Python's cyclic garbage collector while a snapshot is parsed.
+
+Parsing a 10,000-node snapshot allocates millions of containers (JSON dicts and lists, models) that all stay alive
+until the parse ends. With the collector on, every 700 allocations start a collection, and the older generations
+are walked again and again over objects that are never garbage: about 45% of the load. Snapshots hold no reference
+cycles, so nothing is lost by pausing the collector while they are built; objects freed by reference counting are
+freed at once as always.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# A paused block that leaves more new container objects alive than this (a snapshot of thousands of pods) freezes
+# them: see gc_paused.
+FREEZE_MIN_OBJECTS = 200_000
+
+
+@contextmanager
+def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
+    """Run the block with the cyclic GC disabled; nested pauses are free (the outermost one re-enables it).
+
+    `freeze_above`: when the block leaves more than this many new objects tracked by the collector, they are moved
+    to its permanent generation (`gc.freeze()`) before it is re-enabled. Otherwise the first collections after the
+    block would walk all of them (two or three passes over a big snapshot, seconds at 100,000 pods) to find no
+    garbage. Frozen objects are still freed by reference counting when dropped; only garbage in reference cycles
+    alive at that moment would stay (`gc.unfreeze()` hands everything back to the collector).
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            if freeze_above is not None and gc.get_count()[0] > freeze_above:
+                gc.freeze()
+            gc.enable()
