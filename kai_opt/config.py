@@ -181,6 +181,32 @@ def default_config_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
+def reference_table() -> str:
+    """Every setting as a markdown table (field path, default, meaning): `kai-opt config --reference`, and the
+    README's configuration reference (a test keeps the two equal)."""
+    rows = ["| field | default | meaning |", "|---|---|---|"]
+
+    def walk(value: BaseModel, prefix: str) -> None:
+        for name, field in type(value).model_fields.items():
+            v = getattr(value, name)
+            if isinstance(v, BaseModel):
+                walk(v, f"{prefix}{name}.")
+                continue
+            if isinstance(v, StrEnum):
+                shown = v.value
+            elif isinstance(v, bool):
+                shown = str(v).lower()
+            elif isinstance(v, (list, tuple)):
+                shown = "[" + ", ".join(map(str, v)) + "]"
+            else:
+                shown = str(v) if v != "" else "''"
+            meaning = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{prefix}{name}` | `{shown}` | {meaning} |")
+
+    walk(Config(), "")
+    return "\n".join(rows) + "\n"
+
+
 def _emit(value: BaseModel, model: type[BaseModel], lines: list[str], indent: int) -> None:
     pad = "  " * indent
     for name, field in model.model_fields.items():

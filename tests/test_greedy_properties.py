@@ -29,8 +29,10 @@ def test_checker_never_fires_and_evictions_have_beneficiaries(objs: list) -> Non
 @given(clusters())
 def test_cycles_settle_without_eviction_loops(objs: list) -> None:
     snap = snapshot(objs)
-    result = simulate(snap, Config(), cycles=6, period_s=1.0)
-    # evicted pods come back pending: a loop would evict again and again; the cycles must come to rest
+    # evicted pods come back pending: a loop would evict again and again; the cycles must come to rest. An
+    # elastic job may legitimately grow by one pod per two cycles through evictions (pipelined, then bound), so
+    # the horizon leaves room for a few of those before the last two cycles must be quiet.
+    result = simulate(snap, Config(), cycles=10, period_s=1.0)
     tail = result.cycles[-2:]
     assert all(c.summary["evictions"] == 0 for c in tail), [c.summary for c in result.cycles]
     assert result.stable, [c.summary for c in result.cycles]

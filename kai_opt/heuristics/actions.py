@@ -39,6 +39,8 @@ class Actions:
         self.placer = Placer(sess)
         self.gang = GangPlacer(sess, self.placer)
         self.reasons: dict[int, list[Reason]] = {}
+        # failed victim searches by what decides them, valid while the session is unchanged (sess.version)
+        self._failed: dict[tuple, tuple[int, Reason | None]] = {}
 
     # -- which groups take part ----------------------------------------------------------------------------------
     def pending_groups(self, *, preemptible_only: bool = False) -> list[int]:
@@ -109,6 +111,9 @@ class Actions:
                 # moving running pods for work above its queue's fair share would only be undone by the next
                 # reclaim: churn, not defragmentation
                 continue
+            key = self._search_key("consolidate", g, tasks)
+            if self._failed_before(g, key):
+                continue
             candidates = [v for v in active_groups(sess) if v != g and st.pg_preemptible[v]]
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._all_moved,
@@ -117,6 +122,8 @@ class Actions:
                 self.reasons.pop(g, None)
                 if pending_mask(sess, st.group_pods(g)).any():
                     jq.push(g)
+            else:
+                self._remember_failure(key, None)
 
     def _move_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
         """Re-place evicted pods (pipelined) where they fit: another node, or other devices of their node. Per
@@ -171,6 +178,9 @@ class Actions:
                                            reclaim_headroom(sess.fs, sess.ledger, q, req, preemptible=preemptible,
                                                             names=st.q_names)))
                 continue
+            key = self._search_key("reclaim", g, tasks)
+            if self._failed_before(g, key):
+                continue
             candidates = [v for v in active_groups(sess)
                           if int(st.pg_queue[v]) != q and st.pg_preemptible[v]
                           and not protected_by_min_runtime(sess, v, "reclaim")]
@@ -186,11 +196,15 @@ class Actions:
                                      worth_trying=self._reclaimer_side_tracker(q, req, preemptible))
             if out.ok:
                 self._finish(g, out.attempt, jq)
-            elif candidates:
-                self._add_reason(g, Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}", {
+                continue
+            reason = None
+            if candidates:
+                reason = Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}", {
                     "why": out.why, "candidates": len(candidates),
                     "protected": protection_counts(sess, [v for v in active_groups(sess)
-                                                          if int(st.pg_queue[v]) != q], "reclaim")}))
+                                                          if int(st.pg_queue[v]) != q], "reclaim")})
+                self._add_reason(g, reason)
+            self._remember_failure(key, reason)
 
     def _reclaimer_side_tracker(self, q: int, req: np.ndarray, preemptible: bool) -> Callable[[list[int]], bool]:
         """For solve_with_victims: whether, with every victim taken so far gone, the reclaimer's side of the
@@ -245,6 +259,9 @@ class Actions:
             if not st.pg_preemptible[g] and non_preemptible_over_quota(sess.fs, sess.ledger, q, req) is not None:
                 continue
             prio = int(st.pg_priority[g])
+            key = self._search_key("preempt", g, tasks)
+            if self._failed_before(g, key):
+                continue
             candidates = [v for v in active_groups(sess)
                           if int(st.pg_queue[v]) == q and v != g and st.pg_preemptible[v]
                           and int(st.pg_priority[v]) < prio and not protected_by_min_runtime(sess, v, "preempt")]
@@ -255,6 +272,8 @@ class Actions:
                                      replace_victims=self._move_victims)
             if out.ok:
                 self._finish(g, out.attempt, jq)
+            else:
+                self._remember_failure(key, None)
 
     # -- stale gangs --------------------------------------------------------------------------------------------
     def stale_gangs(self) -> None:
@@ -272,6 +291,40 @@ class Actions:
                 sess.evict(p, "stale-gang", -1)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+    # -- failed victim searches, remembered ----------------------------------------------------------------------
+    def _search_key(self, kind: str, g: int, tasks: list[int]) -> tuple | None:
+        """What decides a victim search for g's tasks, when two groups with the same key must get the same
+        outcome from an unchanged session: the action, the tasks' shapes, the group's topology, queue,
+        priority and preemptibility. None when g's own running pods could be victims, or its pods have
+        sub-groups or pod (anti-)affinity (then the search depends on more than this)."""
+        st = self.sess.state
+        pods = st.group_pods(g)
+        if active_mask(self.sess, pods).any() or (st.pod_sg[pods] >= 0).any():
+            return None
+        shape = []
+        for p in tasks:
+            pod = st.pods[p]
+            if pod.pod_affinity or pod.pod_anti_affinity:
+                return None
+            shape.append((int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]),
+                          int(st.pod_gpu_frac[p]), int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p])))
+        return (kind, tuple(shape), int(st.pg_topology[g]), int(st.pg_required_level[g]),
+                int(st.pg_preferred_level[g]), int(st.pg_queue[g]), int(st.pg_priority[g]),
+                bool(st.pg_preemptible[g]), int(st.pg_min_member[g]))
+
+    def _failed_before(self, g: int, key: tuple | None) -> bool:
+        """True (and g gets the remembered reason) when an alike search failed on this same session state."""
+        hit = self._failed.get(key) if key is not None else None
+        if hit is None or hit[0] != self.sess.version:
+            return False
+        if hit[1] is not None:
+            self._add_reason(g, hit[1])
+        return True
+
+    def _remember_failure(self, key: tuple | None, reason: Reason | None) -> None:
+        if key is not None:
+            self._failed[key] = (self.sess.version, reason)
+
     def _satisfied_now(self, g: int) -> bool:
         return is_satisfied(self.sess, g, group_shape(self.sess, g)) and not pending_mask(
             self.sess, self.sess.state.group_pods(g)).any()

@@ -346,9 +346,13 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
                    beneficiary: int) -> list[int]:
     """Un-evict victim chunks whose resources the placements did not use (latest added first): neither node room
     nor queue headroom (limits, quota) of the beneficiary. A chunk (an elastic pod, or a gang's whole core) goes
-    back only as a whole, so no victim gang is left half-evicted."""
+    back only as a whole, and only when its gang then keeps its minimum, so no victim gang is left half-evicted."""
+    st = sess.state
     kept: set[int] = set()
     for chunk in reversed(evicted):
+        g = int(st.pod_pg[chunk[0]])
+        if 0 < int(active_mask(sess, st.group_pods(g)).sum()) + len(chunk) < int(st.pg_min_member[g]):
+            continue  # its gang's core stays evicted: an elastic pod alone cannot run on
         extra = {}
         for p in chunk:
             n = int(sess.node[p])
