@@ -5,9 +5,10 @@ The quantity bounded is the cluster's GPU allocation once the cycle's plan has l
 a bound for every engine, kai-opt's (which may evict and move pods) and the baselines' (which only place).
 
 The LP, per instance:
-- pending pods (ours, of podgroups with a queue and no problem) may be placed; preemptible running pods of ours
-  may stay, move anywhere, or go (`movable`, the default): every other pod (other schedulers', non-preemptible,
-  pipelined, on unschedulable nodes) is fixed where it is, and releasing pods are gone;
+- pending pods (ours, of podgroups with a queue and no problem) may be placed; our running pods that some action
+  may evict (preemptible, or of a group below minMember: stale-gang) may stay, move anywhere, or go (`movable`,
+  the default): every other pod (other schedulers', non-preemptible, pipelined, on unschedulable nodes) is fixed
+  where it is, and releasing pods are gone;
 - nodes are aggregated into classes of identical nodes (Ready, same signature class, GPU memory, free vector
   after the fixed pods, and sorted per-device free shares): one capacity row per class and resource (CPU,
   memory, pods, extended resources, GPU share) times the number of nodes in the class;
@@ -87,10 +88,13 @@ def pod_gpu_at(state: ClusterState, pods: np.ndarray, nodes: np.ndarray) -> np.n
 
 
 def movable_pods(state: ClusterState) -> np.ndarray:
-    """Our running pods of preemptible podgroups on schedulable nodes: an engine may evict or move them."""
+    """Our running pods on schedulable nodes that an engine may evict or move: those of preemptible podgroups, and
+    those of groups below their minMember (a stale gang may be evicted whatever its priority)."""
     pg = state.pod_pg
     ok = (state.pod_status == PodStatus.BOUND) & state.pod_ours & (pg >= 0)
-    ok[ok] = state.pg_preemptible[pg[ok]] & state.node_ok[state.pod_node[ok]]
+    active = np.isin(state.pod_status, (PodStatus.BOUND, PodStatus.PIPELINED)) & (pg >= 0)
+    below = np.bincount(pg[active], minlength=state.n_groups) < state.pg_min_member
+    ok[ok] = (state.pg_preemptible[pg[ok]] | below[pg[ok]]) & state.node_ok[state.pod_node[ok]]
     return np.nonzero(ok)[0]
 
 

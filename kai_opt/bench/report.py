@@ -119,7 +119,8 @@ def print_tables(rows: Sequence[dict[str, Any]], notes: Sequence[str]) -> None:
 
     c = console()
     for title, headers, body in tables(rows):
-        t = Table(title=title, title_justify="left")
+        c.print(f"[bold]{title}[/]", highlight=False)
+        t = Table()
         for i, h in enumerate(headers):
             t.add_column(h, justify="left" if i == 0 or (title.startswith("Per instance") and i < 2) else "right")
         for r in body:
