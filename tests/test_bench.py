@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from builders import node, pod, podgroup, queue, snapshot, state
 
-from kai_opt.bench import baselines, bound, report, runner
+from kai_opt.bench import baselines, bound, metrics, report, runner
 from kai_opt.bench.instances import QUICK_SIZE, families
 from kai_opt.cli.main import main
 from kai_opt.config import Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
+from kai_opt.plan import Plan
 from kai_opt.snapshot import RawObject
 from kai_opt.state import ClusterState
 from kai_opt.validation import plan_summary
@@ -227,3 +228,28 @@ def test_engine_runs_are_isolated_and_timed() -> None:
         assert len(run.phases) == 2 and all(p["cycle"] >= p["state"] > 0 for p in run.phases)
         assert run.peak_rss_mb is not None and run.peak_rss_mb > 0 and run.rss_growth_mb is not None
     assert np.isfinite(runner.execute("bestfit", snap, Config(), isolate=False).phases[0]["cycle"])
+
+
+# -- metrics ---------------------------------------------------------------------------------------------------------
+
+
+def test_fragmentation_counts_free_gpus_the_pending_shapes_cannot_use() -> None:
+    """n1 keeps 1 GPU free, n2 4: the pending shape (2 GPUs) cannot use n1's, so 1 of 5 free GPUs (20%)."""
+    objs = [node("n1", gpus=4), node("n2", gpus=4), queue("q"),
+            podgroup("r", "q", priority_class="build"),
+            pod("r-0", "r", gpus=3, node_name="n1", queue_name="q", annotations={"kai-opt.io/gpu-devices": "0,1,2"}),
+            podgroup("w", "q", priority_class="build"), pod("w-0", "w", gpus=2, queue_name="q")]
+    st = state(objs)
+    gpus, pct = metrics.Fragmentation(st).gpus(st, Plan(engine="none"))
+    assert gpus == pytest.approx(1.0) and pct == pytest.approx(20.0)
+
+
+def test_fairness_is_the_largest_leaf_deviation_from_fair_share() -> None:
+    objs = [node("n1", gpus=8), queue("q"), podgroup("g", "q", min_member=2),
+            *[pod(f"g-{i}", "g", gpus=1, queue_name="q") for i in range(2)]]
+    st = state(objs)
+    fs = compute_fair_share(st)
+    assert metrics.fairness(st, fs, Plan(engine="none")) == pytest.approx(2.0)  # fair share 2 (its request), holds 0
+    plan = baselines.baseline_plan(st, fs, "bestfit")
+    assert metrics.fairness(st, fs, plan) == pytest.approx(0.0)
+    assert metrics.gpus_allocated(st, plan) == pytest.approx((2.0, 1.0))  # train: weight 0.5
