@@ -66,3 +66,13 @@ def test_cli_prints_multi_document_yaml() -> None:
 def test_build_rejects_bad_namespace() -> None:
     with pytest.raises(InputError):
         build_manifests("-bad")
+
+
+def test_existing_kai_leaves_kais_crds_classes_and_queues_alone() -> None:
+    proc = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "--existing-kai"],
+                          capture_output=True, text=True, check=True)
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                         "RoleBinding", "ConfigMap", "Deployment"]
+    full = build_manifests()
+    assert docs == [o for o in full if o["kind"] not in ("CustomResourceDefinition", "PriorityClass", "Queue")]

@@ -20,6 +20,8 @@ def manifests(
     replicas: int = typer.Option(2, "--replicas", help="scheduler replicas (one leads, the others stand by)"),
     config: Path | None = typer.Option(None, "--config", help="kai-opt config file to ship in the ConfigMap "
                                        "(default: the default configuration)"),
+    existing_kai: bool = typer.Option(False, "--existing-kai", help="the cluster already runs KAI-Scheduler: "
+                                      "leave out the CRDs, default PriorityClasses and default Queue (KAI's stay)"),
 ) -> None:
     """Print everything needed to run kai-opt in a cluster as multi-document YAML (`| kubectl apply -f -`)."""
     from kai_opt.cli.dump import write_yaml
@@ -27,7 +29,7 @@ def manifests(
     from kai_opt.k8s.manifests import DEFAULT_IMAGE, build_manifests
 
     objs = build_manifests(namespace, image or DEFAULT_IMAGE, replicas=replicas,
-                           config=load_config(config) if config else None)
+                           config=load_config(config) if config else None, existing_kai=existing_kai)
     for obj in objs:
         sys.stdout.write("---\n")
         write_yaml(obj, sys.stdout)

@@ -118,8 +118,12 @@ def _deployment(namespace: str, image: str, replicas: int) -> dict[str, Any]:
 
 
 def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMAGE, *, replicas: int = 2,
-                    config: Config | None = None) -> list[dict[str, Any]]:
-    """The objects to apply, in apply order (CRDs and the Namespace first)."""
+                    config: Config | None = None, existing_kai: bool = False) -> list[dict[str, Any]]:
+    """The objects to apply, in apply order (CRDs and the Namespace first).
+
+    existing_kai: the cluster already runs KAI-Scheduler. Its CRDs, PriorityClasses and queues are already there
+    and stay KAI's (re-applying ours would replace KAI's CRD schemas, and a PriorityClass's value is immutable), so
+    only the scheduler's own objects are returned: Namespace, ServiceAccount, RBAC, ConfigMap and Deployment."""
     if not _DNS_LABEL.match(namespace):
         raise InputError(f"invalid namespace {namespace!r}: must be a DNS label (lowercase letters, digits, '-', "
                          "at most 63 characters)", field="--namespace")
@@ -128,7 +132,7 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
     if replicas < 1:
         raise InputError(f"replicas must be at least 1, got {replicas}", field="--replicas")
     cfg = config or Config()
-    objs: list[dict[str, Any]] = list(parse_yaml(crd_manifests()))
+    objs: list[dict[str, Any]] = [] if existing_kai else list(parse_yaml(crd_manifests()))
     objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace)})
     objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)})
     objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(NAME),
@@ -149,6 +153,8 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{NAME}-config", namespace),
                  "data": {"config.yaml": _config_yaml(cfg)}})
     objs.append(_deployment(namespace, image, replicas))
+    if existing_kai:
+        return json.loads(json.dumps(objs))
     for name, value in DEFAULT_PRIORITY_CLASSES.items():
         objs.append({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(name),
                      "value": value, "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority",
