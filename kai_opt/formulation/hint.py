@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from ortools.sat.python import cp_model
+
 from kai_opt.formulation.model import Built
 from kai_opt.formulation.scope import Scope
 from kai_opt.heuristics.session import Session
@@ -42,6 +44,17 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         reasons = {evicted.get(p) for p in v.pods}
         m.add_hint(built.evict_pre[vi], int("preempt" in reasons))
         m.add_hint(built.evict_rec[vi], int("reclaim" in reasons and "preempt" not in reasons))
+    per_shape: Counter[int] = Counter()
+    for (s, n), c in counts.items():
+        if (s, n) in built.place:
+            per_shape[s] += c
+    sums: dict[int, int] = {}
+    for var, prev, terms in built.derived:
+        sums[var.index] = (sums[prev.index] if prev is not None else 0) + sum(per_shape[s] * c for s, c in terms)
+        m.add_hint(var, sums[var.index])
+    reclaimers = {e.beneficiary for e in greedy.evictions if e.reason == "reclaim"}
+    for i, var in built.reclaims.items():
+        m.add_hint(var, int(scope.groups[i].group in reclaimers))
     doms = defaultdict(set)
     for pl in greedy.placements:
         g = int(st.pod_pg[pl.pod])
@@ -50,3 +63,51 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         g = scope.groups[i]
         dom = st.topologies[g.topology].domain[g.required_level]
         m.add_hint(var, int(any(int(dom[n]) == d for n in doms.get(g.group, ()))))
+
+
+def _in_domain(x: int, dom: list[int]) -> bool:
+    return any(dom[k] <= x <= dom[k + 1] for k in range(0, len(dom), 2))
+
+
+def hint_violations(model: cp_model.CpModel) -> list[str]:
+    """The model's constraints (and variable domains) the solution hint breaks, by variable names: the hint of a
+    correct model built from the greedy plan breaks none. Constraints with an unhinted variable are skipped; the
+    unhinted variables are listed first."""
+    p = model.proto
+    hint = dict(zip(p.solution_hint.vars, p.solution_hint.values, strict=True))
+    names = [v.name for v in p.variables]
+    out = [f"no hint for {names[i]}" for i in range(len(names)) if i not in hint and names[i]]
+
+    def lit(x: int) -> int | None:
+        if x >= 0:
+            return hint.get(x)
+        v = hint.get(-x - 1)
+        return None if v is None else 1 - v
+
+    def name(x: int) -> str:
+        return names[x] if x >= 0 else f"not {names[-x - 1]}"
+
+    for i, v in enumerate(p.variables):
+        if i in hint and not _in_domain(hint[i], list(v.domain)):
+            out.append(f"{names[i]} = {hint[i]} outside {list(v.domain)}")
+    for c in p.constraints:
+        enf = [lit(x) for x in c.enforcement_literal]
+        if None in enf or 0 in enf:
+            continue
+        if c.has_bool_or() or c.has_bool_and():
+            lits = list(c.bool_or.literals if c.has_bool_or() else c.bool_and.literals)
+            vals = [lit(x) for x in lits]
+            if None not in vals and not (any(vals) if c.has_bool_or() else all(vals)):
+                kind = "at least one of" if c.has_bool_or() else "all of"
+                out.append(f"{kind} {[name(x) for x in lits]} broken by the hint")
+        elif c.has_linear():
+            lin = c.linear
+            if any(x not in hint for x in lin.vars):
+                continue
+            total = sum(k * hint[x] for x, k in zip(lin.vars, lin.coeffs, strict=True))
+            if not _in_domain(total, list(lin.domain)):
+                terms = " + ".join(f"{k}*{names[x]}({hint[x]})" for x, k in zip(lin.vars, lin.coeffs, strict=True))
+                out.append(f"{terms} = {total} outside {list(lin.domain)}")
+        else:
+            out.append(f"unchecked constraint kind: {c}")
+    return out

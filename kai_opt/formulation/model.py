@@ -7,7 +7,8 @@ Variables
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
   domain[i, d]    group i inside domain d of its required topology level
   evict_pre[v], evict_rec[v]   victim unit v evicted for a preemptor (same queue) / a reclaimer (other queue)
-  reclaims[q]     queue q takes resources from other queues this cycle (then it stays within its fair share)
+  reclaims[i]     group i takes resources from other queues (then its queue stays within its fair share)
+  ranked_work[q, r, i]  queue q's resource r placed by the groups ranked up to i (a running sum)
 """
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_GPU
 
 UNLIMITED = -1.0
-QSCALE = (1000.0, 1.0, 1e-6)  # queue resources to integers: milli-GPU, millicores, MB
+QSCALE = (1000.0, 1.0, 1.0)  # queue resources to integers: milli-GPU, millicores, bytes (exact: a queue at exactly
+# its fair share or limit must compare as the greedy's float comparison does, see tests/test_cpsat_hint.py)
+EPS = 1e-6
+
+
+def _up(x: np.ndarray) -> np.ndarray:
+    """Scaled amounts a placement adds, rounded up (never under-counted)."""
+    return np.ceil(np.asarray(x) * np.array(QSCALE) - EPS).astype(np.int64)
+
+
+def _down(x: np.ndarray) -> np.ndarray:
+    """Scaled amounts an eviction frees, and caps, rounded down (never over-counted)."""
+    return np.floor(np.asarray(x) * np.array(QSCALE) + EPS).astype(np.int64)
 
 
 @dataclass
@@ -36,6 +49,8 @@ class Built:
     domain: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     evict_pre: list[cp_model.IntVar] = field(default_factory=list)
     evict_rec: list[cp_model.IntVar] = field(default_factory=list)
+    reclaims: dict[int, cp_model.IntVar] = field(default_factory=dict)  # scope group -> placed by reclaiming
+    derived: list[tuple] = field(default_factory=list)  # (sum var, previous sum var | None, [(shape, coef)])
     value: cp_model.LinearExpr | None = None  # tier 1: priority-weighted work placed
     eviction_cost: cp_model.LinearExpr | None = None  # tier 2
     packing: cp_model.LinearExpr | None = None  # tier 3
@@ -45,7 +60,7 @@ class Built:
 def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
     """Integer queue request per pod (milli-GPU, millicores, MB); gpu-memory pods at their largest fraction."""
     q = sess.queue_request(pods[:1]).reshape(-1)
-    return np.ceil(q * np.array(QSCALE)).astype(np.int64)
+    return _up(q)
 
 
 def build_model(sess: Session, scope: Scope) -> Built:
@@ -124,6 +139,9 @@ def build_model(sess: Session, scope: Scope) -> Built:
         for p in v.pods:
             released[int(sess.node[p])].append((vi, p))
     share_nodes = {n for (s_idx, n) in b.place if shapes[s_idx].kind == "share"}
+    # a victim holding a GPU share frees part of a device: only the device-level constraints count that right
+    share_nodes |= {n for n, items in released.items()
+                    if any(int(st.pod_gpu_frac[p]) or int(st.pod_gpu_mem[p]) for _, p in items)}
     for n, items in on_node.items():
         for c in cols:
             use = sum(v * int(st.pod_req[shapes[s].pods[0], c]) for s, v in items)
@@ -202,21 +220,22 @@ def _single_node_cap(sess: Session, p: int, n: int, victims: list) -> int:
     st = sess.state
     req = st.pod_req[p]
     room = (sess.alloc[n] - sess.held[n]).astype(np.int64).copy()
-    whole_room = int(sess.whole_future[n])
+    a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+    dev_free = (DEV - sess.dev_held[a:b]).astype(np.int64)
     for v in victims:
         for q in v.pods:
             if int(sess.node[q]) == n:
                 room += st.pod_req[q]
-                whole_room += int(st.pod_gpu_whole[q])
+                per = st.pod_gpu_per_device(q, n)
+                for d in sess.pod_devices(q):
+                    dev_free[int(d) - a] += per
     caps = [room[c] // req[c] for c in range(len(req)) if c != R_GPU and req[c] > 0]
     cap = int(min(caps)) if caps else 10_000
     if st.pod_gpu_whole[p]:
-        cap = min(cap, whole_room // int(st.pod_gpu_whole[p]))
+        cap = min(cap, int((dev_free >= DEV).sum()) // int(st.pod_gpu_whole[p]))
     elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
         per = st.pod_gpu_per_device(p, n)
-        a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-        room_dev = DEV - sess.dev_held[a:b]
-        cap = min(cap, int((room_dev // max(per, 1)).sum()) * 1)
+        cap = min(cap, int((dev_free // max(per, 1)).sum()))
     return max(0, int(cap))
 
 
@@ -273,62 +292,78 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 if not g.preemptible:
                     placed_np_q[q].append((totals[s], qr, len(shapes[s].pods)))
     evicted_q: dict[int, list] = defaultdict(list)
-    evicted_rec_q: dict[int, list] = defaultdict(list)
     for vi, v in enumerate(victims):
         qv = int(st.pg_queue[v.group])
-        amt = np.ceil(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0) * scale).astype(np.int64)
-        reclaimer_queues = [groups[j].queue for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
-        shared = set.intersection(*(set(anc[q]) for q in reclaimer_queues)) if reclaimer_queues else set()
+        amt = _down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
         for q in anc[qv]:
             evicted_q[q].append((evicted[vi], amt))
-            if q not in shared:  # a queue above both sides does not lose anything by a reclaim between them
-                evicted_rec_q[q].append((b.evict_rec[vi], amt))
     alloc = np.round(sess.ledger.allocated * scale).astype(np.int64)
     alloc_np = np.round(sess.ledger.allocated_np * scale).astype(np.int64)
     for q in sorted(placed_q):
         for r in range(3):
             lim = fs.limit[q, r]
             if lim != UNLIMITED:
-                bound = max(int(np.floor(lim * scale[r])), int(alloc[q, r]))
+                bound = max(int(np.floor(lim * scale[r] + EPS)), int(alloc[q, r]))
                 net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - sum(e * int(v[r]) for e, v in evicted_q[q])
                 m.add(int(alloc[q, r]) + net <= bound)
     for q in sorted(placed_np_q):
         for r in range(3):
             des = fs.deserved[q, r]
             if des != UNLIMITED:
-                bound = max(int(np.floor(des * scale[r])), int(alloc_np[q, r]))
+                bound = max(int(np.floor(des * scale[r] + EPS)), int(alloc_np[q, r]))
                 m.add(int(alloc_np[q, r]) + sum(e * int(v[r]) for e, v, _ in placed_np_q[q]) <= bound)
-    # reclaim: a victim queue keeps at least its floor (allocatable share, or deserved when the reclaimer is
-    # within its own) less one chunk; a reclaiming queue ends within its fair share
-    allocatable = fs.allocatable_share
+    # reclaim, victim side (KAI checks each chunk against the victim queue's allocation at that point): the model
+    # evicts only units the greedy evicted for the same rule (build_scope), so any subset of them leaves every
+    # victim queue at least as high as the greedy's checks saw it; no aggregate constraint is needed here
     tops = sum(1 for a in anc if len(a) == 1)
-    for q, items in evicted_rec_q.items():
-        floor = allocatable[q, 0] if allocatable[q, 0] != UNLIMITED else fs.total[0]
-        if fs.deserved[q, 0] != UNLIMITED:
-            floor = min(floor, fs.deserved[q, 0])
-        chunk = max(int(v[0]) for _, v in items)
-        room = max(0, int(alloc[q, 0]) - int(np.floor(floor * scale[0]))) + chunk
-        if len(anc[q]) == 1 and tops == 1:
-            continue
-        m.add(sum(e * int(v[0]) for e, v in items) <= room)
-    reclaimer_queues = sorted({groups[j].queue for v in victims for j in v.beneficiaries
-                               if v.reason_for[j] == "reclaim"})
-    if not reclaimer_queues:
+    # a reclaiming group's queue (and every ancestor but a lone top queue) stays within its fair share, counted as
+    # the greedy's reclaim action does: the work of the groups ranked before it (and its own) placed, less the
+    # queue's evictions (KAI checks it when that job reclaims; work placed later, e.g. by preempt, is not counted)
+    rec_groups = sorted({j for v in victims for j in v.beneficiaries if v.reason_for[j] == "reclaim"})
+    if not rec_groups:
         for e in b.evict_rec:
             m.add(e == 0)
         return
-    uses = {q: m.new_bool_var(f"reclaims[{st.q_names[q]}]") for q in reclaimer_queues}
+    uses = {j: m.new_bool_var(f"reclaims[{st.pg_keys[groups[j].group]}]") for j in rec_groups}
+    b.reclaims = uses
+    for j, u in uses.items():
+        m.add(u <= b.gang[j])
     for vi, v in enumerate(victims):
-        qs = sorted({groups[j].queue for j in v.beneficiaries if v.reason_for[j] == "reclaim"})
-        if qs:
-            m.add(b.evict_rec[vi] <= sum(uses[q] for q in qs))
+        js = [j for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
+        if js:
+            m.add(b.evict_rec[vi] <= sum(uses[j] for j in js))
     mult = sess.cfg.reclaim_saturation_multiplier
-    for q0, u in uses.items():
-        for q in anc[q0]:
+    placed_g: dict[int, list] = defaultdict(list)  # group -> [(expr, qreq vector, most pods)]
+    for i, g in enumerate(groups):
+        for s in g.shapes:
+            placed_g[i].append((s, _qreq(sess, shapes[s].pods), len(shapes[s].pods)))
+    done: dict[tuple[int, int], int] = {}  # (queue, resource) -> groups (rank order) already in its running sum
+    running: dict[tuple[int, int], tuple[cp_model.IntVar | None, int]] = {}  # (queue, r) -> (sum var, its max)
+    for j in rec_groups:
+        for q in anc[groups[j].queue]:
             if len(anc[q]) == 1 and tops == 1:
                 continue
             for r in range(3):
+                key = (q, r)
+                start = done.get(key, 0)
+                terms, most = [], 0
+                for i in range(start, j + 1):
+                    if q in anc[groups[i].queue]:
+                        for e, v, k in placed_g[i]:
+                            if int(v[r]):
+                                terms.append((e, int(v[r])))
+                                most += int(v[r]) * k
+                prev, prev_most = running.get(key, (None, 0))
+                most += prev_most
+                if terms:
+                    acc = m.new_int_var(0, most, f"ranked_work[{st.q_names[q]},{r},{st.pg_keys[groups[j].group]}]")
+                    m.add(acc == (prev if prev is not None else 0) + sum(totals[e] * c for e, c in terms))
+                    b.derived.append((acc, prev, terms))
+                    prev = acc
+                running[key] = (prev, most)
+                done[key] = j + 1
                 cap = fs.fair_share[q, r] * scale[r] / mult
-                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - sum(e * int(v[r]) for e, v in evicted_q[q])
-                big = int(alloc[q, r] + sum(int(v[r]) * k for _, v, k in placed_q[q]) + 1)
-                m.add(int(alloc[q, r]) + net <= int(np.floor(cap)) + big * (1 - u))
+                evicted_here = sum(e * int(v[r]) for e, v in evicted_q[q]) if evicted_q[q] else 0
+                big = int(alloc[q, r]) + most + 1
+                m.add(int(alloc[q, r]) + (prev if prev is not None else 0) - evicted_here
+                      <= int(np.floor(cap + EPS)) + big * (1 - uses[j]))

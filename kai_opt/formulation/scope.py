@@ -135,22 +135,46 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                      f"{max_pods}-pod window); the greedy plan decides them")
     victims = _victims(sess, groups)
     # improve on the greedy plan, never against it: what it places stays placed (maybe elsewhere), and only pods it
-    # evicts may be evicted (fewer is better); a group it placed through consolidation moves is not held
-    evicted = {e.pod for e in greedy.evictions}
-    moved_for = {e.beneficiary for e in greedy.evictions if e.reason == "consolidate"}
+    # evicts may be evicted (fewer is better). The greedy's consolidation moves are part of the session already
+    # (apply_consolidation), so the groups they made room for are held like any other.
+    evicted = {e.pod: e for e in greedy.evictions}
     victims = [v for v in victims if all(p in evicted for p in v.pods)]
+    # the greedy judged its reclaim and preempt rules as the cycle went on: a beneficiary it chose is allowed
+    scope_index = {gs.group: i for i, gs in enumerate(groups)}
+    for v in victims:
+        for p in v.pods:
+            e = evicted[p]
+            j = scope_index.get(e.beneficiary)
+            if j is not None and e.reason in ("reclaim", "preempt") and j not in v.reason_for:
+                v.beneficiaries.append(j)
+                v.reason_for[j] = e.reason
     placed_count: dict[int, int] = {}
     for pl in greedy.placements:
         if not pl.moved:
             g = int(st.pod_pg[pl.pod])
             placed_count[g] = placed_count.get(g, 0) + 1
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
-            if gs.group in placed_count and gs.group not in moved_for}
+            if gs.group in placed_count}
     _candidate_nodes(sess, acts, shapes, greedy_nodes, victims, per_shape_nodes)
     model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
     return Scope(groups, shapes, victims, model_nodes, excluded, notes, keep)
+
+
+def apply_consolidation(sess: Session, greedy: Plan) -> None:
+    """Replay the greedy plan's moves (consolidation, and victims of reclaim or preempt that were re-placed) and
+    their evictions on a fresh session: the model and the decoder start from there, so the room the moves made is
+    there for the model too, and the groups they made room for stay placed (Scope.keep)."""
+    st = sess.state
+    moved = {pl.pod for pl in greedy.placements if pl.moved}
+    for e in greedy.evictions:
+        if e.reason == "consolidate" or e.pod in moved:  # reclaim and preempt move victims that fit elsewhere too
+            sess.evict(e.pod, e.reason, e.beneficiary)
+    for pl in greedy.placements:
+        if pl.moved:
+            base = int(st.dev_start[pl.node])
+            sess.place(pl.pod, pl.node, tuple(base + d for d in pl.devices), pipelined=True, moved=True)
 
 
 def _victims(sess: Session, groups: list[GroupScope]) -> list[Victim]:

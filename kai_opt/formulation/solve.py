@@ -16,7 +16,7 @@ from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.runner import run_with_watchdog
-from kai_opt.formulation.scope import build_scope
+from kai_opt.formulation.scope import Scope, apply_consolidation, build_scope
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.plan import Plan, SolverInfo
@@ -49,11 +49,11 @@ def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, f
     return value, cost
 
 
-def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
-               actions: tuple[str, ...] | None = None) -> Plan:
-    start = time.perf_counter()
-    budget = config.solver.time_budget_s
+def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
+                actions: tuple[str, ...] | None = None) -> tuple[Session, Scope]:
+    """The session (cycle start) and what the model covers, for the greedy plan `greedy`."""
     sess = Session(state, fs, config)
+    apply_consolidation(sess, greedy)
     acts = Actions(sess)
     scope = build_scope(sess, acts, greedy, max_pods=config.solver.max_model_pods)
     if actions is not None:
@@ -64,6 +64,14 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
             for v in scope.victims:
                 v.beneficiaries = [j for j in v.beneficiaries if v.reason_for[j] != "reclaim"]
         scope.victims = [v for v in scope.victims if v.beneficiaries]
+    return sess, scope
+
+
+def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
+               actions: tuple[str, ...] | None = None) -> Plan:
+    start = time.perf_counter()
+    budget = config.solver.time_budget_s
+    sess, scope = model_scope(state, fs, config, greedy, actions)
     info = SolverInfo()
     if actions is not None and "allocate" not in actions:
         return _keep(greedy, info, start, "the model decides whole cycles (allocate included); this run asked "
@@ -90,6 +98,7 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
                 if result.bound and not math.isinf(result.bound) else None)
     t = time.perf_counter()
     dsess = Session(state, fs, config)
+    apply_consolidation(dsess, greedy)
     dacts = Actions(dsess)
     try:
         decode(dsess, dacts, scope, built, result.values)
