@@ -186,7 +186,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
     _queue_constraints(sess, b, scope, totals, evicted)
 
     # -- objective terms --------------------------------------------------------------------------------------
-    prios = sorted({g.priority for g in groups} | {int(st.pg_priority[v.group]) for v in victims})
+    prios = sorted({int(x) for x in st.pg_priority.tolist()})  # the same scale as solve.plan_score
     level = {p: i for i, p in enumerate(prios)}
     value_terms = []
     for g in groups:

@@ -28,8 +28,7 @@ DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
     """(work placed, eviction cost) with the model's weights: GPUs placed (and 10 per pod) times 4^priority level,
     doubled for queues within their fair share; evictions by GPUs and pods times 4^victim priority level."""
-    groups = {int(state.pod_pg[p.pod]) for p in plan.placements} | {int(state.pod_pg[e.pod]) for e in plan.evictions}
-    prios = sorted({int(state.pg_priority[g]) for g in groups if g >= 0})
+    prios = sorted({int(x) for x in state.pg_priority.tolist()})  # one scale for every plan of the cycle
     level = {p: i for i, p in enumerate(prios)}
     value = 0.0
     for pl in plan.placements:
@@ -122,17 +121,25 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     ours, theirs = plan_score(state, fs, plan), plan_score(state, fs, greedy)
     info.status = result.status
     info.wall_s = time.perf_counter() - start
-    # chosen only when it dominates the greedy plan: at least as much work for no more eviction cost, one strictly
-    better = (ours[0] >= theirs[0] - 1e-9 and ours[1] <= theirs[1] + 1e-9
-              and (ours[0] > theirs[0] + 1e-9 or ours[1] < theirs[1] - 1e-9))
+    # chosen only when it beats the greedy plan on the primary objective, lexicographically: more priority-weighted
+    # work placed, or as much for a smaller eviction cost; a tie keeps the greedy (KAI-compatible) plan
+    eps = 1e-9
+    better = ours[0] > theirs[0] + eps or (abs(ours[0] - theirs[0]) <= eps and ours[1] < theirs[1] - eps)
+    tie = abs(ours[0] - theirs[0]) <= eps and abs(ours[1] - theirs[1]) <= eps
+    notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
     if better:
         info.note = f"CP-SAT plan chosen: value {ours[0]:g} vs greedy {theirs[0]:g}, eviction cost {ours[1]:g} " \
-                    f"vs {theirs[1]:g}" + (f"; {'; '.join(scope.notes)}" if scope.notes else "")
+                    f"vs {theirs[1]:g}" + notes
         plan.solver = info
         plan.phases.update(greedy.phases)
         return plan
-    info.note = "greedy plan kept: CP-SAT found nothing better" + (f"; {'; '.join(scope.notes)}" if scope.notes
-                                                                   else "")
+    if tie:
+        info.note = f"greedy plan kept: the CP-SAT plan is no better ({result.status})" + notes
+        info.status = "GREEDY_KEPT"
+    else:
+        info.note = f"greedy plan kept: the CP-SAT plan is worse (value {ours[0]:g} vs {theirs[0]:g}, eviction " \
+                    f"cost {ours[1]:g} vs {theirs[1]:g}; solver {result.status})" + notes
+        info.status = "FALLBACK_GREEDY"
     greedy.solver = info
     greedy.engine = "cpsat"
     return greedy
