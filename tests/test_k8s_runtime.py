@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kai_opt.api import Pod
+from kai_opt.k8s import binder as binder_mod
 from kai_opt.k8s import cache as cache_mod
 from kai_opt.k8s import leader as leader_mod
-from kai_opt.k8s.binder import BindRequest, _annotation_ops
+from kai_opt.k8s.binder import Binder, BindRequest, binding_annotations
 from kai_opt.k8s.cache import ClusterCache, Resource
 from kai_opt.k8s.events import EventRecorder
 from kai_opt.k8s.status import (
@@ -79,26 +81,47 @@ def _req(devices: tuple[int, ...]) -> BindRequest:
     return BindRequest("ns", "p", "uid-1", "n1", devices)
 
 
-def test_annotation_patch_tests_the_pod_is_unbound_and_the_same() -> None:
-    ops = _annotation_ops({"metadata": {"uid": "uid-1"}}, _req((2, 3)))
-    assert ops is not None
-    assert ops[:2] == [{"op": "test", "path": "/metadata/uid", "value": "uid-1"},
-                       {"op": "test", "path": "/spec/nodeName", "value": None}]
-    # no annotations yet: the whole map is added, only if it is still absent
-    assert ops[2:] == [{"op": "test", "path": "/metadata/annotations", "value": None},
-                       {"op": "add", "path": "/metadata/annotations", "value": {"kai-opt.io/gpu-devices": "2,3"}}]
-    ops = _annotation_ops({"metadata": {"uid": "uid-1", "annotations": {"x": "y"}}}, _req((1,)))
-    assert ops is not None and ops[-1] == {"op": "add", "path": "/metadata/annotations/kai-opt.io~1gpu-devices",
-                                           "value": "1"}
+def test_binding_records_the_gpu_devices() -> None:
+    assert binding_annotations({"metadata": {"uid": "uid-1"}}, _req((2, 3))) == {"kai-opt.io/gpu-devices": "2,3"}
+    assert binding_annotations(None, _req((1,))) == {"kai-opt.io/gpu-devices": "1"}  # not cached: still recorded
+    stale = {"metadata": {"uid": "uid-1", "annotations": {"x": "y", "kai-opt.io/gpu-devices": "5"}}}
+    assert binding_annotations(stale, _req((1,))) == {"kai-opt.io/gpu-devices": "1"}
 
 
-def test_annotation_patch_is_skipped_or_removes_a_stale_record() -> None:
-    same = {"metadata": {"uid": "uid-1", "annotations": {"kai-opt.io/gpu-devices": "0"}}}
-    assert _annotation_ops(same, _req((0,))) is None
-    assert _annotation_ops({"metadata": {"uid": "uid-1"}}, _req(())) is None  # CPU pod, nothing recorded
-    ops = _annotation_ops(same, _req(()))
-    assert ops is not None and ops[-1] == {"op": "remove", "path": "/metadata/annotations/kai-opt.io~1gpu-devices"}
+def test_binding_of_a_pod_without_gpus_writes_nothing_or_clears_a_stale_record() -> None:
+    assert binding_annotations({"metadata": {"uid": "uid-1"}}, _req(())) == {}  # CPU pod: a plain Binding
+    stale = {"metadata": {"uid": "uid-1", "annotations": {"kai-opt.io/gpu-devices": "0"}}}
+    assert binding_annotations(stale, _req(())) == {"kai-opt.io/gpu-devices": ""}
+    assert Pod.from_k8s({**stale, "metadata": {"name": "p", "annotations": {"kai-opt.io/gpu-devices": ""}}}
+                        ).gpu_devices is None  # "" reads as no devices
 
+
+
+def test_a_conflict_counts_as_our_earlier_bind_only_on_our_node_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 409 after a lost answer: the pod bound to our node on our devices is ours; on other devices (an earlier
+    run chose them) it is a conflict, so the cache's assumption is dropped and the real devices are read."""
+    found: dict[str, Any] = {}
+
+    def fake_request(api: Any, method: str, path: str, **kw: Any) -> Any:
+        if method == "POST":
+            raise ApiException(status=409, reason="Conflict")
+        return found
+
+    monkeypatch.setattr(binder_mod, "request", fake_request)
+    results: list[Any] = []
+    binder = Binder(None, ClusterCache(None, kinds=[]), TokenBucket(100, 10), retries=0,  # type: ignore[arg-type]
+                    on_result=results.append)
+    for devices_on_pod, ours in (("2,3", True), ("1", False), (None, False)):
+        found.clear()
+        found.update({"metadata": {"uid": "uid-1", "annotations": {"kai-opt.io/gpu-devices": devices_on_pod}},
+                      "spec": {"nodeName": "n1"}})
+        results.clear()
+        binder._bind(_req((2, 3)))
+        assert [(r.ok, r.reason) for r in results] == [(True, "")] if ours else [(False, "conflict")]
+    found.update({"metadata": {"uid": "uid-1"}, "spec": {"nodeName": "n1"}})
+    results.clear()
+    binder._bind(_req(()))  # a pod without GPUs bound here: ours
+    assert [r.ok for r in results] == [True]
 
 # -- status shapes ----------------------------------------------------------------------------------------------------
 def test_scheduling_condition_uses_the_plans_reasons_verbatim() -> None:

@@ -1,11 +1,14 @@
 """The binder: binds the plan's placements asynchronously (bounded worker pool, client QPS token bucket).
 
-Per pod: record the GPU devices on the pod (`kai-opt.io/gpu-devices`, a JSON patch that first tests that the pod
-is still unbound and still the same pod), then POST the `pods/binding` subresource with the pod's uid as a
-precondition. Transient errors (throttling, server errors, timeouts, connection loss) are retried with exponential
-backoff; a 404 (pod gone), 409/422 (bound meanwhile, or a different pod of that name) or any permanent error ends
-the attempt and the cache's assumption is dropped, so the pod is placed again next cycle. A 409/422 after a retry
-is checked against the pod: if it is bound to our node, an earlier attempt of ours went through.
+Per pod, one request: POST the `pods/binding` subresource with the pod's uid as a precondition and, for a GPU pod,
+the devices it was given as an annotation of the Binding (`kai-opt.io/gpu-devices`). The API server applies a
+Binding in one atomic update of the pod: it checks the uid and that the pod is not bound yet (else 409), copies
+the Binding's annotations onto the pod and sets `spec.nodeName`, so a pod is never seen bound without its devices
+recorded. A stale devices record on a pod bound without GPUs is overwritten with "" (read as none). Transient
+errors (throttling, server errors, timeouts, connection loss) are retried with exponential backoff; a 404 (pod
+gone), 409/422 (bound meanwhile, or a different pod of that name) or any permanent error ends the attempt and the
+cache's assumption is dropped, so the pod is placed again next cycle. A 409/422 is checked against the pod (one
+GET): if it is bound to our node on our devices, an earlier attempt of ours went through.
 
 A pod is never bound twice: a pod is accepted once while queued or in flight (keyed by uid), the cache counts it
 as bound from acceptance on (so the next cycle does not place it again), and the API server refuses to bind a
@@ -30,12 +33,10 @@ from kubernetes import client
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
 from kai_opt.k8s.cache import ClusterCache
-from kai_opt.k8s.client import JSON_PATCH, MERGE_PATCH, object_path, request
+from kai_opt.k8s.client import MERGE_PATCH, object_path, request
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
 
 log = logging.getLogger(__name__)
-
-_ANNOTATION_PATH = "/metadata/annotations/" + GPU_DEVICES_ANNOTATION.replace("~", "~0").replace("/", "~1")
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,6 @@ class Binder:
         attempt = 0
         while True:
             try:
-                self._annotate(req)
                 self._post_binding(req)
                 self._done(req, start, ok=True)
                 return
@@ -169,30 +169,13 @@ class Binder:
         if not self.fence():
             raise _Dropped("not the leader")
 
-    def _annotate(self, req: BindRequest) -> None:
-        pod = self.cache.pod(req.namespace, req.name)
-        for fresh in (False, True):
-            if fresh:
-                self._check()
-                pod = request(self.api, "GET", object_path("v1", "pods", req.namespace, req.name),
-                              timeout=self.timeout)
-            ops = _annotation_ops(pod, req)
-            if ops is None:
-                return
-            self._write()
-            try:
-                request(self.api, "PATCH", object_path("v1", "pods", req.namespace, req.name), body=ops,
-                        content_type=JSON_PATCH, timeout=self.timeout)
-                return
-            except Exception as exc:
-                if fresh or classify(exc).status != 422:
-                    raise
-                # a test failed: bound meanwhile, another pod of this name, or annotations changed; look again
-
     def _post_binding(self, req: BindRequest) -> None:
         self._write()
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid},
+        meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "uid": req.uid}
+        annotations = binding_annotations(self.cache.pod(req.namespace, req.name), req)
+        if annotations:
+            meta["annotations"] = annotations
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
         request(self.api, "POST", object_path("v1", "pods", req.namespace, req.name) + "/binding", body=body,
                 timeout=self.timeout)
@@ -203,7 +186,11 @@ class Binder:
         except Exception:  # cannot tell: treat as not ours
             return False
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        return meta.get("uid") == req.uid and spec.get("nodeName") == req.node
+        devices = (meta.get("annotations") or {}).get(GPU_DEVICES_ANNOTATION) or ""
+        # ours only with our devices too: a pod an earlier run bound to this node on other devices is a conflict,
+        # so the cache drops our assumption and reads the devices the pod really has
+        return (meta.get("uid") == req.uid and spec.get("nodeName") == req.node
+                and devices == ",".join(str(d) for d in req.devices))
 
     def _done(self, req: BindRequest, start: float, *, ok: bool, reason: str = "", message: str = "") -> None:
         if ok:
@@ -230,24 +217,11 @@ class Binder:
             log.debug("nominate %s/%s on %s: %s %s", ns, name, node, f.status, f.message)
 
 
-def _annotation_ops(pod: dict[str, Any] | None, req: BindRequest) -> list[dict[str, Any]] | None:
-    """JSON patch recording the devices on an unbound pod (None: nothing to change). The `test` operations make
-    the server refuse it (422) when the pod is bound meanwhile, or is another pod of the same name."""
-    meta = (pod or {}).get("metadata") or {}
-    annotations = meta.get("annotations")
-    want = ",".join(str(d) for d in req.devices) or None
-    have = (annotations or {}).get(GPU_DEVICES_ANNOTATION)
-    if pod is not None and want == have:
-        return None
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": req.uid},
-                                 {"op": "test", "path": "/spec/nodeName", "value": None}]
-    if want is None:
-        if have is None:
-            return None
-        ops.append({"op": "remove", "path": _ANNOTATION_PATH})
-    elif annotations is None:
-        ops += [{"op": "test", "path": "/metadata/annotations", "value": None},
-                {"op": "add", "path": "/metadata/annotations", "value": {GPU_DEVICES_ANNOTATION: want}}]
-    else:
-        ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": want})
-    return ops
+def binding_annotations(pod: dict[str, Any] | None, req: BindRequest) -> dict[str, str]:
+    """Annotations the Binding writes onto the pod as it binds it: the GPU devices given (indexes within the node),
+    or "" over a stale record when the pod gets none; nothing for a pod without GPUs and without a record."""
+    want = ",".join(str(d) for d in req.devices)
+    have = (((pod or {}).get("metadata") or {}).get("annotations") or {}).get(GPU_DEVICES_ANNOTATION)
+    if want or have:
+        return {GPU_DEVICES_ANNOTATION: want}
+    return {}

@@ -493,7 +493,6 @@ class ClusterCache:
                 out.extend(RawObject(kind, o, "cluster", memo_key=_memo_key(kind, o)) for o in items)
                 continue
             for pod in items:
-                original = pod
                 meta = pod.get("metadata") or {}
                 spec = pod.get("spec") or {}
                 status = pod.get("status") or {}
@@ -502,26 +501,33 @@ class ClusterCache:
                 key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 if hold and key in hold and a is None and not spec.get("nodeName"):
                     continue
+                memo_key = _memo_key("Pod", pod)
+                changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
                 group = groups.get(key)
                 if group and not (meta.get("annotations") or {}).get(PODGROUP_ANNOTATION):
                     meta = {**meta, "annotations": {**(meta.get("annotations") or {}), PODGROUP_ANNOTATION: group}}
                     pod = {**pod, "metadata": meta}
+                    changes += ("group", group)
                 if a is not None and not spec.get("nodeName"):
                     ann = dict(meta.get("annotations") or {})
-                    if a.devices:
-                        ann[GPU_DEVICES_ANNOTATION] = ",".join(str(d) for d in a.devices)
+                    devices = ",".join(str(d) for d in a.devices)
+                    if devices:
+                        ann[GPU_DEVICES_ANNOTATION] = devices
                     else:
                         ann.pop(GPU_DEVICES_ANNOTATION, None)
                     status = {k: v for k, v in status.items() if k != "nominatedNodeName"}
                     pod = {**pod, "metadata": {**meta, "annotations": ann}, "spec": {**spec, "nodeName": a.node},
                            "status": status}
+                    changes += ("bound", a.node, devices)
                 elif (not spec.get("nodeName") and status.get("nominatedNodeName")
                       and spec.get("schedulerName") in ours):
                     pod = {**pod, "status": {k: v for k, v in status.items() if k != "nominatedNodeName"}}
+                    changes += ("unnominated",)
                 if uid in releasing and not meta.get("deletionTimestamp"):
                     pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
-                out.append(RawObject("Pod", pod, "cluster", memo_key=_memo_key("Pod", pod) if pod is original
-                                     else None))
+                    changes += ("releasing", stamp)
+                out.append(RawObject("Pod", pod, "cluster",
+                                     memo_key=memo_key + changes if memo_key is not None else None))
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
@@ -531,12 +537,12 @@ class ClusterCache:
         snap = Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
                                      now=now if now is not None else time.time(), source="cluster",
                                      memo=self._memo)
-        if len(self._memo) > len(objects):  # forget objects that changed or went away
+        if len(self._memo) > 2 * len(objects):  # forget objects that changed or went away
             with self._lock:
                 kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
                 present = {_memo_key(k[1], o) for k, st in self._stores.items() if k in kinds
                            for o in st.items.values()}
-            self._memo = {k: v for k, v in self._memo.items() if k in present}
+            self._memo = {k: v for k, v in self._memo.items() if k[:3] in present}
         return snap
 
 

@@ -4,11 +4,11 @@ configuration as a ConfigMap, a 2-replica leader-elected Deployment with probes 
 PriorityClasses and a default Queue.
 
 The ClusterRole grants exactly what the scheduler does: read (get/list/watch) Nodes, Pods, PodGroups, Queues,
-PriorityClasses, Topologies and the pod grouper's owner kinds; bind (pods/binding) and evict (pods/eviction);
-patch Pods (the GPU-devices and pod-group-name annotations) and their status (nominatedNodeName); create and
-patch PodGroups (the grouper) and update/patch their status and Queue status; create/patch Events (core and
-events.k8s.io). A Role in its own namespace covers the leader-election Lease (get/create/update). Nothing else
-(no Secrets, no deletes, no Queue spec writes).
+PriorityClasses, Topologies and the pod grouper's owner kinds; bind (pods/binding, which also records the GPU
+devices) and evict (pods/eviction); patch Pods (the grouper's pod-group-name annotation) and their status
+(nominatedNodeName); create and patch PodGroups (the grouper) and update/patch their status and Queue status;
+create/patch Events (core and events.k8s.io). A Role in its own namespace covers the leader-election Lease
+(get/create/update). Nothing else (no Secrets, no deletes, no Queue spec writes).
 """
 
 from __future__ import annotations

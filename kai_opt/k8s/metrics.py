@@ -6,6 +6,9 @@ Series: `kai_opt_cycle_phase_seconds{phase}` (histogram: snapshot, fair_share, s
 `kai_opt_pods_bound_total`, `kai_opt_pods_evicted_total{reason}`, `kai_opt_bind_latency_seconds` (histogram),
 `kai_opt_bind_failures_total{reason}`, `kai_opt_queue_fair_share{queue,resource}`, `kai_opt_queue_allocated{...}`,
 `kai_opt_queue_requested{...}`, `kai_opt_leader` (1 while this replica leads), `kai_opt_ready`.
+
+/readyz is ok once the watch cache has synced, on the leader and on a standby replica alike (a standby can take
+over at once; rollouts wait for every replica to be ready); which replica leads is `kai_opt_leader`.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -204,7 +205,8 @@ class StatusWriter:
         self.fence = fence
         self.resend_s = resend_s
         self.clock = clock
-        self._sent: dict[str, tuple[str, float]] = {}
+        self._sent: dict[str, tuple[str, float]] = {}  # guarded by _sent_lock (write workers drop failed keys)
+        self._sent_lock = threading.Lock()
         self._pruned = clock()
         self.failures = 0
 
@@ -303,13 +305,14 @@ class StatusWriter:
         body = {"status": patch} if wrap else patch
         digest = json.dumps(body, sort_keys=True, default=str)
         now = self.clock()
-        last = self._sent.get(key)
-        if last is not None and last[0] == digest and now - last[1] < self.resend_s:
-            return False
-        self._sent[key] = (digest, now)
-        if len(self._sent) > 4 * 1024 and now - self._pruned > self.resend_s:
-            self._sent = {k: v for k, v in self._sent.items() if now - v[1] < self.resend_s}
-            self._pruned = now
+        with self._sent_lock:
+            last = self._sent.get(key)
+            if last is not None and last[0] == digest and now - last[1] < self.resend_s:
+                return False
+            self._sent[key] = (digest, now)
+            if len(self._sent) > 4 * 1024 and now - self._pruned > self.resend_s:
+                self._sent = {k: v for k, v in self._sent.items() if now - v[1] < self.resend_s}
+                self._pruned = now
         return self.pool.submit(key, lambda: self._write(key, path, body), replace=True)
 
     def _write(self, key: str, path: str, body: dict[str, Any]) -> None:
@@ -320,7 +323,8 @@ class StatusWriter:
             request(self.api, "PATCH", path, body=body, content_type=MERGE_PATCH)
         except Exception as exc:  # one object's status never stops the others
             f = classify(exc)
-            self._sent.pop(key, None)
+            with self._sent_lock:
+                self._sent.pop(key, None)
             if f.status != 404:
                 self.failures += 1
                 log.warning("status of %s: %s %s", key, f.status or "", f.message)

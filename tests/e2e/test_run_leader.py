@@ -4,6 +4,8 @@ over to the standby within a bounded time; a graceful shutdown (SIGTERM) release
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from .schedharness import (
     queue,
     wait_for,
 )
-from .testcluster import LocalCluster
+from .testcluster import LocalCluster, free_port
 
 pytestmark = pytest.mark.e2e
 __all__ = ["fresh"]  # the fixture
@@ -40,6 +42,16 @@ def _holder(api: ApiClient) -> str | None:
         return None
 
 
+def _http(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:  # not serving yet
+        return 0, ""
+
+
 def _scheduled_by(api: ApiClient) -> dict[str, str]:
     """pod name -> reportingInstance of its Scheduled event."""
     return {e["involvedObject"]["name"]: e["reportingInstance"] for e in events(api, reason="Scheduled")}
@@ -53,8 +65,13 @@ def test_only_the_leader_binds_and_the_standby_takes_over(fresh: LocalCluster, t
         b = None
         try:
             wait_for("replica-a leads", lambda: _holder(api) == "replica-a", timeout=30)
-            b = SchedulerProcess(fresh, tmp_path, config, identity="replica-b", leader_elect=True)
+            port_b = free_port()
+            b = SchedulerProcess(fresh, tmp_path, config, identity="replica-b", leader_elect=True,
+                                 extra=("--metrics-port", str(port_b)))
             wait_for("replica-b is standing by", lambda: "standby" in b.output(), timeout=30)
+            # a synced standby is ready (rollouts wait for it); leadership shows in kai_opt_leader
+            assert wait_for("the standby's /readyz", lambda: _http(port_b, "/readyz") == (200, "ok\n"))
+            assert "kai_opt_leader 0.0" in _http(port_b, "/metrics")[1].splitlines()
             create(api, [pod(f"first-{i}", gpus=1, queue_name="team") for i in range(6)])
             wait_for("the first pods bound", lambda: len(bound(api)) == 6)
             wait_for("their Scheduled events", lambda: len(_scheduled_by(api)) == 6)
