@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from kai_opt.formulation.model import Built
+from kai_opt.formulation.model import Built, share_size
 from kai_opt.formulation.scope import Scope
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
@@ -54,10 +54,10 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         if val(w):
             n = int(np.searchsorted(sess.dev_start, d, side="right") - 1)
             whole_devs[n].append(d)
-    share_devs: dict[int, dict[int, int]] = defaultdict(dict)  # shape -> device -> count
-    for (s, d), u in built.on_device.items():
+    share_devs: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)  # share size -> device -> count
+    for (size, d), u in built.on_device.items():
         if val(u):
-            share_devs[s][d] = val(u)
+            share_devs[size][d] = val(u)
     queues = {s: list(shape.pods) for s, shape in enumerate(scope.shapes)}
     placer = acts.placer
     order = sorted(shape_nodes, key=lambda s: 0 if scope.shapes[s].kind == "whole" else 1)
@@ -68,10 +68,11 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
                 p = queues[s].pop(0)
                 now_ok, future_ok = placer.fit(p, np.array([n]))
                 if shape.kind == "share":
-                    d = next((d for d, c in share_devs[s].items() if c > 0 and _node_of(sess, d) == n), None)
+                    pool = share_devs[share_size(st, p, n)]
+                    d = next((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n), None)
                     if d is None:
                         raise DecodeError(f"no device chosen for {st.pods[p].key} on {st.node_names[n]}")
-                    share_devs[s][d] -= 1
+                    pool[d] -= 1
                     per = sess.gpu_per_device(p, n)
                     if DEV - int(sess.dev_held[d]) < per:
                         raise DecodeError(f"device {d} of {st.node_names[n]} has no room for {st.pods[p].key}")

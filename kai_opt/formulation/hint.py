@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 from ortools.sat.python import cp_model
 
-from kai_opt.formulation.model import Built
+from kai_opt.formulation.model import Built, share_size
 from kai_opt.formulation.scope import Scope
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan
@@ -17,7 +17,7 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     st = sess.state
     shape_of = {p: s for s, shape in enumerate(scope.shapes) for p in shape.pods}
     counts: Counter[tuple[int, int]] = Counter()
-    devices: Counter[tuple[int, int]] = Counter()
+    devices: Counter[tuple] = Counter()
     whole: set[int] = set()
     for pl in greedy.placements:
         if pl.moved or pl.pod not in shape_of:
@@ -27,7 +27,7 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         base = int(st.dev_start[pl.node])
         for d in pl.devices:
             if scope.shapes[s].kind == "share":
-                devices[(s, base + d)] += 1
+                devices[(share_size(st, pl.pod, pl.node), base + d)] += 1
             else:
                 whole.add(base + d)
     placed_groups = {int(st.pod_pg[p.pod]) for p in greedy.placements if not p.moved}

@@ -3,7 +3,7 @@
 Variables
   place[s, n]     pods of shape s on node n (integer)
   gang[i]         group i placed (its minimum, and any elastic extras)
-  on_device[s, d] pods of share shape s on GPU device d (nodes where shares may go)
+  on_device[k, d] share pods of size k (milli-GPU per device, devices) on GPU device d (nodes where shares go)
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
   domain[i, d]    group i inside domain d of its required topology level
   evict_pre[v], evict_rec[v]   victim unit v evicted for a preemptor (same queue) / a reclaimer (other queue)
@@ -78,12 +78,13 @@ def build_model(sess: Session, scope: Scope) -> Built:
         for s in g.shapes:
             group_of_shape[s] = i
     totals: dict[int, cp_model.LinearExpr] = {}
+    node_room = _NodeRoom(sess, victims)
     for s_idx, s in enumerate(shapes):
         i = group_of_shape[s_idx]
         p0 = s.pods[0]
         terms = []
         for n in s.nodes.tolist():
-            cap = _single_node_cap(sess, p0, n, victims)
+            cap = node_room.cap(p0, n)
             if cap <= 0:
                 continue
             v = m.new_int_var(0, min(cap, len(s.pods)), f"place[{st.pods[p0].name}~,{st.node_names[n]}]")
@@ -123,6 +124,10 @@ def build_model(sess: Session, scope: Scope) -> Built:
     by_group: dict[int, list[int]] = defaultdict(list)
     for vi, v in enumerate(victims):
         by_group[v.group].append(vi)
+    scope_of = {g.group: i for i, g in enumerate(groups)}
+    for vi, v in enumerate(victims):  # a group whose core goes is not also placed (it would end below minMember)
+        if v.core and v.group in scope_of:
+            m.add(evicted[vi] + b.gang[scope_of[v.group]] <= 1)
     for units in by_group.values():  # the core goes only after every elastic pod above the minimum
         cores = [u for u in units if victims[u].core]
         extras = [u for u in units if not victims[u].core]
@@ -215,28 +220,49 @@ def build_model(sess: Session, scope: Scope) -> Built:
     return b
 
 
-def _single_node_cap(sess: Session, p: int, n: int, victims: list) -> int:
-    """How many pods like p node n could ever hold in this cycle (every candidate victim evicted)."""
-    st = sess.state
-    req = st.pod_req[p]
-    room = (sess.alloc[n] - sess.held[n]).astype(np.int64).copy()
-    a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-    dev_free = (DEV - sess.dev_held[a:b]).astype(np.int64)
-    for v in victims:
-        for q in v.pods:
-            if int(sess.node[q]) == n:
-                room += st.pod_req[q]
+class _NodeRoom:
+    """Per node, what could ever be free in this cycle (every candidate victim evicted), computed once."""
+
+    def __init__(self, sess: Session, victims: list) -> None:
+        self.sess = sess
+        self.extra: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(sess.alloc.shape[1], dtype=np.int64))
+        self.dev_extra: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        st = sess.state
+        for v in victims:
+            for q in v.pods:
+                n = int(sess.node[q])
+                self.extra[n] = self.extra[n] + st.pod_req[q]
                 per = st.pod_gpu_per_device(q, n)
                 for d in sess.pod_devices(q):
-                    dev_free[int(d) - a] += per
-    caps = [room[c] // req[c] for c in range(len(req)) if c != R_GPU and req[c] > 0]
-    cap = int(min(caps)) if caps else 10_000
-    if st.pod_gpu_whole[p]:
-        cap = min(cap, int((dev_free >= DEV).sum()) // int(st.pod_gpu_whole[p]))
-    elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
-        per = st.pod_gpu_per_device(p, n)
-        cap = min(cap, int((dev_free // max(per, 1)).sum()))
-    return max(0, int(cap))
+                    self.dev_extra[n][int(d)] += per
+        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        if n not in self.cache:
+            sess = self.sess
+            room = (sess.alloc[n] - sess.held[n]).astype(np.int64)
+            a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+            dev_free = (DEV - sess.dev_held[a:b]).astype(np.int64)
+            if n in self.extra:
+                room = room + self.extra[n]
+                for d, per in self.dev_extra[n].items():
+                    dev_free[d - a] += per
+            self.cache[n] = (room, dev_free)
+        return self.cache[n]
+
+    def cap(self, p: int, n: int) -> int:
+        """How many pods like p node n could ever hold in this cycle."""
+        st = self.sess.state
+        req = st.pod_req[p]
+        room, dev_free = self.room(n)
+        caps = [room[c] // req[c] for c in range(len(req)) if c != R_GPU and req[c] > 0]
+        cap = int(min(caps)) if caps else 10_000
+        if st.pod_gpu_whole[p]:
+            cap = min(cap, int((dev_free >= DEV).sum()) // int(st.pod_gpu_whole[p]))
+        elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+            per = st.pod_gpu_per_device(p, n)
+            cap = min(cap, int((dev_free // max(per, 1)).sum()))
+        return max(0, int(cap))
 
 
 def _device_constraints(sess: Session, b: Built, n: int, items: list, released: list, evicted: list,
@@ -251,8 +277,13 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
         for d in sess.pod_devices(p):
             per_victim_dev[int(d)].append((vi, per))
     whole_devs = []
-    share_items = [(s, v) for s, v in items if shapes[s].kind == "share"]
-    per_shape_dev: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    # shares of one size are interchangeable on a device: one count per (milli-GPU per device, devices per pod)
+    # and device, whatever shape they come from (fractions-100: 40k -> a few thousand variables)
+    pools: dict[tuple[int, int], list] = defaultdict(list)  # size -> shape totals on this node
+    for s, v in items:
+        if shapes[s].kind == "share":
+            pools[share_size(st, shapes[s].pods[0], n)].append(v)
+    per_pool_dev: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)
     for d in range(a, z):
         held = int(sess.dev_held[d])
         gain = sum(evicted[vi] * per for vi, per in per_victim_dev[d])
@@ -262,19 +293,23 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
         if held:  # a device goes whole only when nothing stays on it (held now, minus what victims release)
             m.add(held - gain <= DEV * (1 - w))
         shares_here = []
-        for s, _v in share_items:
-            per = st.pod_gpu_per_device(shapes[s].pods[0], n)
+        for size in pools:
+            per = size[0]
             if per <= 0:
                 continue
-            label = f"{st.pods[shapes[s].pods[0]].name}~,{st.node_names[n]}#{d - a}"
-            u = m.new_int_var(0, DEV // per, f"on_device[{label}]")
-            b.on_device[(s, d)] = u
-            per_shape_dev[s].append(u)
+            u = m.new_int_var(0, DEV // per, f"on_device[{per}m/{size[1]},{st.node_names[n]}#{d - a}]")
+            b.on_device[(size, d)] = u
+            per_pool_dev[size].append(u)
             shares_here.append(u * per)
         m.add(sum(shares_here) + DEV * w <= (DEV - held) + gain)
-    for s, v in share_items:
-        m.add(sum(per_shape_dev[s]) == v)
+    for size, vs in pools.items():
+        m.add(sum(per_pool_dev[size]) == sum(vs))
     m.add(whole_use <= sum(whole_devs))
+
+
+def share_size(st, p: int, n: int) -> tuple[int, int]:
+    """A share pod's size on node n: (milli-GPU per device, devices per pod)."""
+    return int(st.pod_gpu_per_device(p, n)), int(st.pod_gpu_ndev[p])
 
 
 def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evicted: list) -> None:
