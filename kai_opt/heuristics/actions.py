@@ -14,7 +14,7 @@ from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.placer import Placer
-from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import (
     active_mask,
     group_shape,
@@ -24,9 +24,9 @@ from kai_opt.heuristics.tasks import (
     tasks_to_allocate,
 )
 from kai_opt.heuristics.victims import (
+    active_group_mask,
     active_groups,
-    protected_by_min_runtime,
-    protection_counts,
+    protected_mask,
     solve_with_victims,
 )
 from kai_opt.plan import Reason
@@ -41,6 +41,7 @@ class Actions:
         self.reasons: dict[int, list[Reason]] = {}
         # failed victim searches by what decides them, valid while the session is unchanged (sess.version)
         self._failed: dict[tuple, tuple[int, Reason | None]] = {}
+        self._tops: int | None = None
 
     # -- which groups take part ----------------------------------------------------------------------------------
     def pending_groups(self, *, preemptible_only: bool = False) -> list[int]:
@@ -114,7 +115,9 @@ class Actions:
             key = self._search_key("consolidate", g, tasks)
             if self._failed_before(g, key):
                 continue
-            candidates = [v for v in active_groups(sess) if v != g and st.pg_preemptible[v]]
+            cand = active_group_mask(sess) & st.pg_preemptible.astype(bool)
+            cand[g] = False
+            candidates = np.flatnonzero(cand)
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "consolidate", self._all_moved,
                                      feasible=feasible, max_victim_jobs=limit, replace_victims=self._move_victims)
@@ -181,15 +184,17 @@ class Actions:
             key = self._search_key("reclaim", g, tasks)
             if self._failed_before(g, key):
                 continue
-            candidates = [v for v in active_groups(sess)
-                          if int(st.pg_queue[v]) != q and st.pg_preemptible[v]
-                          and not protected_by_min_runtime(sess, v, "reclaim")]
+            other = active_group_mask(sess) & (st.pg_queue != q)
+            preemptible_v = st.pg_preemptible.astype(bool)
+            protected = protected_mask(sess, "reclaim")
+            candidates = np.flatnonzero(other & preemptible_v & ~protected)
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
 
             def validate(s: Session, ledger: QueueLedger, victims: list[int], g: int = g, q: int = q,
                          req: np.ndarray = req, preemptible: bool = preemptible) -> str | None:
                 return reclaimable(s.fs, ledger, q, req, self._victim_chunks(victims), preemptible=preemptible,
-                                   saturation_multiplier=s.cfg.reclaim_saturation_multiplier)
+                                   saturation_multiplier=s.cfg.reclaim_saturation_multiplier,
+                                   n_top_queues=self._n_top_queues())
 
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
                                      replace_victims=self._move_victims,
@@ -198,11 +203,11 @@ class Actions:
                 self._finish(g, out.attempt, jq)
                 continue
             reason = None
-            if candidates:
+            if len(candidates):
                 reason = Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}", {
                     "why": out.why, "candidates": len(candidates),
-                    "protected": protection_counts(sess, [v for v in active_groups(sess)
-                                                          if int(st.pg_queue[v]) != q], "reclaim")})
+                    "protected": {"non_preemptible": int((other & ~preemptible_v).sum()),
+                                  "min_runtime": int((other & preemptible_v & protected).sum())}})
                 self._add_reason(g, reason)
             self._remember_failure(key, reason)
 
@@ -214,6 +219,7 @@ class Actions:
         remaining: dict[int, np.ndarray] = {}
         mine = set(ledger.ancestors[q])
         mult = sess.cfg.reclaim_saturation_multiplier
+        tops = self._n_top_queues()
 
         def track(chunk: list[int]) -> bool:
             drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
@@ -221,9 +227,15 @@ class Actions:
                 if a in mine:
                     remaining[a] = remaining.get(a, ledger.allocated[a]) - drop
             return reclaimer_side(sess.fs, ledger, q, req, remaining, preemptible=preemptible,
-                                  saturation_multiplier=mult) is None
+                                  saturation_multiplier=mult, n_top_queues=tops) is None
 
         return track
+
+    def _n_top_queues(self) -> int:
+        """Top-level queues (what reclaimer_side counts when not told; counted once)."""
+        if self._tops is None:
+            self._tops = sum(1 for a in self.sess.ledger.ancestors if len(a) == 1)
+        return self._tops
 
     def _victim_chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
         """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""
@@ -235,7 +247,7 @@ class Actions:
         for g, pods in by_group.items():
             q = int(st.pg_queue[g])
             all_active = st.group_pods(g)
-            still = int((np.isin(sess.status[all_active], ACTIVE)).sum())
+            still = int(IS_ACTIVE[sess.status[all_active]].sum())
             core = max(0, int(st.pg_min_member[g]) - still)  # pods of the core among the evicted ones
             order = sorted(pods, key=lambda p: list(all_active).index(p))
             reqs = sess.queue_request(order, sess.node[np.array(order)])
@@ -262,10 +274,13 @@ class Actions:
             key = self._search_key("preempt", g, tasks)
             if self._failed_before(g, key):
                 continue
-            candidates = [v for v in active_groups(sess)
-                          if int(st.pg_queue[v]) == q and v != g and st.pg_preemptible[v]
-                          and int(st.pg_priority[v]) < prio and not protected_by_min_runtime(sess, v, "preempt")]
-            if not candidates:
+            cand = (active_group_mask(sess) & (st.pg_queue == q) & st.pg_preemptible.astype(bool)
+                    & (st.pg_priority < prio))
+            cand[g] = False
+            if cand.any():
+                cand &= ~protected_mask(sess, "preempt")
+            candidates = np.flatnonzero(cand)
+            if not len(candidates):
                 continue
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "preempt", None, feasible=feasible,

@@ -13,7 +13,7 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.heuristics.placer import Placer, format_fit_error
-from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.plan import Reason
 from kai_opt.state import R_GPU
 
@@ -174,7 +174,7 @@ class GangPlacer:
         """Nodes of the domain that already-active (or moved) pods of the (sub)group sit in: the rest must join
         them."""
         sess = self.sess
-        nodes = [int(sess.node[p]) for p in pods[np.isin(sess.status[pods], ACTIVE)].tolist()]
+        nodes = [int(sess.node[p]) for p in pods[IS_ACTIVE[sess.status[pods]]].tolist()]
         nodes += [sess.moves[p].node for p in pods.tolist() if p in sess.moves]  # re-placed by consolidation
         if not nodes:
             return None

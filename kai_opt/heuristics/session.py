@@ -20,6 +20,8 @@ from kai_opt.usage import pod_queue
 
 ALLOCATED = 6  # placed in this cycle, to be bound (PodStatus values 0..5 come from the snapshot)
 ACTIVE = (PodStatus.BOUND, PodStatus.PIPELINED, ALLOCATED)  # counts towards a gang's minMember
+IS_ACTIVE = np.zeros(16, dtype=bool)  # status -> in ACTIVE (a table lookup instead of np.isin in hot loops)
+IS_ACTIVE[list(ACTIVE)] = True
 DEV = 1000  # milli-GPU per device
 
 
@@ -67,13 +69,41 @@ class Session:
         # pod -> an eviction op of it (unevict undoes it; a pod's evictions in one session are all alike)
         self._evict_op: dict[int, _Op] = {}
         n = state.n_nodes
-        self.whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
-        self.whole_future = np.zeros(n, dtype=np.int64)  # devices free once releases finish
-        self.max_idle = np.zeros(n, dtype=np.int64)  # most milli-GPU free now on one device
-        self.max_future = np.zeros(n, dtype=np.int64)
+        # GPU summaries per node, brought up to date lazily: changes mark their node dirty, reads refresh
+        self._whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
+        self._whole_future = np.zeros(n, dtype=np.int64)  # devices free once releases finish
+        self._max_idle = np.zeros(n, dtype=np.int64)  # most milli-GPU free now on one device
+        self._max_future = np.zeros(n, dtype=np.int64)
+        self._dirty: set[int] = set()
         self._refresh_gpu_summary(np.arange(n))
 
     # -- GPU summaries per node --------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if self._dirty:
+            nodes = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
+            self._dirty.clear()
+            self._refresh_gpu_summary(nodes)
+
+    @property
+    def whole_idle(self) -> np.ndarray:
+        self._flush()
+        return self._whole_idle
+
+    @property
+    def whole_future(self) -> np.ndarray:
+        self._flush()
+        return self._whole_future
+
+    @property
+    def max_idle(self) -> np.ndarray:
+        self._flush()
+        return self._max_idle
+
+    @property
+    def max_future(self) -> np.ndarray:
+        self._flush()
+        return self._max_future
+
     def _refresh_gpu_summary(self, nodes: np.ndarray) -> None:
         if len(self.dev_held) == 0:
             return
@@ -89,8 +119,25 @@ class Session:
             starts = self.dev_start[:-1][has]
             mi[has] = np.maximum.reduceat(idle, starts)
             mf[has] = np.maximum.reduceat(future, starts)
-            self.whole_idle[nodes], self.whole_future[nodes] = wi[nodes], wf[nodes]
-            self.max_idle[nodes], self.max_future[nodes] = mi[nodes], mf[nodes]
+            self._whole_idle[nodes], self._whole_future[nodes] = wi[nodes], wf[nodes]
+            self._max_idle[nodes], self._max_future[nodes] = mi[nodes], mf[nodes]
+            return
+        if len(nodes) > 4:  # vectorised over these nodes' devices
+            starts = self.dev_start[nodes]
+            counts = self.dev_start[nodes + 1] - starts
+            has = counts > 0
+            nodes, starts, counts = nodes[has], starts[has], counts[has]
+            if not len(nodes):
+                return
+            seg = np.cumsum(counts) - counts
+            devs = np.repeat(starts - seg, counts) + np.arange(int(counts.sum()))
+            held = self.dev_held[devs]
+            future = DEV - held
+            idle = future - self.dev_rel[devs]
+            self._whole_idle[nodes] = np.add.reduceat((idle == DEV).astype(np.int64), seg)
+            self._whole_future[nodes] = np.add.reduceat((future == DEV).astype(np.int64), seg)
+            self._max_idle[nodes] = np.maximum.reduceat(idle, seg)
+            self._max_future[nodes] = np.maximum.reduceat(future, seg)
             return
         for n in nodes.tolist():
             a, b = int(self.dev_start[n]), int(self.dev_start[n + 1])
@@ -98,10 +145,10 @@ class Session:
                 continue
             idle = DEV - self.dev_held[a:b] - self.dev_rel[a:b]
             future = DEV - self.dev_held[a:b]
-            self.whole_idle[n] = int((idle == DEV).sum())
-            self.whole_future[n] = int((future == DEV).sum())
-            self.max_idle[n] = int(idle.max())
-            self.max_future[n] = int(future.max())
+            self._whole_idle[n] = int((idle == DEV).sum())
+            self._whole_future[n] = int((future == DEV).sum())
+            self._max_idle[n] = int(idle.max())
+            self._max_future[n] = int(future.max())
 
     # -- queries -----------------------------------------------------------------------------------------------
     def idle(self) -> np.ndarray:
@@ -275,4 +322,4 @@ class Session:
     def _touch(self, n: int) -> None:
         self.version += 1
         self.touched.append(n)
-        self._refresh_gpu_summary(np.array([n]))
+        self._dirty.add(n)

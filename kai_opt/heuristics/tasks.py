@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kai_opt.heuristics.session import ACTIVE, Session
+from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.state import PodStatus
 
 
@@ -35,7 +35,7 @@ def group_shape(sess: Session, g: int) -> GroupShape:
 
 
 def active_mask(sess: Session, pods: np.ndarray) -> np.ndarray:
-    return np.isin(sess.status[pods], ACTIVE)
+    return IS_ACTIVE[sess.status[pods]]
 
 
 def pending_mask(sess: Session, pods: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.heuristics.gang import Attempt, GangPlacer
-from kai_opt.heuristics.session import ACTIVE, DEV, Session
+from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import active_mask
 from kai_opt.state import R_GPU, PodStatus
 
@@ -54,6 +54,34 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
     return limit > 0 and job_runtime(sess, g) < limit
 
 
+def protected_mask(sess: Session, kind: str) -> np.ndarray:
+    """protected_by_min_runtime for every group at once (bool[G])."""
+    st = sess.state
+    per_queue = st.q_preempt_min_runtime if kind == "preempt" else st.q_reclaim_min_runtime
+    default = sess.cfg.preempt_min_runtime_s if kind == "preempt" else sess.cfg.reclaim_min_runtime_s
+    q = st.pg_queue
+    limits = np.full(st.n_groups, float(default))
+    if len(per_queue):
+        own = per_queue[np.maximum(q, 0)]
+        has = (q >= 0) & ~np.isnan(own)
+        limits[has] = own[has]
+    out = np.zeros(st.n_groups, dtype=bool)
+    check = limits > 0
+    if not check.any():
+        return out
+    starts = st.pod_start[st.pg_pods]
+    starts = np.where(IS_ACTIVE[sess.status[st.pg_pods]] & ~np.isnan(starts), starts, np.inf)
+    counts = np.diff(st.pg_pod_start)
+    first = np.full(st.n_groups, np.inf)
+    nonempty = counts > 0
+    if nonempty.any():
+        first[nonempty] = np.minimum.reduceat(starts, st.pg_pod_start[:-1][nonempty])
+    since_first = np.where(np.isinf(first), np.inf, st.now - first)  # no start known: runs forever
+    runtime = np.where(np.isnan(st.pg_last_start), since_first, st.now - st.pg_last_start)
+    out[check] = runtime[check] < limits[check]
+    return out
+
+
 def protection_counts(sess: Session, groups: list[int], kind: str) -> dict[str, int]:
     """Why running groups cannot be victims of `kind` (preempt | reclaim): how many are non-preemptible and how
     many are younger than their queue's min runtime (a Reason's details; only computed when an action fails)."""
@@ -67,7 +95,22 @@ def protection_counts(sess: Session, groups: list[int], kind: str) -> dict[str, 
     return out
 
 
-def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, list[int]]]:
+def victim_rank(sess: Session) -> np.ndarray:
+    """Per group, its place in the victim order among jobs of equal elasticity: lower priority first, then newer,
+    then by key (then index). Static for a session, computed once."""
+    rank = getattr(sess, "_victim_rank", None)
+    if rank is None:
+        st = sess.state
+        created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
+        prio = st.pg_priority.tolist()
+        order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
+        rank = np.empty(st.n_groups, dtype=np.int64)
+        rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
+        sess._victim_rank = rank  # type: ignore[attr-defined]
+    return rank
+
+
+def victim_chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
     compared level by level from the top of the tree; inside a queue, jobs above their minimum first (they give
@@ -76,12 +119,17 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, 
     st = sess.state
     status = sess.status[st.pg_pods]
     bound_c = np.concatenate([[0], np.cumsum(status == PodStatus.BOUND)])
-    active_c = np.concatenate([[0], np.cumsum(np.isin(status, ACTIVE))])
+    active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[status])])
     start = st.pg_pod_start
     remaining: dict[int, list[int]] = {}  # the group's bound pods in task order, made when first needed
-    left = {g: int(bound_c[start[g + 1]] - bound_c[start[g]]) for g in groups}
+    gs = np.asarray(groups, dtype=np.int64)
+    left_all = bound_c[start[1:]] - bound_c[start[:-1]]
     # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims
-    newly = {g: int(active_c[start[g + 1]] - active_c[start[g]]) - left[g] for g in groups}
+    newly_all = active_c[start[1:]] - active_c[start[:-1]] - left_all
+    left = left_all.copy()
+    newly = newly_all
+    rank = victim_rank(sess)
+    min_member = st.pg_min_member
 
     def bound_pods(g: int) -> list[int]:
         pods = remaining.get(g)
@@ -90,18 +138,20 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, 
             pods = remaining[g] = st.pg_pods[a:b][status[a:b] == PodStatus.BOUND].tolist()
         return pods
 
-    tree = _VictimTree(sess)
+    def elastic(g: int) -> int:
+        m = int(min_member[g])
+        n = int(left[g]) + int(newly[g])
+        return 0 if n > m else (1 if n == m else 2)
 
-    def job_key(g: int) -> tuple:
-        m = int(st.pg_min_member[g])
-        n = left[g] + newly[g]
-        elastic = 0 if n > m else (1 if n == m else 2)
-        created = st.pg_creation[g]
-        return (elastic, int(st.pg_priority[g]), -(created if not math.isnan(created) else 0.0), st.pg_keys[g])
-
-    for g in groups:
-        if left[g]:
-            tree.push_job(int(st.pg_queue[g]), job_key(g), g)
+    # the first heap of every leaf queue, from one sort: (elasticity, rank) is the job key
+    gs = gs[left_all[gs] > 0]
+    n_all = left_all[gs] + newly_all[gs]
+    mm = min_member[gs]
+    el = np.where(n_all > mm, 0, np.where(n_all == mm, 1, 2))
+    rk = rank[gs]
+    qs = st.pg_queue[gs]
+    order = np.lexsort((rk, el, qs))
+    tree = _VictimTree(sess, qs[order], el[order], rk[order], gs[order])
     tree.build()
     while True:
         g = tree.pop_job()
@@ -109,7 +159,7 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, 
             return
         q = int(st.pg_queue[g])
         pods = bound_pods(g)
-        if len(pods) + newly[g] > int(st.pg_min_member[g]):
+        if len(pods) + int(newly[g]) > int(min_member[g]):
             chunk = [pods.pop()]
         elif newly[g] == 0:
             chunk = list(pods)
@@ -121,16 +171,17 @@ def victim_chunk_order(sess: Session, groups: list[int]) -> Iterator[tuple[int, 
         yield g, chunk
         tree.release(q, sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0))
         if pods:
-            tree.push_job(q, job_key(g), g)
+            tree.push_job(q, (elastic(g), int(rank[g])), g)
         tree.refresh(q)
 
 
 class _VictimTree:
     """The victim order's queue tree: per leaf queue a heap of its jobs, per parent a heap of its children keyed
     by (the child's level key, the best key below it), so the next victim is found by walking down from the top
-    and a chunk taken re-keys only the queues on its path (lazy deletion by version)."""
+    and a chunk taken re-keys only the queues on its path (lazy deletion by version). A leaf's heap is made from
+    its slice of the sorted jobs when first needed (a sorted list is a heap)."""
 
-    def __init__(self, sess: Session) -> None:
+    def __init__(self, sess: Session, qs: np.ndarray, el: np.ndarray, rk: np.ndarray, gs: np.ndarray) -> None:
         fs = sess.fs
         self.sess, self.fs = sess, fs
         self.parent = sess.state.q_parent
@@ -141,25 +192,54 @@ class _VictimTree:
         self.children: dict[int, list[tuple[tuple, int, int]]] = {}  # parent (-1: top) -> (key, version, queue)
         self.version: dict[int, int] = {}
         self.levels: dict[int, tuple] = {}
+        self.over = np.all(fs.fair_share < self.allocated, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.drf = np.where(self.share == 0, self.allocated * 1000.0, self.allocated / self.share).max(axis=1)
+        # leaf queue -> (first, end) of its jobs in the sorted arrays, until its heap is made
+        self.el, self.rk, self.gs = el.tolist(), rk.tolist(), gs.tolist()
+        bounds = np.flatnonzero(np.r_[True, qs[1:] != qs[:-1], True]) if len(qs) else np.zeros(1, dtype=np.int64)
+        self.slices: dict[int, tuple[int, int]] = {
+            int(qs[a]): (int(a), int(b)) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
+        self.leaves = set(self.slices)
+
+    def _jobs(self, q: int) -> list[tuple[tuple, int]]:
+        h = self.jobs.get(q)
+        if h is None:
+            a, b = self.slices.pop(q, (0, 0))
+            h = self.jobs[q] = [((self.el[i], self.rk[i]), self.gs[i]) for i in range(a, b)]
+            self.leaves.add(q)
+        return h
 
     def level_key(self, q: int) -> tuple:
         k = self.levels.get(q)
         if k is None:
-            alloc, share = self.allocated[q], self.share[q]
-            over = bool(np.all(self.fs.fair_share[q] < alloc))
-            drf = max((a * 1000.0 if d == 0 else a / d) for a, d in zip(alloc.tolist(), share.tolist(), strict=True))
-            k = self.levels[q] = (not over, int(self.priority[q]), -drf)
+            k = self.levels[q] = (not bool(self.over[q]), int(self.priority[q]), -float(self.drf[q]))
         return k
 
     def push_job(self, q: int, key: tuple, g: int) -> None:
-        heapq.heappush(self.jobs.setdefault(q, []), (key, g))
+        heapq.heappush(self._jobs(q), (key, g))
 
     def build(self) -> None:
-        for q in list(self.jobs):
-            self.refresh(q)
+        """Every queue with jobs below it keyed in its parent's heap, bottom-up (one entry per queue)."""
+        ancestors = self.sess.ledger.ancestors
+        queues = {a for q in self.slices for a in ancestors[q]}
+        for q in sorted(queues, key=lambda q: -len(ancestors[q])):  # children before their parents
+            h = self.children.get(q)
+            if h is not None:
+                heapq.heapify(h)
+            self.version[q] = 1
+            best = self._best(q)
+            if best is not None:
+                self.children.setdefault(int(self.parent[q]), []).append(((self.level_key(q), best), 1, q))
+        top = self.children.get(-1)
+        if top is not None:
+            heapq.heapify(top)
 
     def _best(self, q: int) -> tuple | None:
-        if q in self.jobs:
+        if q in self.leaves:
+            sl = self.slices.get(q)
+            if sl is not None:
+                return (self.el[sl[0]], self.rk[sl[0]])
             h = self.jobs[q]
             return h[0][0] if h else None
         h = self.children.get(q, [])
@@ -181,18 +261,22 @@ class _VictimTree:
         """A chunk of leaf q's allocation is taken: q and its ancestors count less from now on."""
         for a in self.sess.ledger.ancestors[q]:
             self.allocated[a] -= amount
+            alloc, share = self.allocated[a], self.share[a]
+            self.over[a] = bool(np.all(self.fs.fair_share[a] < alloc))
+            self.drf[a] = max((x * 1000.0 if d == 0 else x / d)
+                              for x, d in zip(alloc.tolist(), share.tolist(), strict=True))
             self.levels.pop(a, None)
 
     def pop_job(self) -> int | None:
         q = -1
-        while q not in self.jobs:
+        while q not in self.leaves:
             h = self.children.get(q, [])
             while h and h[0][1] != self.version.get(h[0][2]):
                 heapq.heappop(h)
             if not h:
                 return None
             q = h[0][2]
-        h = self.jobs[q]
+        h = self._jobs(q)
         return heapq.heappop(h)[1] if h else None
 
 
@@ -247,7 +331,7 @@ def solve_with_victims(
     gang: GangPlacer,
     g: int,
     tasks: list[int],
-    candidates: list[int],
+    candidates: list[int] | np.ndarray,
     reason: str,
     validator: Validator | None,
     *,
@@ -262,6 +346,7 @@ def solve_with_victims(
     so far could pass validation at all (a necessary condition that spares hopeless attempts)."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
+    candidates = np.asarray(candidates, dtype=np.int64)
     jobs_used: set[int] = set()
     accumulated: list[list[int]] = []
     last_why = "not enough resources even with every eligible victim evicted"
@@ -272,6 +357,8 @@ def solve_with_victims(
     if not fits.ok_without(everyone[feasible[sess.node[everyone]]]):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
     scenarios = 0
+    # the queues whose allocation _queue_capacity reads (the beneficiary's ancestors with a limit)
+    limited = {a for a in sess.ledger.ancestors[int(st.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     cp0 = sess.checkpoint()
     for v, chunk in victim_chunk_order(sess, candidates):
         if not any(feasible[int(sess.node[p])] for p in chunk):
@@ -301,7 +388,8 @@ def solve_with_victims(
         if not attempt.ok:
             sess.rollback(cp)
             continue
-        victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g)
+        victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
+                                 limited)
         if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
             still = set(victims)
             moved = set(replace_victims(sess, [[p for p in c if p in still] for c in accumulated
@@ -323,11 +411,13 @@ def solve_with_victims(
     return Outcome(False, [], last_why)
 
 
-def _bound_pods(sess: Session, groups: list[int]) -> np.ndarray:
+def _bound_pods(sess: Session, groups: list[int] | np.ndarray) -> np.ndarray:
     st = sess.state
-    if not groups:
+    if not len(groups):
         return np.zeros(0, dtype=np.int64)
-    pods = np.concatenate([st.group_pods(g) for g in groups])
+    member = np.zeros(st.n_groups, dtype=bool)
+    member[np.asarray(groups, dtype=np.int64)] = True
+    pods = st.pg_pods[np.repeat(member, np.diff(st.pg_pod_start))]
     return pods[sess.status[pods] == PodStatus.BOUND]
 
 
@@ -343,12 +433,15 @@ def _queue_capacity(sess: Session, g: int, tasks: list[int]) -> str | None:
 
 
 def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[], bool], reason: str,
-                   beneficiary: int) -> list[int]:
+                   beneficiary: int, limited: set[int] | None = None) -> list[int]:
     """Un-evict victim chunks whose resources the placements did not use (latest added first): neither node room
     nor queue headroom (limits, quota) of the beneficiary. A chunk (an elastic pod, or a gang's whole core) goes
-    back only as a whole, and only when its gang then keeps its minimum, so no victim gang is left half-evicted."""
+    back only as a whole, and only when its gang then keeps its minimum, so no victim gang is left half-evicted.
+    `limited`: the queues still_ok depends on (None: any); a preemptible chunk of a queue below none of them
+    cannot change its answer, which is then not asked again."""
     st = sess.state
     kept: set[int] = set()
+    ok_now: bool | None = None  # still_ok()'s answer while only chunks that cannot change it went back
     for chunk in reversed(evicted):
         g = int(st.pod_pg[chunk[0]])
         if 0 < int(active_mask(sess, st.group_pods(g)).sum()) + len(chunk) < int(st.pg_min_member[g]):
@@ -367,17 +460,37 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
                 dev_extra[d] = dev_extra.get(d, 0) + per
         if any(sess.dev_held[d] + a > DEV for d, a in dev_extra.items()):
             continue
+        q = int(st.pg_queue[g])
+        blind = (limited is not None and bool(st.pg_preemptible[g])
+                 and not any(a in limited for a in sess.ledger.ancestors[q]))
+        if blind:
+            if ok_now is None:
+                ok_now = still_ok()
+            if not ok_now:
+                continue  # unevicting it would not change the answer: it stays evicted
+            for p in chunk:
+                sess.unevict(p)
+            kept.update(chunk)
+            continue
         for p in chunk:
             sess.unevict(p)
         if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
             for p in chunk:
                 sess.evict(p, reason, beneficiary)
+            ok_now = None
             continue
+        ok_now = True
         kept.update(chunk)
     return [p for c in evicted for p in c if p not in kept]
 
 
 def active_groups(sess: Session) -> list[int]:
+    return np.flatnonzero(active_group_mask(sess)).tolist()
+
+
+def active_group_mask(sess: Session) -> np.ndarray:
+    """bool[G]: groups with a pod bound, pipelined or placed in this cycle."""
     st = sess.state
-    pods = np.nonzero(np.isin(sess.status, ACTIVE) & (st.pod_pg >= 0))[0]
-    return sorted(set(st.pod_pg[pods].tolist()))
+    out = np.zeros(st.n_groups, dtype=bool)
+    out[st.pod_pg[IS_ACTIVE[sess.status] & (st.pod_pg >= 0)]] = True
+    return out

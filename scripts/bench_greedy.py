@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Benchmark: the greedy engine's cycle (allocate, consolidate, reclaim, preempt, stale-gang) at scale.
+
+Instance: models/generators `scale(nodes, 10 * nodes running pods, nodes pending pods (10%) in gangs, seed)`,
+8 GPUs per node, a 4-level queue tree. The ClusterState is built once per size and cached (pickle, outside the
+repository: --cache-dir, default /tmp); each size then runs in its own child process that loads the state and
+runs `run_cycle` --cycles times (a cycle never changes the state, so every cycle is the same work). Printed per
+size: p50 of each phase, of the greedy plan and of the whole cycle (fair share + plan + the checker), and the
+child's peak RSS (resource.getrusage ru_maxrss, the loaded state included).
+Target (the issue): cycle <= 1 s and peak memory <= 2 GB at 10,000 nodes.
+
+  scripts/bench_greedy.py                                  # 1k, 5k, 10k nodes; prints a table
+  scripts/bench_greedy.py --sizes 1000 --cycles 1 --profile 25
+  scripts/bench_greedy.py --sizes 10000 --actions allocate,reclaim
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pickle
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TARGET_S, TARGET_MB, TARGET_NODES = 1.0, 2048.0, 10_000
+PHASES = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _state(args: argparse.Namespace, n: int) -> Any:
+    from kai_opt.state import build_state
+    from models.generators import as_snapshot, scale
+
+    path = Path(args.cache_dir) / f"kai-opt-greedy-{n}-{10 * n}-{n}-{args.seed}.pkl"
+    if path.exists():
+        with path.open("rb") as f:
+            return pickle.load(f)
+    state = build_state(as_snapshot(scale(n, 10 * n, n, args.seed)))
+    with path.open("wb") as f:
+        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return state
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    from kai_opt.config import Config
+    from kai_opt.engine import run_cycle
+
+    n = args.child
+    state = _state(args, n)
+    res: dict[str, Any] = {"nodes": n, "pods": state.n_pods, "groups": state.n_groups, "rss_state_mb": _peak_mb()}
+    actions = PHASES if args.actions == "all" else tuple(a.strip() for a in args.actions.split(","))
+    cfg = Config()
+    cycles: list[dict[str, float]] = []
+    prof = cProfile.Profile() if args.profile else None
+    for _ in range(args.cycles):
+        if prof:
+            prof.enable()
+        t = time.perf_counter()
+        c = time.process_time()
+        plan, _fs = run_cycle(state, cfg, actions=actions)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        if prof:
+            prof.disable()
+        ph = {k: float(v) for k, v in plan.phases.items()}
+        ph["wall"], ph["cpu"] = wall, cpu
+        cycles.append(ph)
+        res["binds"] = sum(1 for p in plan.placements if not p.pipelined)
+        res["pipelined"] = sum(1 for p in plan.placements if p.pipelined)
+        res["evictions"] = len(plan.evictions)
+        res["pending_groups"] = len(plan.pending)
+    res["p50"] = {k: statistics.median(c[k] for c in cycles) for k in cycles[0]}
+    res["peak_mb"] = _peak_mb()
+    if prof:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
+        print(buf.getvalue(), file=sys.stderr)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,5000,10000", help="comma-separated node counts")
+    ap.add_argument("--cycles", type=int, default=3, help="cycles per size (p50 shown)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--actions", default="all", help="comma-separated actions, or all")
+    ap.add_argument("--cache-dir", default="/tmp", help="where the built states are cached (pickle)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per size before giving up")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N cProfile rows (stderr)")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+
+    print(f"greedy cycle, actions {args.actions}, p50 of {args.cycles} cycles (seconds); peak RSS of the process "
+          "that loaded the state and ran the cycles")
+    head = (f"{'nodes':>6} {'pods':>7} " + " ".join(f"{p[:8]:>8}" for p in PHASES)
+            + f" {'fairshr':>8} {'checker':>8} {'cycle':>8} {'cpu':>8} {'state MB':>9} {'peak MB':>8}  plan")
+    print(head)
+    ok = True
+    for n in (int(s) for s in args.sizes.split(",")):
+        cmd = [sys.executable, __file__, "--child", str(n), "--cycles", str(args.cycles), "--seed", str(args.seed),
+               "--actions", args.actions, "--cache-dir", args.cache_dir, "--profile", str(args.profile)]
+        try:
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{n:>6} timed out after {args.timeout:.0f} s")
+            ok = False
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        p = r["p50"]
+        plan_s = sum(p.get(k, 0.0) for k in PHASES)
+        checker = p["total"] - p.get("fair_share", 0.0) - plan_s
+        print(f"{n:>6} {r['pods']:>7} " + " ".join(f"{p.get(k, float('nan')):>8.3f}" for k in PHASES)
+              + f" {p.get('fair_share', 0.0):>8.3f} {checker:>8.3f} {p['total']:>8.3f} {p['cpu']:>8.3f}"
+              + f" {r['rss_state_mb']:>9.0f} {r['peak_mb']:>8.0f}  {r['binds']} binds, {r['pipelined']} pipelined,"
+              + f" {r['evictions']} evictions, {r['pending_groups']} groups pending")
+        if n >= TARGET_NODES and (p["total"] > TARGET_S or r["peak_mb"] > TARGET_MB):
+            ok = False
+    print(f"target at {TARGET_NODES} nodes: cycle <= {TARGET_S:.0f} s, peak <= {TARGET_MB:.0f} MB: "
+          f"{'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
