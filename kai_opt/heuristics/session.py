@@ -39,6 +39,14 @@ class _Op:
     claimed: np.ndarray | None = None  # releasing resources a pipelined placement claimed
     dev_claimed: tuple[int, ...] = ()
     eviction: Eviction | None = None  # unevict: the eviction it took back
+    batch: list[tuple[_Op, Eviction]] | None = None  # unevict_many: the eviction ops taken back, in order
+    _amount_list: list[int] | None = None
+
+    def amount_list(self) -> list[int]:
+        """`amount` as Python ints (made once)."""
+        if self._amount_list is None:
+            self._amount_list = self.amount.tolist()
+        return self._amount_list
 
 
 class Session:
@@ -251,6 +259,51 @@ class Session:
                             ev.queue_amount, ev.non_preemptible, eviction=eviction))
         self._touch(ev.node)
 
+    def unevict_many(self, pods: list[int]) -> None:
+        """unevict for many pods at once (one log entry, vectorised; same result as one by one in this order)."""
+        if not pods:
+            return
+        ops = [self._evict_op[p] for p in pods]
+        self._apply_evictions(ops, -1)
+        batch = []
+        for op in ops:
+            self.status[op.pod] = op.prev_status
+            batch.append((op, self.evictions.pop(op.pod)))
+        self.log.append(_Op("unevict_many", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, batch=batch))
+        self._touch_many([op.node for op in ops])
+
+    def _apply_evictions(self, ops: list[_Op], sign: int) -> None:
+        """_apply_eviction of each op, in order (np.add.at applies repeated indices one after the other, so the
+        queue ledger's float sums come out as the op-by-op loop's)."""
+        nodes = np.fromiter((op.node for op in ops), dtype=np.int64, count=len(ops))
+        amounts = np.stack([op.amount for op in ops])
+        np.add.at(self.held, nodes, -sign * amounts)
+        np.add.at(self.rel, nodes, sign * amounts)
+        devs = [d for op in ops for d in op.devices]
+        if devs:
+            per = np.array([op.dev_amount for op in ops for _ in op.devices], dtype=self.dev_held.dtype)
+            np.add.at(self.dev_held, devs, -sign * per)
+            np.add.at(self.dev_rel, devs, sign * per)
+        ancestors = self.ledger.ancestors
+        rows: list[int] = []
+        which: list[int] = []
+        np_rows: list[int] = []
+        np_which: list[int] = []
+        for i, op in enumerate(ops):
+            q = int(self.queue_of_pod[op.pod])
+            if q < 0:
+                continue
+            rows.extend(ancestors[q])
+            which.extend([i] * len(ancestors[q]))
+            if op.non_preemptible:
+                np_rows.extend(ancestors[q])
+                np_which.extend([i] * len(ancestors[q]))
+        if rows:
+            qa = -sign * np.stack([op.queue_amount for op in ops])
+            np.add.at(self.ledger.allocated, rows, qa[which])
+            if np_rows:
+                np.add.at(self.ledger.allocated_np, np_rows, qa[np_which])
+
     def _apply_eviction(self, op: _Op, sign: int) -> None:
         """sign +1: the pod's resources turn releasing and leave its queue; -1: back."""
         n = op.node
@@ -278,8 +331,27 @@ class Session:
 
     def rollback(self, checkpoint: int) -> None:
         while len(self.log) > checkpoint:
+            if self.log[-1].kind == "evict":  # a run of evictions is undone at once
+                run: list[_Op] = []
+                while len(self.log) > checkpoint and self.log[-1].kind == "evict":
+                    run.append(self.log.pop())
+                self._apply_evictions(run, -1)
+                for op in run:
+                    self.status[op.pod] = op.prev_status
+                    del self.evictions[op.pod]
+                self._touch_many([op.node for op in run])
+                continue
             op = self.log.pop()
             p, n = op.pod, op.node
+            if op.kind == "unevict_many":
+                assert op.batch is not None
+                ops = [o for o, _ in reversed(op.batch)]
+                self._apply_evictions(ops, +1)
+                for o, eviction in op.batch:
+                    self.status[o.pod] = PodStatus.RELEASING
+                    self.evictions[o.pod] = eviction
+                self._touch_many([o.node for o in ops])
+                continue
             if op.kind == "pipeline":
                 self.status[p] = ALLOCATED
                 old = self.placements[p]
@@ -317,6 +389,10 @@ class Session:
                 self._apply_eviction(op, -1)
                 self.status[p] = op.prev_status
                 del self.evictions[p]
+            self._touch(n)
+
+    def _touch_many(self, nodes: list[int]) -> None:
+        for n in nodes:
             self._touch(n)
 
     def _touch(self, n: int) -> None:

@@ -442,23 +442,37 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     st = sess.state
     kept: set[int] = set()
     ok_now: bool | None = None  # still_ok()'s answer while only chunks that cannot change it went back
+    # what each evicted pod gives back (its eviction op), and the room left on its nodes and devices, as Python
+    # numbers updated as chunks go back (no session change per chunk: the chunks still_ok cannot see go back
+    # together at the end)
+    ops = {p: sess._evict_op[p] for c in evicted for p in c}
+    nodes = sorted({op.node for op in ops.values()})
+    room = dict(zip(nodes, (sess.alloc[nodes] - sess.held[nodes]).tolist(), strict=True))
+    devs = sorted({d for op in ops.values() for d in op.devices})
+    dev_room = dict(zip(devs, (DEV - sess.dev_held[devs]).tolist(), strict=True)) if devs else {}
+    amount = {p: op.amount_list() for p, op in ops.items()}
+    active: dict[int, int] = {}
+    later: list[int] = []
     for chunk in reversed(evicted):
         g = int(st.pod_pg[chunk[0]])
-        if 0 < int(active_mask(sess, st.group_pods(g)).sum()) + len(chunk) < int(st.pg_min_member[g]):
+        if g not in active:
+            active[g] = int(active_mask(sess, st.group_pods(g)).sum())
+        if 0 < active[g] + len(chunk) < int(st.pg_min_member[g]):
             continue  # its gang's core stays evicted: an elastic pod alone cannot run on
-        extra = {}
+        extra: dict[int, list[int]] = {}
         for p in chunk:
-            n = int(sess.node[p])
-            extra[n] = extra.get(n, 0) + sess.pod_node_amount(p, n)
-        if any(np.any(sess.held[n] + a > sess.alloc[n]) for n, a in extra.items()):
+            n = ops[p].node
+            a = amount[p]
+            e = extra.get(n)
+            extra[n] = list(a) if e is None else [x + y for x, y in zip(e, a, strict=True)]
+        if any(x > r for n, a in extra.items() for x, r in zip(a, room[n], strict=True)):
             continue
         dev_extra: dict[int, int] = {}
         for p in chunk:
-            devs = sess.pod_devices(p)
-            per = sess.gpu_per_device(p, int(sess.node[p])) if devs else 0
-            for d in devs:
-                dev_extra[d] = dev_extra.get(d, 0) + per
-        if any(sess.dev_held[d] + a > DEV for d, a in dev_extra.items()):
+            op = ops[p]
+            for d in op.devices:
+                dev_extra[d] = dev_extra.get(d, 0) + op.dev_amount
+        if any(a > dev_room[d] for d, a in dev_extra.items()):
             continue
         q = int(st.pg_queue[g])
         blind = (limited is not None and bool(st.pg_preemptible[g])
@@ -468,19 +482,23 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
                 ok_now = still_ok()
             if not ok_now:
                 continue  # unevicting it would not change the answer: it stays evicted
+            later.extend(chunk)
+        else:
             for p in chunk:
                 sess.unevict(p)
-            kept.update(chunk)
-            continue
-        for p in chunk:
-            sess.unevict(p)
-        if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
-            for p in chunk:
-                sess.evict(p, reason, beneficiary)
-            ok_now = None
-            continue
-        ok_now = True
+            if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
+                for p in chunk:
+                    sess.evict(p, reason, beneficiary)
+                ok_now = None
+                continue
+            ok_now = True
         kept.update(chunk)
+        active[g] += int(IS_ACTIVE[[ops[p].prev_status for p in chunk]].sum())
+        for n, a in extra.items():
+            room[n] = [r - x for r, x in zip(room[n], a, strict=True)]
+        for d, a in dev_extra.items():
+            dev_room[d] -= a
+    sess.unevict_many(later)
     return [p for c in evicted for p in c if p not in kept]
 
 
