@@ -16,6 +16,7 @@ from kai_opt.api import Pod
 from kai_opt.k8s import binder as binder_mod
 from kai_opt.k8s import cache as cache_mod
 from kai_opt.k8s import leader as leader_mod
+from kai_opt.k8s import status as status_mod
 from kai_opt.k8s.binder import Binder, BindRequest, binding_annotations
 from kai_opt.k8s.cache import ClusterCache, Resource
 from kai_opt.k8s.events import EventRecorder
@@ -186,6 +187,24 @@ def test_queue_status_quantities_and_validity() -> None:
     assert queue_status({"metadata": {"name": "q"}}, None, -1, [], None, "t") == {}
 
 
+
+def test_status_writes_wait_for_binds_and_later_cycles_replace_queued_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[tuple[str, Any]] = []
+    monkeypatch.setattr(status_mod, "request", lambda api, method, path, **kw: written.append((path, kw["body"])))
+    busy = threading.Event()
+    busy.set()
+    pool = WorkPool("status-test", 1)
+    w = status_mod.StatusWriter(None, ClusterCache(None, kinds=[]), pool, TokenBucket(1000, 100),  # type: ignore[arg-type]
+                                None, busy=busy.is_set, defer_max_s=3600)  # type: ignore[arg-type]
+    w._submit("podgroup/a", "/a", {"phase": "Pending"})  # taken by the worker, which waits for the binds
+    w._submit("podgroup/b", "/b", {"phase": "Pending"})
+    w._submit("podgroup/b", "/b", {"phase": "Running"})  # the next cycle's: replaces the queued one
+    assert written == []
+    busy.clear()  # the binds are done
+    assert pool.wait_idle(30)
+    assert written == [("/a", {"status": {"phase": "Pending"}}), ("/b", {"status": {"phase": "Running"}})]
+    pool.stop()
+
 # -- cache ------------------------------------------------------------------------------------------------------------
 def _pod(name: str, uid: str, *, node: str | None = None, scheduler: str = "kai-opt",
          nominated: str | None = None) -> dict[str, Any]:
@@ -249,6 +268,38 @@ def test_an_accepted_bind_the_watch_never_shows_expires() -> None:
     c.bind_accepted("u1")
     time.sleep(0.1)
     assert c.assumed()[0] == {}
+
+
+def test_the_cache_tells_whether_a_pod_of_ours_waits_for_a_placement() -> None:
+    c = _cache(_pod("bound", "u1", node="n1"), _pod("theirs", "u2", scheduler="other"))
+    assert not c.has_unscheduled(("kai-opt",))
+    res = c._stores[("v1", "Pod")].res
+    c._apply(res, "ADDED", _pod("new", "u3"))
+    assert c.has_unscheduled(("kai-opt",))
+    c.assume_bound("u3", "ns", "new", "n1", ())  # the binder has it
+    assert not c.has_unscheduled(("kai-opt",))
+    c.forget_bound("u3")  # the bind failed: it waits again
+    assert c.has_unscheduled(("kai-opt",))
+    done = _pod("new", "u3")
+    done["status"]["phase"] = "Succeeded"
+    c._apply(res, "MODIFIED", done)
+    assert not c.has_unscheduled(("kai-opt",))
+
+
+def test_a_cycle_is_skipped_only_when_the_last_did_nothing_and_no_pod_waits() -> None:
+    from kai_opt.config import Config
+    from kai_opt.k8s import runner as runner_mod
+
+    r = runner_mod.Runner(None, Config(), identity="t", leader_elect=False)  # type: ignore[arg-type]
+    r.cache = _cache(_pod("bound", "u1", node="n1"))
+    idle = runner_mod.CycleReport(1, pods=1)
+    assert not r._idle(None, 0.0), "the first cycle runs"
+    assert r._idle(idle, 0.5)
+    assert not r._idle(idle, runner_mod.IDLE_CYCLE_S), "an idle cycle still runs every IDLE_CYCLE_S"
+    for busy in ({"binds": 3}, {"pending_pods": 1}, {"evictions": 1}, {"pipelined": 1}, {"error": "x"}):
+        assert not r._idle(runner_mod.CycleReport(1, pods=1, **busy), 0.5), busy  # type: ignore[arg-type]
+    r.cache._apply(r.cache._stores[("v1", "Pod")].res, "ADDED", _pod("new", "u2"))
+    assert not r._idle(idle, 0.5), "a new pod of ours is placed at once"
 
 
 def test_our_nominations_are_dropped_and_held_pods_left_out() -> None:

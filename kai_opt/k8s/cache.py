@@ -389,6 +389,27 @@ class ClusterCache:
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("v1", "Pod", namespace, name)
 
+    def has_unscheduled(self, scheduler_names: Collection[str]) -> bool:
+        """Whether some pod of these schedulers waits for a placement: not bound, not assumed bound, not being
+        deleted, not finished (a cheap look at the pod store, without a snapshot)."""
+        ours = set(scheduler_names)
+        with self._lock:
+            bound = self._bound
+            for (av, kind), store in self._stores.items():
+                if kind != "Pod" or av != "v1":
+                    continue
+                for pod in store.items.values():
+                    spec = pod.get("spec") or {}
+                    if spec.get("nodeName") or spec.get("schedulerName") not in ours:
+                        continue
+                    meta = pod.get("metadata") or {}
+                    if meta.get("uid") in bound or meta.get("deletionTimestamp"):
+                        continue
+                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                        continue
+                    return True
+        return False
+
     def absent_kinds(self) -> list[str]:
         """Kinds not served (or forbidden), e.g. "queues.scheduling.run.ai/v2 (forbidden)"."""
         with self._lock:

@@ -196,8 +196,14 @@ class StatusWriter:
 
     def __init__(self, api: Any, cache: ClusterCache, pool: WorkPool, limiter: TokenBucket,
                  recorder: EventRecorder, *, fence: Callable[[], bool] = lambda: True, resend_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, busy: Callable[[], bool] = lambda: False,
+                 defer_max_s: float = 0.0) -> None:
         self.api = api
+        # Status yields to binds and evictions: while `busy()` (they are queued or in flight) a write waits, up to
+        # `defer_max_s`. The apiserver then serves the binds first, and the writes still queued meanwhile are
+        # replaced by later cycles' (a PodGroup goes from Pending to Running in one write, not two).
+        self.busy = busy
+        self.defer_max_s = defer_max_s
         self.cache = cache
         self.pool = pool
         self.limiter = limiter
@@ -316,6 +322,9 @@ class StatusWriter:
         return self.pool.submit(key, lambda: self._write(key, path, body), replace=True)
 
     def _write(self, key: str, path: str, body: dict[str, Any]) -> None:
+        deadline = time.monotonic() + self.defer_max_s
+        while self.busy() and time.monotonic() < deadline:
+            time.sleep(0.05)
         if not self.fence():
             return
         self.limiter.acquire()
