@@ -4,7 +4,9 @@ decode -> verify -> keep the better of the CP-SAT and greedy plans. Every plan r
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import time
+import traceback
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState
 
 DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking
+HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
 
 
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
@@ -68,8 +71,66 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
 
 def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
                actions: tuple[str, ...] | None = None) -> Plan:
+    """The CP-SAT plan of the cycle, or the greedy one with the reason. With wall time (production), the whole
+    of it (scope, model, hint, solve, decode, check) runs in a forked worker the parent kills when the budget is
+    over: model building is not interruptible from inside either. Deterministic mode runs in-process."""
+    if config.solver.deterministic or "fork" not in mp.get_all_start_methods():
+        return _cpsat_plan(state, fs, config, greedy=greedy, actions=actions)
     start = time.perf_counter()
     budget = config.solver.time_budget_s
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_plan_child, args=(child, state, fs, config, greedy, actions))  # not daemonic: it
+    proc.start()  # forks the solver worker itself
+    child.close()
+    deadline = start + budget + HARD_GRACE
+    phase, plan, error = "starting", None, None
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0 or not parent.poll(left):
+            break
+        try:
+            kind, payload = parent.recv()
+        except EOFError:
+            break
+        if kind == "phase":
+            phase = payload
+            continue
+        plan, error = (payload, None) if kind == "plan" else (None, payload)
+        break
+    if proc.is_alive():
+        proc.kill()
+    proc.join(1.0)
+    parent.close()
+    if error is not None:
+        raise RuntimeError(f"the CP-SAT worker failed: {error}")
+    if plan is None:
+        return _keep(greedy, SolverInfo(), start, f"hard watchdog: the {budget:g}s budget ran out while {phase}",
+                     "FALLBACK_GREEDY")
+    return plan
+
+
+def _plan_child(conn, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
+                actions: tuple[str, ...] | None) -> None:
+    try:
+        plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
+                           progress=lambda what: conn.send(("phase", what)))
+        conn.send(("plan", plan))
+    except Exception:  # reported to the parent, which raises it
+        conn.send(("error", traceback.format_exc(limit=-3)))
+    finally:
+        conn.close()
+
+
+def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
+                actions: tuple[str, ...] | None = None, progress=None) -> Plan:
+    def phase(what: str) -> None:
+        if progress is not None:
+            progress(what)
+
+    start = time.perf_counter()
+    budget = config.solver.time_budget_s
+    phase("building the scope (pending groups, victims, candidate nodes)")
     sess, scope = model_scope(state, fs, config, greedy, actions)
     info = SolverInfo()
     if actions is not None and "allocate" not in actions:
@@ -77,8 +138,11 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
                      f"only for {', '.join(actions)}", "GREEDY_KEPT")
     if not scope.groups:
         return _keep(greedy, info, start, "nothing pending for the model", "GREEDY_KEPT")
+    phase(f"building the model ({len(scope.groups)} groups, {len(scope.shapes)} shapes)")
     built = build_model(sess, scope)
+    phase(f"adding the hint ({len(built.model.proto.variables)} variables)")
     add_greedy_hint(built, scope, greedy, sess)
+    phase(f"solving ({len(built.model.proto.variables)} variables, {len(built.model.proto.constraints)} constraints)")
     info.build_s = time.perf_counter() - start
     left = budget * (1 - DECODE_RESERVE) - info.build_s
     if left <= 0.01 and not config.solver.deterministic:
@@ -95,6 +159,7 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     info.bound = result.bound
     info.gap = (abs(result.bound - result.value_tier) / max(1.0, abs(result.value_tier))
                 if result.bound and not math.isinf(result.bound) else None)
+    phase("decoding")
     t = time.perf_counter()
     dsess = Session(state, fs, config)
     apply_consolidation(dsess, greedy)
@@ -113,6 +178,7 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
         if g in plan.pending and plan.pending[g] and plan.pending[g][0].code == "Pending":
             plan.pending[g] = reasons
     info.decode_s = time.perf_counter() - t
+    phase("checking")
     try:
         check_plan(state, plan, fs, config)
     except PlanViolation as exc:
