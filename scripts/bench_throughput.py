@@ -11,6 +11,7 @@ watch (field selector spec.nodeName!=) timestamps every binding. Reported per ru
                 SchedulingThroughput statistic, sampled the same way)
   create pods/s how fast this client created the pods (an upper bound of e2e on this machine)
   cpu ms/pod    CPU time of the scheduler process per bound pod (robust when the machine is shared)
+The 1-minute load average before and after each run is in the JSON (`extra`) and the log.
 
 Workloads: `single` = `--pods` one-pod workloads (1 GPU each); kube-scheduler gets plain pods, kai-opt the same
 pods with schedulerName kai-opt, each with its own PodGroup (minMember 1, created before the clock starts, named by
@@ -349,6 +350,7 @@ def run_one(sched: Scheduler, workload: str, args: argparse.Namespace, bin_dir: 
             c0, c1 = create_all(api, pods, args.create_workers, pod_path)
             log(f"{sched.name}/{workload}: {n_pods} pods created in {c1 - c0:.1f}s (before the clock starts)")
         watch = BindWatch(api, current_rv(api))
+        load_before = os.getloadavg()[0]
         proc = sched.start(cluster, work)
         t0 = time.monotonic()
         try:
@@ -373,7 +375,8 @@ def run_one(sched: Scheduler, workload: str, args: argparse.Namespace, bin_dir: 
             times = [watch.bound[n] for n in names if n in watch.bound]
             res.bound = len(times)
             res.create_pods_per_s = n_pods / max(c1 - c0, 1e-9)
-            res.extra = {"scheduler_cpu_s": round(process_cpu_s(proc.pid), 2)}
+            res.extra = {"scheduler_cpu_s": round(process_cpu_s(proc.pid), 2),
+                         "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2)}
             if times:
                 res.seconds_to_all_bound = max(times) - t0
                 res.e2e_pods_per_s = len(times) / max(max(times) - t0, 1e-9)
@@ -478,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_one(sched, workload, args, bin_dir))
         r = results[-1]
         log(f"== {sched.name} / {workload}: ok={r.ok} e2e {r.e2e_pods_per_s:.0f} pods/s, "
-            f"bind {r.bind_pods_per_s:.0f} pods/s {r.note}")
+            f"bind {r.bind_pods_per_s:.0f} pods/s, load average {r.extra.get('load_1m_before', '-')} -> "
+            f"{r.extra.get('load_1m_after', '-')} on {os.cpu_count()} CPUs {r.note}")
 
     out = {"threshold_pods_per_s": SCHEDULER_PERF_THRESHOLD, "cpus": os.cpu_count(),
            "args": {k: v for k, v in vars(args).items() if k != "json"}, "results": [asdict(r) for r in results]}
