@@ -4,15 +4,17 @@ plan was invalid), and the plan returned is never worse than the greedy one on t
 
 from __future__ import annotations
 
+import pytest
 from builders import snapshot
 from hypothesis import HealthCheck, given, settings
 from strategies import clusters
 
+from kai_opt.bench.instances import Instance, families
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.formulation.solve import plan_score
-from kai_opt.state import build_state
+from kai_opt.state import ClusterState, build_state
 
 CONFIG = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 1, "seed": 0}})
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -21,7 +23,15 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(clusters())
 def test_cpsat_plans_pass_the_checker_and_never_lose_to_greedy(objs: list) -> None:
-    state = build_state(snapshot(objs))
+    assert_valid_and_not_worse(build_state(snapshot(objs)))
+
+
+@pytest.mark.parametrize("family", sorted(families()))
+def test_cpsat_on_every_bench_family_passes_the_checker_and_never_loses(family: str) -> None:
+    assert_valid_and_not_worse(build_state(Instance(family, 30, 0).snapshot()))
+
+
+def assert_valid_and_not_worse(state: ClusterState) -> None:
     greedy, fs = run_cycle(state, CONFIG, engine=Engine.greedy)
     plan, _ = run_cycle(state, CONFIG, engine=Engine.cpsat)
     check_plan(state, plan, fs, CONFIG)

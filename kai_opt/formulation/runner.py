@@ -7,6 +7,7 @@ back the status, bounds and every variable's value; if it overruns, the parent k
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
@@ -31,8 +32,14 @@ class SolveResult:
     note: str = ""
 
 
-def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float) -> None:
+PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve: fractions-1000 (60k variables) found nothing in 2.6 s
+# with it, and returns its complete hint at 0.4 s without
+
+
+def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0) -> None:
     p = solver.parameters
+    if n_vars > PRESOLVE_MAX_VARS:
+        p.cp_model_presolve = False
     p.random_seed = cfg.seed
     # probing in presolve alone took the whole budget on a 30k-variable model (openb, 100 nodes: no solution in
     # 3 s, not even the complete hint); without it and with one presolve pass the hint is the first solution
@@ -58,7 +65,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     solver = cp_model.CpSolver()
     tier1_share = 0.85  # tier 1 (work placed) is the objective that decides; tiers 2-3 polish
     m.maximize(built.value)
-    _params(solver, cfg, seconds * tier1_share)
+    _params(solver, cfg, seconds * tier1_share, len(m.proto.variables))
     status = solver.solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
@@ -82,7 +89,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     if report is not None:
         report(SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
                            "tiers 2-3 did not finish in time"))
-    _params(solver, cfg, left)
+    _params(solver, cfg, left, len(m.proto.variables))
     status2 = solver.solve(m)
     if status2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
@@ -98,7 +105,7 @@ def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> So
     m.maximize(built.value * w.placement_weight // 1000 + built.packing * w.packing_weight
                - built.eviction_cost * max(1, w.eviction_weight // 1000))
     solver = cp_model.CpSolver()
-    _params(solver, cfg, seconds)
+    _params(solver, cfg, seconds, len(m.proto.variables))
     status = solver.solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
@@ -123,7 +130,11 @@ def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child, built, cfg, seconds), daemon=True)
-    proc.start()
+    gc.freeze()  # no copy-on-write of the inherited heap by the worker's garbage collector
+    try:
+        proc.start()
+    finally:
+        gc.unfreeze()
     child.close()
     limit = seconds + grace if not cfg.deterministic else max(seconds * 40, 30.0)
     deadline = time.perf_counter() + limit

@@ -3,6 +3,7 @@ decode -> verify -> keep the better of the CP-SAT and greedy plans. Every plan r
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing as mp
 import time
@@ -81,7 +82,11 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_plan_child, args=(child, state, fs, config, greedy, actions))  # not daemonic: it
-    proc.start()  # forks the solver worker itself
+    gc.freeze()  # the worker's garbage collector then leaves the inherited heap alone (no copy-on-write storm)
+    try:
+        proc.start()  # forks the solver worker itself
+    finally:
+        gc.unfreeze()
     child.close()
     deadline = start + budget + HARD_GRACE
     phase, plan, error = "starting", None, None
