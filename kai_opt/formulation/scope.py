@@ -212,6 +212,7 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int]) -> l
         reclaimers[i] = sess.cfg.actions.reclaim and can_reclaim(fs, sess.ledger, gs.queue, requests[i],
                                                                   preemptible=gs.preemptible)
     out: list[Victim] = []
+    rule: dict[tuple[int, int], bool] = {}  # (scope group, victim queue) -> reclaim allowed at cycle start
     bound_now = (sess.status == PodStatus.BOUND) & (st.pod_pg >= 0)
     wanted = {int(st.pod_pg[p]) for p in candidates if bound_now[p]}
     running_groups = sorted(set(st.pod_pg[bound_now].tolist()) & wanted)
@@ -220,19 +221,30 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int]) -> l
             continue
         vq = int(st.pg_queue[v])
         bens: dict[int, str] = {}
+        protected: dict[str, bool] = {}
+
+        def is_protected(reason: str, v: int = v, protected: dict[str, bool] = protected) -> bool:
+            if reason not in protected:
+                protected[reason] = protected_by_min_runtime(sess, v, reason)
+            return protected[reason]
+
         for i, gs in enumerate(groups):
             if gs.group == v:
                 continue
             if gs.queue == vq:
                 if (sess.cfg.actions.preempt and gs.priority > int(st.pg_priority[v])
-                        and not protected_by_min_runtime(sess, v, "preempt")):
+                        and not is_protected("preempt")):
                     bens[i] = "preempt"
-            elif reclaimers[i] and not protected_by_min_runtime(sess, v, "reclaim"):
+            elif reclaimers[i] and not is_protected("reclaim"):
                 # compared where the two queue paths diverge (KAI's leveled queues): the victim side must be above
                 # its allocatable share, or above deserved while the reclaimer side stays within its own
-                # (MaintainFairShare / GuaranteeDeservedQuota), checked at cycle start
-                rq, wq = leveled(sess.ledger, gs.queue, vq)
-                if fits_strategy(fs, sess.ledger, requests[i], rq, wq, sess.ledger.allocated[wq]):
+                # (MaintainFairShare / GuaranteeDeservedQuota), checked at cycle start; the same for every victim
+                # of one queue (memoised: openb-1000 took 17 s here)
+                key = (i, vq)
+                if key not in rule:
+                    rq, wq = leveled(sess.ledger, gs.queue, vq)
+                    rule[key] = fits_strategy(fs, sess.ledger, requests[i], rq, wq, sess.ledger.allocated[wq])
+                if rule[key]:
                     bens[i] = "reclaim"
         if not bens:
             continue
