@@ -76,6 +76,7 @@ class Session:
         self.version = 0  # bumped by every change of the state (place, evict, pipeline, undo)
         # pod -> an eviction op of it (unevict undoes it; a pod's evictions in one session are all alike)
         self._evict_op: dict[int, _Op] = {}
+        self._anc_pad: np.ndarray | None = None
         n = state.n_nodes
         # GPU summaries per node, brought up to date lazily: changes mark their node dirty, reads refresh
         self._whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
@@ -284,25 +285,31 @@ class Session:
             per = np.array([op.dev_amount for op in ops for _ in op.devices], dtype=self.dev_held.dtype)
             np.add.at(self.dev_held, devs, -sign * per)
             np.add.at(self.dev_rel, devs, sign * per)
-        ancestors = self.ledger.ancestors
-        rows: list[int] = []
-        which: list[int] = []
-        np_rows: list[int] = []
-        np_which: list[int] = []
-        for i, op in enumerate(ops):
-            q = int(self.queue_of_pod[op.pod])
-            if q < 0:
-                continue
-            rows.extend(ancestors[q])
-            which.extend([i] * len(ancestors[q]))
-            if op.non_preemptible:
-                np_rows.extend(ancestors[q])
-                np_which.extend([i] * len(ancestors[q]))
-        if rows:
+        pad = self._ancestor_table()
+        queues = self.queue_of_pod[np.fromiter((op.pod for op in ops), dtype=np.int64, count=len(ops))]
+        ok = queues >= 0
+        if ok.any():
             qa = -sign * np.stack([op.queue_amount for op in ops])
-            np.add.at(self.ledger.allocated, rows, qa[which])
-            if np_rows:
-                np.add.at(self.ledger.allocated_np, np_rows, qa[np_which])
+            table = np.where(ok[:, None], pad[np.maximum(queues, 0)], -1)  # pod-major: ops in order
+            rows = table.ravel()
+            which = np.repeat(np.arange(len(ops)), table.shape[1])
+            keep = rows >= 0
+            np.add.at(self.ledger.allocated, rows[keep], qa[which[keep]])
+            np_flag = np.fromiter((op.non_preemptible for op in ops), dtype=bool, count=len(ops))
+            if np_flag.any():
+                keep &= np_flag[which]
+                np.add.at(self.ledger.allocated_np, rows[keep], qa[which[keep]])
+
+    def _ancestor_table(self) -> np.ndarray:
+        """int64[Q, depth]: each queue's ledger ancestors (itself first), padded with -1."""
+        if self._anc_pad is None:
+            anc = self.ledger.ancestors
+            depth = max((len(a) for a in anc), default=1)
+            pad = np.full((len(anc), max(depth, 1)), -1, dtype=np.int64)
+            for q, a in enumerate(anc):
+                pad[q, :len(a)] = a
+            self._anc_pad = pad
+        return self._anc_pad
 
     def _apply_eviction(self, op: _Op, sign: int) -> None:
         """sign +1: the pod's resources turn releasing and leave its queue; -1: back."""
@@ -392,8 +399,13 @@ class Session:
             self._touch(n)
 
     def _touch_many(self, nodes: list[int]) -> None:
-        for n in nodes:
-            self._touch(n)
+        if "_touch" in self.__dict__:  # replaced on this session (explain replays plans that way)
+            for n in nodes:
+                self._touch(n)
+            return
+        self.version += len(nodes)
+        self.touched.extend(nodes)
+        self._dirty.update(nodes)
 
     def _touch(self, n: int) -> None:
         self.version += 1

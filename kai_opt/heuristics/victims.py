@@ -368,13 +368,15 @@ def solve_with_victims(
                 continue
             jobs_used.add(v)
         accumulated.append(chunk)
+        whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
         before: dict[int, int] = {}
         for p in chunk:
             n = int(sess.node[p])
             if feasible[n]:
-                before.setdefault(n, int(sess.whole_future[n]))
-            releasable += float(sess.pod_node_amount(p, n)[R_GPU])
+                before.setdefault(n, int(whole_future[n]))
+        for p in chunk:
             sess.evict(p, reason, g)
+            releasable += float(sess._evict_op[p].amount[R_GPU])
         fits.update(before)
         hopeful = worth_trying(chunk) if worth_trying is not None else True
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
@@ -451,12 +453,13 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     devs = sorted({d for op in ops.values() for d in op.devices})
     dev_room = dict(zip(devs, (DEV - sess.dev_held[devs]).tolist(), strict=True)) if devs else {}
     amount = {p: op.amount_list() for p, op in ops.items()}
-    active: dict[int, int] = {}
+    groups = np.unique(st.pod_pg[np.fromiter((c[0] for c in evicted), dtype=np.int64, count=len(evicted))])
+    active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[sess.status[st.pg_pods]])])
+    active = dict(zip(groups.tolist(), (active_c[st.pg_pod_start[groups + 1]]
+                                        - active_c[st.pg_pod_start[groups]]).tolist(), strict=True))
     later: list[int] = []
     for chunk in reversed(evicted):
         g = int(st.pod_pg[chunk[0]])
-        if g not in active:
-            active[g] = int(active_mask(sess, st.group_pods(g)).sum())
         if 0 < active[g] + len(chunk) < int(st.pg_min_member[g]):
             continue  # its gang's core stays evicted: an elastic pod alone cannot run on
         extra: dict[int, list[int]] = {}
