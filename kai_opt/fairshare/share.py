@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -37,14 +38,16 @@ class FairShare:
     requested: np.ndarray  # float64[Q, 3] allocated + pending, subtree
     steps: list[list[list[str]]] | None = None  # [queue][resource] -> readable division steps
 
-    @property
+    @cached_property
     def allocatable_share(self) -> np.ndarray:
-        """float64[Q, 3]: max(deserved, fair share) capped by the limit; deserved -1 gives the limit (maybe -1)."""
+        """float64[Q, 3]: max(deserved, fair share) capped by the limit; deserved -1 gives the limit (maybe -1).
+        Computed once (reclaim checks ask for it per victim chunk); read-only, as the shares it comes from are."""
         out = np.maximum(self.deserved, self.fair_share)
         capped = self.limit != UNLIMITED
         out[capped] = np.minimum(out[capped], self.limit[capped])
         unlimited_deserved = self.deserved == UNLIMITED
         out[unlimited_deserved] = self.limit[unlimited_deserved]
+        out.flags.writeable = False
         return out
 
     def dominant_share(self, allocated: np.ndarray | None = None) -> np.ndarray:
