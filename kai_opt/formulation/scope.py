@@ -22,10 +22,10 @@ from kai_opt.heuristics.victims import protected_by_min_runtime
 from kai_opt.plan import Plan
 from kai_opt.state import R_GPU, PodStatus
 
-# Every group the greedy placed stays placed (the model may move it). False lets the model drop some for more
-# priority-weighted GPUs (fragmentation-100-s0: 719 GPUs instead of 707), but then conformance with KAI falls from
-# 147 to 139 of 154 (KAI's queue order is the rule there): measured, see docs/DESIGN-NOTES.md.
-KEEP_GREEDY_GROUPS = True
+# config solver.keep_greedy_groups (default true): every group the greedy placed stays placed (the model may move
+# it). False lets the model drop some for more priority-weighted GPUs (fragmentation-100-s0: 719 GPUs instead of
+# 707), but then conformance with KAI falls from 147 to 139 of 154 (KAI's queue order is the rule there): measured,
+# see docs/DESIGN-NOTES.md.
 PAIR_BUDGET = 40_000  # (shape, candidate node) pairs in one model
 
 
@@ -161,7 +161,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
             placed_count[g] = placed_count.get(g, 0) + 1
     replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
-            if gs.group in placed_count and (KEEP_GREEDY_GROUPS or gs.group in replayed_for)}
+            if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}
     # candidate nodes per shape: as many as a budget of (shape, node) pairs allows, at least per_shape_nodes. Wider
     # is what lets the model re-arrange the greedy's placements (fragmentation-100: 797 GPUs with every node a
     # candidate, 707 = the greedy's with 24)
