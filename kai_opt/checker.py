@@ -45,7 +45,7 @@ def _amount(state: ClusterState, p: int, n: int) -> np.ndarray:
 
 def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -> None:
     problems: list[str] = []
-    names = [p.key for p in state.pods]
+    names = _PodNames(state)  # only messages use them
     st = state.pod_status
     placed: dict[int, tuple[int, tuple[int, ...], bool]] = {}
     moved: dict[int, tuple[int, tuple[int, ...]]] = {}
@@ -239,15 +239,20 @@ def _runtime(state: ClusterState, g: int) -> float:
     return state.now - float(starts.min()) if len(starts) else math.inf
 
 
+class _PodNames:
+    """ns/name of pod i, made when a message needs it."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._pods = state.pods
+
+    def __getitem__(self, i: int) -> str:
+        return self._pods[i].key
+
+
 def _topology_problems(state: ClusterState, g: int, pods: np.ndarray, active: np.ndarray,
                        placed: dict[int, tuple[int, tuple[int, ...], bool]],
                        moved: dict[int, tuple[int, tuple[int, ...]]]) -> list[str]:
-    out = []
-    node_of = {p: int(state.pod_node[p]) for p in pods.tolist()}
-    for p, (n, _d, _pipe) in placed.items():
-        node_of[p] = n
-    for p, (n, _d) in moved.items():
-        node_of[p] = n
+    out: list[str] = []
     checks: list[tuple[int, int, np.ndarray, str]] = []
     if state.pg_topology[g] >= 0 and state.pg_required_level[g] >= 0:
         checks.append((int(state.pg_topology[g]), int(state.pg_required_level[g]), pods, "podgroup"))
@@ -256,6 +261,17 @@ def _topology_problems(state: ClusterState, g: int, pods: np.ndarray, active: np
         t, lvl = int(state.sg_topology[s]), int(state.sg_required_level[s])
         if t >= 0 and lvl >= 0:
             checks.append((t, lvl, pods[sgs == s], f"subgroup {state.sg_names[s]}"))
+    if not checks:
+        return out
+    # where each of the group's pods ends up: a move wins over a placement, a placement over where it runs now
+    node_of: dict[int, int] = {}
+    for p in pods.tolist():
+        if p in moved:
+            node_of[p] = moved[p][0]
+        elif p in placed:
+            node_of[p] = placed[p][0]
+        else:
+            node_of[p] = int(state.pod_node[p])
     for t, lvl, members, what in checks:
         doms = defaultdict(int)
         for p in members.tolist():
