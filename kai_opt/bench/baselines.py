@@ -32,6 +32,7 @@ from kai_opt.bench import trace
 from kai_opt.checker import check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
+from kai_opt.heuristics.fragmentation import pod_gpu_shape
 from kai_opt.plan import Placement, Plan, Reason
 from kai_opt.state import R_CPU, R_MEM, R_PODS, ClusterState, PodStatus
 
@@ -83,16 +84,7 @@ def cluster_view(state: ClusterState, node_free: np.ndarray, dev_free: np.ndarra
 
 def gpu_shape(state: ClusterState, pods: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(devices, milli per device) of each pod; gpu-memory pods at the smallest GPU memory of the cluster."""
-    whole = state.pod_gpu_whole[pods].astype(np.int64)
-    frac = state.pod_gpu_frac[pods].astype(np.int64)
-    mem = state.pod_gpu_mem[pods]
-    ndev = state.pod_gpu_ndev[pods].astype(np.int64)
-    gmem = state.node_gpu_mem_mib[state.node_gpus > 0]
-    smallest = int(gmem[gmem > 0].min()) if (gmem > 0).any() else 1
-    mem_milli = np.minimum(MILLI, -(-mem * MILLI // smallest))
-    num = np.where(whole > 0, whole, np.where((frac > 0) | (mem > 0), ndev, 0))
-    milli = np.where(whole > 0, MILLI, np.where(frac > 0, frac, np.where(mem > 0, mem_milli, 0)))
-    return num, milli
+    return pod_gpu_shape(state, pods)
 
 
 def sig_nodes(state: ClusterState, sig: int) -> np.ndarray:

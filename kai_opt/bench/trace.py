@@ -22,7 +22,6 @@ kube-style `leastallocated` / `mostallocated`, which take the first fitting node
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -31,6 +30,7 @@ import numpy as np
 
 from kai_opt.bench.openb import MILLI, NodeList, PodList
 from kai_opt.errors import InputError
+from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, Workload, spec_mask, typical_shapes
 
 ENGINE_NAMES = ("greedy", "cpsat", "leastallocated", "mostallocated", "fgd", "bestfit", "dotprod", "gpupacking",
                 "random")
@@ -40,7 +40,6 @@ PUBLISHED_AT_100: dict[str, float] = {"fgd": 4.77, "bestfit": 7.14, "gpupacking"
                                       "random": 13.70}
 MAX_SPEC_CPU = 128_000  # the simulator's normalisers for BestFit and DotProd (milli-CPU, milli-GPU)
 MAX_SPEC_GPU = 8_000
-TYPICAL_COVERAGE = 0.95  # FGD's target workload: the most popular pod shapes covering 95% of the pods
 CURVE_RANGE = (75, 130)
 
 Placement = tuple[int, tuple[int, ...]]  # (node index, GPU indices on that node)
@@ -74,14 +73,6 @@ class Pods:
     def from_list(cls, pods: PodList, models: Sequence[str]) -> Pods:
         return cls(pods.cpu_milli, pods.memory_mib, pods.num_gpu, pods.gpu_milli,
                    np.asarray([spec_mask(s, models) for s in pods.gpu_spec], dtype=np.int64))
-
-
-def spec_mask(spec: str, models: Sequence[str]) -> int:
-    """Bitmask of the models a `gpu_spec` allows (-1 when it is empty); unknown models match no node."""
-    names = [s for s in spec.split("|") if s]
-    if not names:
-        return -1
-    return sum(1 << j for j, m in enumerate(models) if m in names)
 
 
 @dataclass
@@ -318,48 +309,12 @@ class MostAllocatedPolicy(_KubePolicy):
 # -- FGD -------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Workload:
-    """FGD's target workload M: pod shapes (CPU, per-GPU milli, GPU count, allowed models) and popularity p_m."""
-
-    cpu: np.ndarray
-    milli: np.ndarray
-    num: np.ndarray
-    allowed: np.ndarray
-    weight: np.ndarray
-    spec: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.cpu)
-
-
 def typical_workload(pods: PodList, models: Sequence[str], coverage: float = TYPICAL_COVERAGE) -> Workload:
     """The most popular shapes covering `coverage` of the pods (ties: larger shape first), weights renormalised.
 
     Memory is not part of a shape, as in the paper's simulator.
     """
     return typical_shapes(pods.cpu_milli, pods.gpu_milli, pods.num_gpu, pods.gpu_spec, models, coverage)
-
-
-def typical_shapes(cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, spec: Sequence[str], models: Sequence[str],
-                   coverage: float = TYPICAL_COVERAGE) -> Workload:
-    """FGD's target workload from per-pod (CPU milli, milli per GPU, GPU count, gpu_spec): the most popular shapes
-    covering `coverage` of the pods (ties: larger shape first), weights renormalised."""
-    counts = Counter(zip(cpu.tolist(), milli.tolist(), num.tolist(), spec, strict=True))
-    if not counts:
-        raise ValueError("a target workload needs at least one pod")
-    ranked = sorted(((n, *shape) for shape, n in counts.items()), reverse=True)
-    need, got, chosen = coverage * len(cpu), 0, []
-    for n, c, m, k, sp in ranked:
-        if got >= need:
-            break
-        chosen.append((n, c, m, k, sp))
-        got += n
-    n_, cpu_, milli_, num_, spec_ = zip(*chosen, strict=True)
-    w = np.asarray(n_, dtype=np.float64)
-    return Workload(np.asarray(cpu_, dtype=np.int64), np.asarray(milli_, dtype=np.int64),
-                    np.asarray(num_, dtype=np.int64), np.asarray([spec_mask(x, models) for x in spec_],
-                                                                 dtype=np.int64), w / w.sum(), tuple(spec_))
 
 
 class FgdPolicy(Policy):
@@ -377,35 +332,27 @@ class FgdPolicy(Policy):
     def __init__(self, cluster: Cluster, rng: np.random.Generator, workload: Workload) -> None:
         super().__init__(cluster, rng)
         w = workload
-        self.p = w.weight
-        self.t_cpu, self.t_num = w.cpu, w.num
-        gpu_shape = w.milli > 0
-        levels, inv = np.unique(w.milli[gpu_shape], return_inverse=True)
-        self.levels = levels if levels.size else np.asarray([MILLI], dtype=np.int64)
-        self.level_of = np.zeros(len(w), dtype=np.int64)
-        self.level_of[gpu_shape] = inv
+        self.model = fm = FragModel(w.cpu, w.milli, w.num, w.weight)
+        self.p, self.levels = fm.p, fm.levels
         ok = np.stack([cluster.model_ok(int(a)) for a in w.allowed], axis=1) if len(w) else np.zeros((len(cluster), 0))
-        self.access = ok & gpu_shape[None, :]
+        self.access = ok & fm.gpu_shape[None, :]
         n_gpu = cluster.gpu_free.shape[1]
         self._earlier = np.tri(n_gpu, k=-1, dtype=bool)[1:, :-1]  # [g, g']: g' < g, for g >= 1
-        self.cnt, self.below = self._levels(cluster.gpu_free)
+        self.cnt, self.below = fm.levels_of(cluster.gpu_free)
         self.free = cluster.gpu_free.sum(axis=1)
         self.frag = self._frag(cluster.cpu_free, self.free, self.cnt, self.below, self.access)
 
     def node_fragmentation(self) -> np.ndarray:
         """(N,) F_n = sum_m p_m F_n(m) of the current state, in milli-GPUs."""
-        return self.frag @ self.p
+        return self.model.expected(self.frag)
 
     def _levels(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per node and request level u: GPUs with free >= u, and total free on GPUs with free < u."""
-        g = gpu_free[:, :, None]
-        return (g >= self.levels).sum(axis=1), (g * (g < self.levels)).sum(axis=1)
+        return self.model.levels_of(gpu_free)
 
     def _frag(self, cpu: np.ndarray, free: np.ndarray, cnt: np.ndarray, below: np.ndarray,
               access: np.ndarray) -> np.ndarray:
         """(C, M) fragmentation of each candidate state for each shape, in milli-GPUs."""
-        usable = access & (cnt[:, self.level_of] >= self.t_num) & (cpu[:, None] >= self.t_cpu)
-        return np.where(usable, below[:, self.level_of], free[:, None])
+        return self.model.frag(cpu, free, cnt, below, access)
 
     def _scores(self, nodes: np.ndarray, after: np.ndarray) -> np.ndarray:
         delta = (self.frag[nodes] - after) @ self.p
@@ -432,9 +379,7 @@ class FgdPolicy(Policy):
         nodes = cand[r]
         a = free[r, g][:, None]
         na = a - d
-        lv = self.levels
-        cnt = self.cnt[nodes] - (a >= lv) + (na >= lv)
-        below = self.below[nodes] - a * (a < lv) + na * (na < lv)
+        cnt, below = FragModel.step(self.cnt[nodes], self.below[nodes], self.levels, a[:, 0], na[:, 0])
         after = self._frag(cluster.cpu_free[nodes] - x, self.free[nodes] - d, cnt, below, self.access[nodes])
         score = self._scores(nodes, after)
         starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])

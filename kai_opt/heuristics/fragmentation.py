@@ -1,0 +1,145 @@
+"""FGD's GPU fragmentation (Weng et al., ATC '23), shared by the trace replay's FGD policy, the benchmark's
+fragmentation metric and the greedy engine's `placement.gpu: fgd`.
+
+A target workload M is a set of pod shapes (CPU milli, milli-GPU per device, device count) with popularity p_m.
+Node n's fragmentation for shape m is the free GPU share on n that m cannot use: all of it when m needs no GPU,
+is not allowed on n, or does not fit n (too few devices with enough free share, or too little free CPU), else the
+share on devices with less free than m's per-device request. F_n = sum_m p_m F_n(m), in milli-GPUs.
+
+Per node the math needs only, for each distinct per-device request level u of the workload, how many devices
+have free >= u (`cnt`) and the total free on devices with free < u (`below`), plus the node's free GPU share and
+free CPU; so candidate states after a placement are cheap to score, vectorised over nodes (and devices).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MILLI = 1000  # milli-GPU per device
+TYPICAL_COVERAGE = 0.95  # FGD's target workload: the most popular pod shapes covering 95% of the pods
+
+
+@dataclass(frozen=True)
+class Workload:
+    """FGD's target workload M: pod shapes (CPU, per-GPU milli, GPU count, allowed models) and popularity p_m."""
+
+    cpu: np.ndarray
+    milli: np.ndarray
+    num: np.ndarray
+    allowed: np.ndarray
+    weight: np.ndarray
+    spec: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.cpu)
+
+
+def spec_mask(spec: str, models: Sequence[str]) -> int:
+    """Bitmask of the models a `gpu_spec` allows (-1 when it is empty); unknown models match no node."""
+    names = [s for s in spec.split("|") if s]
+    if not names:
+        return -1
+    return sum(1 << j for j, m in enumerate(models) if m in names)
+
+
+def popular_shapes(shapes: Sequence[Hashable], coverage: float = TYPICAL_COVERAGE) -> list[tuple[int, Hashable]]:
+    """(count, shape) of the most popular shapes covering `coverage` of `shapes` (ties: larger shape first)."""
+    counts = Counter(shapes)
+    if not counts:
+        raise ValueError("a target workload needs at least one pod")
+    ranked = sorted(((n, shape) for shape, n in counts.items()), reverse=True)
+    need, got, chosen = coverage * len(shapes), 0, []
+    for n, shape in ranked:
+        if got >= need:
+            break
+        chosen.append((n, shape))
+        got += n
+    return chosen
+
+
+def typical_shapes(cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, spec: Sequence[str], models: Sequence[str],
+                   coverage: float = TYPICAL_COVERAGE) -> Workload:
+    """FGD's target workload from per-pod (CPU milli, milli per GPU, GPU count, gpu_spec): the most popular shapes
+    covering `coverage` of the pods (ties: larger shape first), weights renormalised."""
+    chosen = popular_shapes(list(zip(cpu.tolist(), milli.tolist(), num.tolist(), spec, strict=True)), coverage)
+    n_ = [n for n, _ in chosen]
+    cpu_, milli_, num_, spec_ = zip(*(s for _, s in chosen), strict=True)  # type: ignore[misc]
+    w = np.asarray(n_, dtype=np.float64)
+    return Workload(np.asarray(cpu_, dtype=np.int64), np.asarray(milli_, dtype=np.int64),
+                    np.asarray(num_, dtype=np.int64), np.asarray([spec_mask(x, models) for x in spec_],
+                                                                 dtype=np.int64), w / w.sum(), tuple(spec_))
+
+
+def pod_gpu_shape(state: object, pods: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(devices, milli per device) of each pod of a ClusterState; gpu-memory pods at the smallest GPU memory of
+    the cluster (their largest share)."""
+    st = state
+    whole = st.pod_gpu_whole[pods].astype(np.int64)  # type: ignore[attr-defined]
+    frac = st.pod_gpu_frac[pods].astype(np.int64)  # type: ignore[attr-defined]
+    mem = st.pod_gpu_mem[pods]  # type: ignore[attr-defined]
+    ndev = st.pod_gpu_ndev[pods].astype(np.int64)  # type: ignore[attr-defined]
+    gmem = st.node_gpu_mem_mib[st.node_gpus > 0]  # type: ignore[attr-defined]
+    smallest = int(gmem[gmem > 0].min()) if (gmem > 0).any() else 1
+    mem_milli = np.minimum(MILLI, -(-mem * MILLI // smallest))
+    num = np.where(whole > 0, whole, np.where((frac > 0) | (mem > 0), ndev, 0))
+    milli = np.where(whole > 0, MILLI, np.where(frac > 0, frac, np.where(mem > 0, mem_milli, 0)))
+    return num, milli
+
+
+class FragModel:
+    """The fragmentation math for shapes (CPU, milli per device, device count) with weights p (summing to 1).
+
+    `access` matrices (nodes x shapes) say which shapes may use which nodes at all; shapes without a GPU
+    request never use a node's GPUs.
+    """
+
+    def __init__(self, cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, weight: np.ndarray) -> None:
+        self.p = np.asarray(weight, dtype=np.float64)
+        self.t_cpu = np.asarray(cpu, dtype=np.int64)
+        self.t_num = np.asarray(num, dtype=np.int64)
+        milli = np.asarray(milli, dtype=np.int64)
+        self.gpu_shape = milli > 0
+        levels, inv = np.unique(milli[self.gpu_shape], return_inverse=True)
+        self.levels = levels if levels.size else np.asarray([MILLI], dtype=np.int64)
+        self.level_of = np.zeros(len(milli), dtype=np.int64)
+        self.level_of[self.gpu_shape] = inv
+
+    def __len__(self) -> int:
+        return len(self.p)
+
+    def levels_of(self, gpu_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """From (N, G) free share per device (0 in padding): per node and level u, devices with free >= u and the
+        total free on devices with free < u."""
+        g = gpu_free[:, :, None]
+        return (g >= self.levels).sum(axis=1), (g * (g < self.levels)).sum(axis=1)
+
+    def device_levels(self, dev_free: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """`levels_of` from a flat list of devices: free share (D,) and owner (D,) in 0..n-1."""
+        cnt = np.zeros((n, len(self.levels)), dtype=np.int64)
+        below = np.zeros((n, len(self.levels)), dtype=np.int64)
+        for j, u in enumerate(self.levels.tolist()):
+            lo = dev_free < u
+            cnt[:, j] = np.bincount(owner, weights=~lo, minlength=n)[:n]
+            below[:, j] = np.bincount(owner, weights=np.where(lo, dev_free, 0), minlength=n)[:n]
+        return cnt, below
+
+    @staticmethod
+    def step(cnt: np.ndarray, below: np.ndarray, levels: np.ndarray, a: np.ndarray,
+             na: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Levels after one device's free share goes from a to na (per row)."""
+        a, na = a[:, None], na[:, None]
+        return cnt - (a >= levels) + (na >= levels), below - a * (a < levels) + na * (na < levels)
+
+    def frag(self, cpu: np.ndarray, free: np.ndarray, cnt: np.ndarray, below: np.ndarray,
+             access: np.ndarray) -> np.ndarray:
+        """(C, M) fragmentation of each candidate state for each shape, in milli-GPUs."""
+        usable = access & (cnt[:, self.level_of] >= self.t_num) & (cpu[:, None] >= self.t_cpu)
+        return np.where(usable, below[:, self.level_of], free[:, None])
+
+    def expected(self, frag: np.ndarray) -> np.ndarray:
+        """(C,) F_n = sum_m p_m F_n(m)."""
+        return frag @ self.p
