@@ -62,7 +62,7 @@ PARTS: tuple[Part, ...] = (
     Part("greedy", "Greedy cycle at scale",
          "One full greedy cycle (allocate, consolidate, reclaim, preempt, stale-gang) on the scale instance: "
          "nodes x 8 GPUs, 10 running pods per node, 10% pending pods in gangs, a 4-level queue tree.",
-         (PY, "scripts/bench_greedy.py")),
+         (PY, "scripts/bench_greedy.py", "--cycles", "1")),
     Part("state", "Snapshot to cluster state",
          "ClusterState of 10,000 nodes and 110,000 pods, from parsed objects and from a kubectl-style JSON file.",
          (PY, "scripts/bench_state.py")),
