@@ -16,8 +16,12 @@ from kai_opt.errors import ConfigError
 
 
 class Strategy(StrEnum):
+    """Node (and GPU device) choice among equally good nodes: binpack (fewest free), spread (most free) or fgd
+    (least growth of FGD's expected GPU fragmentation against the cycle's pod shapes, ATC '23)."""
+
     binpack = "binpack"
     spread = "spread"
+    fgd = "fgd"
 
 
 class Engine(StrEnum):
@@ -40,8 +44,12 @@ class Actions(_Model):
 
 
 class Placement(_Model):
-    gpu: Strategy = Field(Strategy.binpack, description="node and device placement of GPU pods")
-    cpu: Strategy = Field(Strategy.binpack, description="node placement of CPU-only pods")
+    gpu: Strategy = Field(Strategy.binpack, description="node and device placement of GPU pods: binpack (fewest "
+                          "free GPUs), spread (most free) or fgd (least growth of GPU fragmentation against the "
+                          "cycle's pod shapes, FGD ATC '23; binpack breaks ties)")
+    cpu: Strategy = Field(Strategy.binpack, description="node placement of CPU-only pods: binpack (fewest free "
+                          "CPUs), spread (most free) or fgd (least growth of GPU fragmentation: keeps CPU where GPU "
+                          "pods need it; binpack breaks ties)")
 
 
 class Objective(_Model):

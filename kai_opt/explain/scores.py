@@ -96,8 +96,11 @@ def node_entry(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, object]
     return {"node": st.node_names[int(rk.nodes[i])], "rank": i + 1, "fits": "now" if rk.now[i] else
             "after releases", "tier": int(rk.tier[i]), "terms": terms(placer, p, rk, i),
             "strategy": rk.strategy, f"free_{rk.main}": _r(rk.free[i]),
-            "packing": f"{rk.strategy}: {_r(rk.free[i])} {unit} free now "
-                       f"({'fewest' if rk.strategy == Strategy.binpack.value else 'most'} free wins)"}
+            "packing": f"{rk.strategy}: {_r(rk.free[i])} {unit} free now ({_WINS[rk.strategy]})"}
+
+
+_WINS = {Strategy.binpack.value: "fewest free wins", Strategy.spread.value: "most free wins",
+         Strategy.fgd.value: "least growth of GPU fragmentation wins, then fewest free"}
 
 
 def device_choice(placer: Placer, p: int, n: int, devices: tuple[int, ...], strategy: str) -> dict[str, object]:

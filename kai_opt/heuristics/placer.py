@@ -5,7 +5,8 @@ now (bind) or once releases finish (pipeline); GPU devices (whole free devices, 
 share); required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
 (a share joins an already shared device), availability (fits now rather than after releases), resource type
 (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread (most free) on the pod's main
-resource, then node name.
+resource, or fgd (least growth of FGD's expected GPU fragmentation against the session's pod shapes, then
+bin-pack), then node name.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kai_opt.config import Strategy
+from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
 from kai_opt.heuristics.session import ACTIVE, DEV, Session
-from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS
+from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS, PodStatus
 from kai_opt.state.resources import short_name
 
 TIER_PREFERRED_AFFINITY = 100_000
@@ -45,6 +47,14 @@ class Placer:
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
         self.has_gpu = np.diff(st.dev_start) > 0
+        self._fgd: FgdScorer | None = None
+
+    @property
+    def fgd(self) -> FgdScorer:
+        """The FGD scorer of this session (built on first use: placement strategy fgd)."""
+        if self._fgd is None:
+            self._fgd = FgdScorer(self)
+        return self._fgd
 
     # -- static feasibility ------------------------------------------------------------------------------------
     def static_mask(self, sig: int) -> np.ndarray:
@@ -160,7 +170,14 @@ class Placer:
             tier += (TIER_PREFERRED_AFFINITY * pref // total).astype(np.int64)
         col = R_GPU if gpu_pod else R_CPU
         free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
-        fine = -free if self._strategy(p) == Strategy.binpack else free
+        strategy = self._strategy(p)
+        if strategy == Strategy.fgd and len(candidates):
+            # least fragmentation growth (integer milli-GPUs) first, bin-packing among equals
+            grow = np.rint(self.fgd.growth(p, candidates))
+            grow[~np.isfinite(grow)] = 1e12  # no device holds the share now (fits once releases finish)
+            fine = -grow - 0.5 * free / (np.abs(free).max() + 1.0)
+        else:
+            fine = -free if strategy == Strategy.binpack else free
         return tier, fine
 
     def best(self, p: int, candidates: np.ndarray, now_ok: np.ndarray, ok: np.ndarray) -> int:
@@ -194,7 +211,12 @@ class Placer:
         used_now = sess.dev_held[a:b] + sess.dev_rel[a:b]
         used = sess.dev_held[a:b] if pipelined else used_now
         fits = np.nonzero(DEV - used >= per)[0]
-        if self._strategy(p) == Strategy.binpack:  # the fullest device that fits; already shared ones first
+        strategy = self._strategy(p)
+        if strategy == Strategy.fgd and int(st.pod_gpu_ndev[p]) == 1 and len(fits):
+            # the device whose share grows the node's fragmentation least; the fullest among equals
+            grow = np.rint(self.fgd.device_growth(p, n, a + fits))
+            order = fits[np.lexsort((fits, -used_now[fits], grow))]
+        elif strategy != Strategy.spread:  # the fullest device that fits; already shared ones first
             order = fits[np.lexsort((fits, -used_now[fits]))]
         else:
             order = fits[np.lexsort((fits, used_now[fits]))]
@@ -348,6 +370,138 @@ class Placer:
                     per_class[c] = texts.index(why)
             hit = self._failures[sig] = (per_class[classes] if self.n else np.zeros(0, dtype=np.int64), texts)
         return hit
+
+
+class FgdScorer:
+    """FGD (Weng et al., ATC '23) over a session: the target workload is the shapes (CPU, per-device GPU share,
+    device count, scheduling signature) of our pods in the cycle, running and pending, the most popular covering
+    95% of them; a shape may use a node its signature allows. Per node the fragmentation statistics are cached
+    and refreshed only for the nodes the session changed since the last call; a candidate then costs O(shapes)
+    (O(devices x shapes) for a GPU share), vectorised over candidates. Free means free now (not counting
+    resources still being released)."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+        self.sess = sess = placer.sess
+        st = sess.state
+        pods = np.nonzero(st.pod_ours & np.isin(st.pod_status, (PodStatus.PENDING, PodStatus.BOUND,
+                                                                PodStatus.PIPELINED)))[0]
+        num, milli = pod_gpu_shape(st, pods)
+        cpu = st.pod_req[pods, R_CPU].astype(np.int64)
+        sig = st.pod_sig[pods].astype(np.int64)
+        if len(pods):
+            chosen = popular_shapes(list(zip(cpu.tolist(), milli.tolist(), num.tolist(), sig.tolist(),
+                                             strict=True)), TYPICAL_COVERAGE)
+            shapes = np.asarray([s for _, s in chosen], dtype=np.int64).reshape(-1, 4)
+            weight = np.asarray([n for n, _ in chosen], dtype=np.float64)
+            weight /= weight.sum()
+        else:
+            shapes, weight = np.zeros((0, 4), dtype=np.int64), np.zeros(0)
+        self.model = FragModel(shapes[:, 0], shapes[:, 1], shapes[:, 2], weight)
+        n = st.n_nodes
+        access = np.zeros((n, len(weight)), dtype=bool)
+        for m, (g, s) in enumerate(zip(self.model.gpu_shape.tolist(), shapes[:, 3].tolist(), strict=True)):
+            if g:
+                access[:, m] = placer.static_mask(int(s)) & placer.has_gpu
+        self.access = access
+        self.cnt = np.zeros((n, len(self.model.levels)), dtype=np.int64)
+        self.below = np.zeros_like(self.cnt)
+        self.free = np.zeros(n, dtype=np.int64)
+        self.cpu = np.zeros(n, dtype=np.int64)
+        self.frag = np.zeros(n)
+        self._refresh(np.arange(n))
+        self._seen = len(sess.touched)  # how much of sess.touched the cache reflects
+
+    def _dev_free(self, dev: np.ndarray) -> np.ndarray:
+        sess = self.sess
+        return (DEV - sess.dev_held[dev] - sess.dev_rel[dev]).astype(np.int64)
+
+    def _cpu_free(self, nodes: np.ndarray) -> np.ndarray:
+        sess = self.sess
+        return (sess.alloc[nodes, R_CPU] - sess.held[nodes, R_CPU] - sess.rel[nodes, R_CPU]).astype(np.int64)
+
+    def _refresh(self, nodes: np.ndarray) -> None:
+        if len(nodes) == 0:
+            return
+        dev, owner = self.placer._devices_of(nodes)
+        a = self._dev_free(dev)
+        cnt, below = self.model.device_levels(a, owner, len(nodes))
+        free = np.bincount(owner, weights=a, minlength=len(nodes)).astype(np.int64)[:len(nodes)]
+        cpu = self._cpu_free(nodes)
+        self.cnt[nodes], self.below[nodes], self.free[nodes], self.cpu[nodes] = cnt, below, free, cpu
+        self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
+
+    def _sync(self) -> None:
+        """Bring the cache up to date: every change of node resources logs its node in sess.touched."""
+        touched = self.sess.touched
+        if len(touched) == self._seen:
+            return
+        if len(touched) < self._seen:  # the log was reset: recompute all
+            self._refresh(np.arange(self.sess.state.n_nodes))
+        else:
+            self._refresh(np.unique(np.asarray(touched[self._seen:], dtype=np.int64)))
+        self._seen = len(touched)
+
+    def growth(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """(C,) growth of each node's expected fragmentation (milli-GPU) when pod p goes there (a GPU share: onto
+        the node's best device; inf where no device holds it now)."""
+        self._sync()
+        st, model = self.sess.state, self.model
+        x = int(st.pod_req[p, R_CPU])
+        cpu = self.cpu[nodes] - x
+        whole = int(st.pod_gpu_whole[p])
+        if not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
+            cnt = self.cnt[nodes] - whole
+            after = model.frag(cpu, self.free[nodes] - whole * DEV, cnt, self.below[nodes], self.access[nodes])
+            return model.expected(after) - self.frag[nodes]
+        per = self.placer.per_device(p, nodes)
+        ndev = int(st.pod_gpu_ndev[p])
+        if ndev != 1:  # several shares: each on the tightest device that holds it (approximation)
+            return self._multi_share_growth(nodes, cpu, per, ndev)
+        dev, owner = self.placer._devices_of(nodes)
+        a = self._dev_free(dev)
+        ok = a >= per[owner]
+        dev, owner, a = dev[ok], owner[ok], a[ok]
+        out = np.full(len(nodes), np.inf)
+        if len(dev):
+            np.minimum.at(out, owner, self._share_growth(nodes[owner], cpu[owner], a, per[owner]))
+        return out
+
+    def _share_growth(self, nodes: np.ndarray, cpu: np.ndarray, a: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Growth per (node, device of free share a) when a share d goes onto that device."""
+        model = self.model
+        cnt, below = model.step(self.cnt[nodes], self.below[nodes], model.levels, a, a - d)
+        after = model.frag(cpu, self.free[nodes] - d, cnt, below, self.access[nodes])
+        return model.expected(after) - self.frag[nodes]
+
+    def _multi_share_growth(self, nodes: np.ndarray, cpu: np.ndarray, per: np.ndarray, ndev: int) -> np.ndarray:
+        model = self.model
+        cnt, below, free = self.cnt[nodes].copy(), self.below[nodes].copy(), self.free[nodes].copy()
+        dev, owner = self.placer._devices_of(nodes)
+        a = self._dev_free(dev)
+        key = np.where(a >= per[owner], a, DEV + 1)
+        order = np.lexsort((key, owner))  # per node, tightest fitting device first
+        first = np.searchsorted(owner[order], np.arange(len(nodes)))
+        counts = np.bincount(owner, minlength=len(nodes))
+        for j in range(ndev):
+            has = counts > j
+            pos = order[np.minimum(first + j, max(len(order) - 1, 0))] if len(order) else np.zeros(0, np.int64)
+            take = has & (key[pos] <= DEV) if len(order) else has
+            ai = np.where(take, a[pos], 0) if len(order) else np.zeros(len(nodes), np.int64)
+            di = np.where(take, per, 0)
+            c2, b2 = model.step(cnt, below, model.levels, ai, ai - di)
+            cnt, below, free = c2, b2, free - di
+        after = model.frag(cpu, free, cnt, below, self.access[nodes])
+        return model.expected(after) - self.frag[nodes]
+
+    def device_growth(self, p: int, n: int, devices: np.ndarray) -> np.ndarray:
+        """Growth of node n's expected fragmentation when pod p's share goes onto each of `devices` (global)."""
+        self._sync()
+        st = self.sess.state
+        nodes = np.full(len(devices), n, dtype=np.int64)
+        d = np.full(len(devices), int(self.placer.per_device(p, np.array([n]))[0]), dtype=np.int64)
+        cpu = self.cpu[nodes] - int(st.pod_req[p, R_CPU])
+        return self._share_growth(nodes, cpu, self._dev_free(devices), d)
 
 
 def format_fit_error(total: int, reasons: Counter[str]) -> str:
