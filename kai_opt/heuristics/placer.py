@@ -5,8 +5,8 @@ now (bind) or once releases finish (pipeline); GPU devices (whole free devices, 
 share); required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
 (a share joins an already shared device), availability (fits now rather than after releases), resource type
 (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread (most free) on the pod's main
-resource, or fgd (least growth of FGD's expected GPU fragmentation against the session's pod shapes, then
-bin-pack), then node name.
+resource, or fgd (least growth of FGD's expected GPU fragmentation against the session's pod shapes, scored
+int(100 * sigmoid(-growth / 1 GPU)) as FGD does, then bin-pack), then node name.
 """
 
 from __future__ import annotations
@@ -172,10 +172,8 @@ class Placer:
         free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and len(candidates):
-            # least fragmentation growth (integer milli-GPUs) first, bin-packing among equals
-            grow = np.rint(self.fgd.growth(p, candidates))
-            grow[~np.isfinite(grow)] = 1e12  # no device holds the share now (fits once releases finish)
-            fine = -grow - 0.5 * free / (np.abs(free).max() + 1.0)
+            # least fragmentation growth first, scored as FGD does, bin-packing among equals
+            fine = fgd_score(self.fgd.growth(p, candidates)) - 0.5 * free / (np.abs(free).max() + 1.0)
         else:
             fine = -free if strategy == Strategy.binpack else free
         return tier, fine
@@ -214,8 +212,8 @@ class Placer:
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and int(st.pod_gpu_ndev[p]) == 1 and len(fits):
             # the device whose share grows the node's fragmentation least; the fullest among equals
-            grow = np.rint(self.fgd.device_growth(p, n, a + fits))
-            order = fits[np.lexsort((fits, -used_now[fits], grow))]
+            score = fgd_score(self.fgd.device_growth(p, n, a + fits))
+            order = fits[np.lexsort((fits, -used_now[fits], -score))]
         elif strategy != Strategy.spread:  # the fullest device that fits; already shared ones first
             order = fits[np.lexsort((fits, -used_now[fits]))]
         else:
@@ -370,6 +368,13 @@ class Placer:
                     per_class[c] = texts.index(why)
             hit = self._failures[sig] = (per_class[classes] if self.n else np.zeros(0, dtype=np.int64), texts)
         return hit
+
+
+def fgd_score(growth: np.ndarray) -> np.ndarray:
+    """FGD's score of a fragmentation growth (milli-GPU), as the paper's simulator: int(100 * sigmoid(-growth /
+    1000)), so growths within a few tens of milli-GPUs tie (and bin-packing decides; exact growths with bin-packing
+    only on exact ties did worse in the trace replay: 13.9 vs 11.7 unallocated GPU %, seed 42). inf: 0."""
+    return np.floor(100.0 / (1.0 + np.exp(np.clip(growth, -1e5, 1e5) / 1000.0)))
 
 
 class FgdScorer:
