@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""Compare the greedy engine's plans of two source trees: binds, pipelines, evictions, pending reasons (details
+included), instance by instance. For changes meant to leave plans byte-identical (speed-ups).
+
+A side is a git revision (checked out into a temporary worktree, removed afterwards) or a directory holding a
+source tree ("." for this working tree). Each side runs in its own child process with that tree first on
+sys.path; instances are built in the child from their generator, so both sides see the same input.
+
+Instances: models.generators.scale(1000, 10000, 1000, 0) (--no-scale to leave it out) and every
+kai_opt.bench.instances family x seeds 0-2 x 30 and 200 nodes.
+
+  scripts/compare_plans.py HEAD .               # before (HEAD) vs the working tree
+  scripts/compare_plans.py 8cac8d3 /tmp/mytree --no-scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _instances(with_scale: bool) -> list[str]:
+    names = ["scale-1000"] if with_scale else []
+    from models.generators import FAMILIES
+
+    for fam in FAMILIES:
+        for nodes in (30, 200):
+            for seed in (0, 1, 2):
+                names.append(f"{fam}:{nodes}:{seed}")
+    return names
+
+
+def child(names: list[str]) -> None:
+    import kai_opt
+    from kai_opt.config import Config, Engine
+    from kai_opt.engine import run_cycle
+    from kai_opt.state import build_state
+    from models.generators import FAMILIES, as_snapshot, scale
+
+    tree = Path(sys.path[0]).resolve()
+    if not Path(kai_opt.__file__).resolve().is_relative_to(tree):
+        sys.exit(f"kai_opt imported from {kai_opt.__file__}, not from {tree}")
+    out: dict[str, Any] = {}
+    for name in names:
+        if name == "scale-1000":
+            objs = scale(1000, 10000, 1000, 0)
+        else:
+            fam, nodes, seed = name.split(":")
+            objs = FAMILIES[fam].generate(int(nodes), int(seed))
+        state = build_state(as_snapshot(objs))
+        t = time.process_time()
+        plan, _fs = run_cycle(state, Config(), engine=Engine.greedy)
+        cpu = time.process_time() - t
+        out[name] = {
+            "binds": sorted([p.pod, p.node, list(p.devices), p.moved] for p in plan.placements if not p.pipelined),
+            "pipelines": sorted([p.pod, p.node, list(p.devices), p.moved] for p in plan.placements if p.pipelined),
+            "evictions": [[e.pod, e.reason, e.beneficiary] for e in plan.evictions],
+            "pending": {str(g): [[r.code, r.message, r.details] for r in rs] for g, rs in sorted(plan.pending.items())},
+            "cpu": cpu,
+        }
+    json.dump(out, sys.stdout, sort_keys=True, default=str)
+
+
+def _run(tree: Path, names: list[str]) -> dict[str, Any]:
+    code = (f"import sys; sys.path.insert(0, {str(tree)!r}); sys.argv = ['x'] + {names!r}; "
+            "import importlib.util as u; s = u.spec_from_file_location('cmp', "
+            f"{str(ROOT / 'scripts' / 'compare_plans.py')!r}); m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "m.child(sys.argv[1:])")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=False)
+    if res.returncode:
+        sys.exit(f"child for {tree} failed:\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout)
+
+
+def _side(spec: str, tmp: Path) -> tuple[Path, bool]:
+    path = Path(spec)
+    if path.is_dir():
+        return path.resolve(), False
+    wt = tmp / f"wt-{spec.replace('/', '_')}"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), spec], check=True,
+                   capture_output=True)
+    return wt, True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base", help="git revision or source tree (before)")
+    ap.add_argument("new", nargs="?", default=".", help="git revision or source tree (after); default: .")
+    ap.add_argument("--no-scale", action="store_true", help="leave out the 1,000-node scale instance")
+    args = ap.parse_args()
+    names = _instances(not args.no_scale)
+    with tempfile.TemporaryDirectory(prefix="kai-opt-cmp-") as d:
+        tmp = Path(d)
+        made: list[Path] = []
+        try:
+            sides = []
+            for spec in (args.base, args.new):
+                tree, is_wt = _side(spec, tmp)
+                if is_wt:
+                    made.append(tree)
+                sides.append(tree)
+            a, b = _run(sides[0], names), _run(sides[1], names)
+        finally:
+            for wt in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False,
+                               capture_output=True)
+    diffs = 0
+    for name in names:
+        ra, rb = a[name], b[name]
+        bad = [k for k in ("binds", "pipelines", "evictions", "pending")
+               if json.dumps(ra[k], sort_keys=True, default=str) != json.dumps(rb[k], sort_keys=True, default=str)]
+        diffs += bool(bad)
+        print(f"{name:28s} binds {len(ra['binds']):5d} pipelines {len(ra['pipelines']):5d} "
+              f"evictions {len(ra['evictions']):5d} pending {len(ra['pending']):4d}  cpu {ra['cpu']:7.2f} -> "
+              f"{rb['cpu']:7.2f}  {'DIFFERENT: ' + ', '.join(bad) if bad else 'same'}")
+    print(f"{len(names)} instances, {diffs} different")
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
