@@ -198,8 +198,7 @@ class Actions:
 
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
                                      replace_victims=self._move_victims,
-                                     worth_trying=self._reclaimer_side_tracker(q, req, preemptible),
-                                     hopeless=self._reclaimer_side_hopeless(q, req, preemptible))
+                                     worth_trying=self._reclaimer_side_tracker(q, req, preemptible))
             if out.ok:
                 self._finish(g, out.attempt, jq)
                 continue
@@ -231,31 +230,6 @@ class Actions:
                                   saturation_multiplier=mult, n_top_queues=tops) is None
 
         return track
-
-    def _reclaimer_side_hopeless(self, q: int, req: np.ndarray, preemptible: bool) -> Callable[[np.ndarray], bool]:
-        """For solve_with_victims: whether the reclaimer's side of the reclaim rules fails even with all of the
-        given pods gone (each of q's ancestors at the lowest allocation victims can bring it to). The rule is
-        monotone in those allocations (reclaimer_side), so the tracker then says no after every chunk. A small
-        slack on the lower side keeps it sound against the tracker's chunk-by-chunk float sums."""
-        sess, st = self.sess, self.sess.state
-
-        def hopeless(pods: np.ndarray) -> bool:
-            ledger = sess.ledger
-            remaining: dict[int, np.ndarray] = {}
-            if len(pods):
-                table = sess._ancestor_table()[st.pg_queue[st.pod_pg[pods]]]
-                amounts = sess.queue_request(pods, sess.node[pods])
-                for a in ledger.ancestors[q]:
-                    under = (table == a).any(axis=1)
-                    if under.any():
-                        drop = amounts[under].sum(axis=0)
-                        slack = 1e-9 * (np.abs(ledger.allocated[a]) + np.abs(amounts[under]).sum(axis=0) + 1.0)
-                        remaining[a] = ledger.allocated[a] - drop - slack
-            return reclaimer_side(sess.fs, ledger, q, req, remaining, preemptible=preemptible,
-                                  saturation_multiplier=sess.cfg.reclaim_saturation_multiplier,
-                                  n_top_queues=self._n_top_queues()) is not None
-
-        return hopeless
 
     def _n_top_queues(self) -> int:
         """Top-level queues (what reclaimer_side counts when not told; counted once)."""

@@ -339,18 +339,15 @@ def solve_with_victims(
     max_victim_jobs: int = -1,
     replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
     worth_trying: Callable[[list[int]], bool] | None = None,
-    hopeless: Callable[[np.ndarray], bool] | None = None,
 ) -> Outcome:
     """Take victim chunks in order, evicting each; whenever the beneficiary could fit, try to place it on what
     is free or being released, then keep unneeded victims, move the movable ones and validate. The session is
     unchanged unless it returns ok. `worth_trying(chunk)` sees every chunk taken and says whether the victims
-    so far could pass validation at all (a necessary condition that spares hopeless attempts).
-    `hopeless(pods)`: True when worth_trying cannot say yes even with all of `pods` (every candidate's bound pod)
-    taken; the search then ends before evicting anything, with the outcome it would have reached by evicting
-    every chunk and trying no scenario."""
+    so far could pass validation at all (a necessary condition that spares hopeless attempts)."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
     candidates = np.asarray(candidates, dtype=np.int64)
+    jobs_used: set[int] = set()
     accumulated: list[list[int]] = []
     last_why = "not enough resources even with every eligible victim evicted"
     ledger_before = sess.ledger.copy()
@@ -359,22 +356,17 @@ def solve_with_victims(
     everyone = _bound_pods(sess, candidates)
     if not fits.ok_without(everyone[feasible[sess.node[everyone]]]):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
-    cp0 = sess.checkpoint()
-    if hopeless is not None and hopeless(everyone):
-        # no scenario can pass: the outcome is that of evicting every chunk without trying one. The chunks are
-        # still evicted and rolled back (cheap without the fit counts, trackers and attempts): that leaves the
-        # session's float sums (ledger, node room), its version and its caches' dirty nodes as the search would
-        for _v, chunk in _feasible_chunks(sess, candidates, feasible, max_victim_jobs):
-            for p in chunk:
-                sess.evict(p, reason, g)
-        taken = sess.checkpoint() > cp0
-        sess.rollback(cp0)
-        return Outcome(False, [], "not enough resources even with every eligible victim evicted" if taken
-                       else "no eligible victims")
     scenarios = 0
     # the queues whose allocation _queue_capacity reads (the beneficiary's ancestors with a limit)
     limited = {a for a in sess.ledger.ancestors[int(st.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
-    for _v, chunk in _feasible_chunks(sess, candidates, feasible, max_victim_jobs):
+    cp0 = sess.checkpoint()
+    for v, chunk in victim_chunk_order(sess, candidates):
+        if not any(feasible[int(sess.node[p])] for p in chunk):
+            continue
+        if v not in jobs_used:
+            if max_victim_jobs >= 0 and len(jobs_used) >= max_victim_jobs:
+                continue
+            jobs_used.add(v)
         accumulated.append(chunk)
         whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
         before: dict[int, int] = {}
@@ -419,21 +411,6 @@ def solve_with_victims(
     if not accumulated:
         return Outcome(False, [], "no eligible victims")
     return Outcome(False, [], last_why)
-
-
-def _feasible_chunks(sess: Session, candidates: np.ndarray, feasible: np.ndarray,
-                     max_victim_jobs: int) -> Iterator[tuple[int, list[int]]]:
-    """The victim chunks a search takes, in order: those with a pod on a feasible node, of at most
-    max_victim_jobs jobs (-1: any number)."""
-    jobs_used: set[int] = set()
-    for v, chunk in victim_chunk_order(sess, candidates):
-        if not any(feasible[int(sess.node[p])] for p in chunk):
-            continue
-        if v not in jobs_used:
-            if max_victim_jobs >= 0 and len(jobs_used) >= max_victim_jobs:
-                continue
-            jobs_used.add(v)
-        yield v, chunk
 
 
 def _bound_pods(sess: Session, groups: list[int] | np.ndarray) -> np.ndarray:
