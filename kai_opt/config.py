@@ -46,7 +46,8 @@ class Actions(_Model):
 class Placement(_Model):
     gpu: Strategy = Field(Strategy.binpack, description="node and device placement of GPU pods: binpack (fewest "
                           "free GPUs), spread (most free) or fgd (least growth of GPU fragmentation against the "
-                          "cycle's pod shapes, FGD ATC '23; binpack breaks ties)")
+                          "cycle's pod shapes, FGD ATC '23; binpack breaks ties; pair it with cpu: fgd, or "
+                          "CPU-only pods bin-packed by CPU strand GPUs)")
     cpu: Strategy = Field(Strategy.binpack, description="node placement of CPU-only pods: binpack (fewest free "
                           "CPUs), spread (most free) or fgd (least growth of GPU fragmentation: keeps CPU where GPU "
                           "pods need it; binpack breaks ties)")
