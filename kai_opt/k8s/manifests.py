@@ -95,7 +95,7 @@ def _deployment(namespace: str, image: str, replicas: int) -> dict[str, Any]:
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
-            # a standby replica may never report ready (only the leader schedules): replace pods one at a time
+            # replace pods one at a time: the other replica, synced and ready (leader or standby), keeps scheduling
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
             "template": {
                 "metadata": {"labels": {**_LABELS, **selector},
