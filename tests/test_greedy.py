@@ -127,6 +127,16 @@ def test_reclaim_evicts_from_the_queue_over_its_share_and_pipelines_the_reclaime
     assert all(e.beneficiary == st.pg_index["default/s"] for e in plan.evictions)
 
 
+def test_a_victim_search_gives_up_after_max_victim_chunks() -> None:
+    # the reclaimer needs two 2-GPU victims; a search allowed one chunk gives up and says so
+    st, plan = plan_of(_reclaim_objs(), parse_config({"max_victim_chunks": 1, "actions": {"consolidate": False}}))
+    assert not plan.evictions
+    [reason] = [r for r in plan.pending[st.pg_index["default/s"]] if r.code == "ReclaimNotPossible"]
+    assert "gave up after 1 victim chunks (max_victim_chunks)" in reason.message
+    st, plan = plan_of(_reclaim_objs(), parse_config({"max_victim_chunks": 2}))
+    assert len(plan.evictions) == 2
+
+
 def test_min_runtime_protects_young_victims() -> None:
     objs = _reclaim_objs(started_min_ago=1)
     objs[1] = queue("over", gpu=(2, 1, -1), reclaimMinRuntime="10m")

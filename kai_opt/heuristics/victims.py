@@ -367,6 +367,9 @@ def solve_with_victims(
             if max_victim_jobs >= 0 and len(jobs_used) >= max_victim_jobs:
                 continue
             jobs_used.add(v)
+        if 0 <= sess.cfg.max_victim_chunks <= len(accumulated):
+            last_why = f"gave up after {len(accumulated)} victim chunks (max_victim_chunks)"
+            break
         accumulated.append(chunk)
         whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
         before: dict[int, int] = {}
