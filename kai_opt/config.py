@@ -143,7 +143,7 @@ class Config(_Model):
                                               "(-1 = unlimited, 0 = consolidation off)")
     max_victim_scenarios: int = Field(8, ge=1, description="victim scenarios (evict the next victims, then try "
                                       "to place) simulated per pending job and action")
-    max_victim_chunks: int = Field(2000, ge=-1, description="victim chunks (a gang's core, or one elastic pod) one "
+    max_victim_chunks: int = Field(500, ge=-1, description="victim chunks (a gang's core, or one elastic pod) one "
                                    "search may evict before it gives up (-1 = unlimited); bounds a cycle's time")
     preempt_min_runtime_s: float = Field(0.0, ge=0, description="default when no queue in the tree sets "
                                          "preemptMinRuntime")
