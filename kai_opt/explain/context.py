@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kai_opt.config import Config
 from kai_opt.errors import NotFoundError
 from kai_opt.fairshare import FairShare
@@ -92,20 +90,13 @@ def apply_plan(sess: Session, plan: Plan, *, skip: set[int] | frozenset[int] = f
     """Replay a plan on a fresh session: evictions, then consolidation moves, then placements (pods in `skip`
     are left out). Pipelined placements claim what the evictions release, as they did when planned."""
     st = sess.state
-    # the session refreshes a node's GPU summary after every operation; here it is refreshed once at the end
-    sess._touch = sess.touched.append  # type: ignore[method-assign]
-    try:
-        for e in plan.evictions:
-            sess.evict(e.pod, e.reason, e.beneficiary)
-        for pl in plan.placements:
-            if pl.pod in skip:
-                continue
-            devices = tuple(int(st.dev_start[pl.node]) + d for d in pl.devices)
-            sess.place(pl.pod, pl.node, devices, pipelined=pl.pipelined or pl.moved, moved=pl.moved)
-    finally:
-        del sess._touch
-        if sess.touched:
-            sess._refresh_gpu_summary(np.unique(np.array(sess.touched, dtype=np.int64)))
+    for e in plan.evictions:
+        sess.evict(e.pod, e.reason, e.beneficiary)
+    for pl in plan.placements:
+        if pl.pod in skip:
+            continue
+        devices = tuple(int(st.dev_start[pl.node]) + d for d in pl.devices)
+        sess.place(pl.pod, pl.node, devices, pipelined=pl.pipelined or pl.moved, moved=pl.moved)
 
 
 def node_domain(state: ClusterState, topo: int, level: int, n: int) -> str | None:

@@ -399,10 +399,6 @@ class Session:
             self._touch(n)
 
     def _touch_many(self, nodes: list[int]) -> None:
-        if "_touch" in self.__dict__:  # replaced on this session (explain replays plans that way)
-            for n in nodes:
-                self._touch(n)
-            return
         self.version += len(nodes)
         self.touched.extend(nodes)
         self._dirty.update(nodes)
