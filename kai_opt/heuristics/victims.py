@@ -82,19 +82,6 @@ def protected_mask(sess: Session, kind: str) -> np.ndarray:
     return out
 
 
-def protection_counts(sess: Session, groups: list[int], kind: str) -> dict[str, int]:
-    """Why running groups cannot be victims of `kind` (preempt | reclaim): how many are non-preemptible and how
-    many are younger than their queue's min runtime (a Reason's details; only computed when an action fails)."""
-    st = sess.state
-    out = {"non_preemptible": 0, "min_runtime": 0}
-    for v in groups:
-        if not st.pg_preemptible[v]:
-            out["non_preemptible"] += 1
-        elif protected_by_min_runtime(sess, v, kind):
-            out["min_runtime"] += 1
-    return out
-
-
 def victim_rank(sess: Session) -> np.ndarray:
     """Per group, its place in the victim order among jobs of equal elasticity: lower priority first, then newer,
     then by key (then index). Static for a session, computed once."""
