@@ -39,7 +39,7 @@ class Actions:
         self.placer = Placer(sess)
         self.gang = GangPlacer(sess, self.placer)
         self.reasons: dict[int, list[Reason]] = {}
-        # failed victim searches by what decides them, valid while the session is unchanged (sess.version)
+        # failed victim searches by what decides them, valid while the session is in the same state (sess.state_id)
         self._failed: dict[tuple, tuple[int, Reason | None]] = {}
         self._tops: int | None = None
 
@@ -188,6 +188,8 @@ class Actions:
             preemptible_v = st.pg_preemptible.astype(bool)
             protected = protected_mask(sess, "reclaim")
             candidates = np.flatnonzero(other & preemptible_v & ~protected)
+            every_queue = sess.memo("reclaim_candidates", lambda: np.flatnonzero(
+                active_group_mask(sess) & st.pg_preemptible.astype(bool) & ~protected_mask(sess, "reclaim")))
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
 
             def validate(s: Session, ledger: QueueLedger, victims: list[int], g: int = g, q: int = q,
@@ -197,7 +199,7 @@ class Actions:
                                    n_top_queues=self._n_top_queues())
 
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
-                                     replace_victims=self._move_victims,
+                                     within=every_queue, replace_victims=self._move_victims,
                                      worth_trying=self._reclaimer_side_tracker(q, req, preemptible))
             if out.ok:
                 self._finish(g, out.attempt, jq)
@@ -330,7 +332,7 @@ class Actions:
     def _failed_before(self, g: int, key: tuple | None) -> bool:
         """True (and g gets the remembered reason) when an alike search failed on this same session state."""
         hit = self._failed.get(key) if key is not None else None
-        if hit is None or hit[0] != self.sess.version:
+        if hit is None or hit[0] != self.sess.state_id:
             return False
         if hit[1] is not None:
             self._add_reason(g, hit[1])
@@ -338,7 +340,7 @@ class Actions:
 
     def _remember_failure(self, key: tuple | None, reason: Reason | None) -> None:
         if key is not None:
-            self._failed[key] = (self.sess.version, reason)
+            self._failed[key] = (self.sess.state_id, reason)
 
     def _satisfied_now(self, g: int) -> bool:
         return is_satisfied(self.sess, g, group_shape(self.sess, g)) and not pending_mask(

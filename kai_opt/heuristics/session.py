@@ -7,7 +7,10 @@ follow the same split in milli-GPUs. Every change is logged so a failed attempt 
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +26,8 @@ ACTIVE = (PodStatus.BOUND, PodStatus.PIPELINED, ALLOCATED)  # counts towards a g
 IS_ACTIVE = np.zeros(16, dtype=bool)  # status -> in ACTIVE (a table lookup instead of np.isin in hot loops)
 IS_ACTIVE[list(ACTIVE)] = True
 DEV = 1000  # milli-GPU per device
+T = TypeVar("T")
+MEMO_STATES = 4  # states whose memo() results are kept (a search returns to the state it started from)
 
 
 @dataclass
@@ -41,6 +46,7 @@ class _Op:
     eviction: Eviction | None = None  # unevict: the eviction it took back
     batch: list[tuple[_Op, Eviction]] | None = None  # unevict_many: the eviction ops taken back, in order
     _amount_list: list[int] | None = None
+    serial: int = 0  # unique per op of a session (Session.state_id)
 
     def amount_list(self) -> list[int]:
         """`amount` as Python ints (made once)."""
@@ -74,6 +80,11 @@ class Session:
         self.evictions: dict[int, Eviction] = {}
         self.touched: list[int] = []  # nodes changed, in order (caches re-check these)
         self.version = 0  # bumped by every change of the state (place, evict, pipeline, undo)
+        self._serial = 0
+        # ledger values at checkpoints (log length, allocated, allocated_np): a rollback restores them exactly
+        # (undoing float additions could leave last-bit differences behind)
+        self._marks: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self._memo: OrderedDict[int, dict[object, object]] = OrderedDict()  # state_id -> key -> result: memo()
         # pod -> an eviction op of it (unevict undoes it; a pod's evictions in one session are all alike)
         self._evict_op: dict[int, _Op] = {}
         self._anc_pad: np.ndarray | None = None
@@ -159,6 +170,34 @@ class Session:
             self._max_idle[n] = int(idle.max())
             self._max_future[n] = int(future.max())
 
+    # -- state identity ---------------------------------------------------------------------------------------
+    def _log(self, op: _Op) -> None:
+        self._serial += 1
+        op.serial = self._serial
+        self.log.append(op)
+
+    @property
+    def state_id(self) -> int:
+        """Identifies the session's state: equal ids mean equal states (every change appends a new op, and a
+        rollback restores the state, ledger included, exactly as it was when its top op was the top)."""
+        return self.log[-1].serial if self.log else 0
+
+    def memo(self, key: object, make: Callable[[], T]) -> T:
+        """make(), remembered for key while the session stays in this state (a result that depends on the
+        session's state and key only). Results are shared: callers must not change them."""
+        sid = self.state_id
+        memo = self._memo.get(sid)
+        if memo is None:
+            memo = self._memo[sid] = {}
+            while len(self._memo) > MEMO_STATES:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(sid)
+        if key in memo:
+            return memo[key]  # type: ignore[return-value]
+        out = memo[key] = make()
+        return out
+
     # -- queries -----------------------------------------------------------------------------------------------
     def idle(self) -> np.ndarray:
         return self.alloc - self.held - self.rel
@@ -191,7 +230,12 @@ class Session:
 
     # -- operations --------------------------------------------------------------------------------------------
     def checkpoint(self) -> int:
-        return len(self.log)
+        cp = len(self.log)
+        while self._marks and self._marks[-1][0] > cp:
+            self._marks.pop()
+        if not self._marks or self._marks[-1][0] != cp:
+            self._marks.append((cp, self.ledger.allocated.copy(), self.ledger.allocated_np.copy()))
+        return cp
 
     def place(self, p: int, n: int, devices: tuple[int, ...], *, pipelined: bool, moved: bool = False) -> None:
         """Bind (or pipeline) pending pod p on node n; `moved`: a consolidation re-placement of an evicted pod."""
@@ -222,7 +266,7 @@ class Session:
             self.node[p] = n
             self.devices[p] = devices
             self.placements[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), pipelined)
-        self.log.append(_Op("move" if moved else "place", p, n, devices, prev, amount, per_dev, qa, np_flag,
+        self._log(_Op("move" if moved else "place", p, n, devices, prev, amount, per_dev, qa, np_flag,
                             claimed, dev_claimed))
         self._touch(n)
 
@@ -246,7 +290,7 @@ class Session:
         self.status[p] = PodStatus.RELEASING
         self.evictions[p] = Eviction(p, reason, beneficiary)
         op = _Op("evict", p, n, devices, prev, amount, per_dev, qa if counted else qa * 0, np_flag)
-        self.log.append(op)
+        self._log(op)
         self._evict_op[p] = op
         self._touch(n)
 
@@ -256,7 +300,7 @@ class Session:
         self._apply_eviction(ev, -1)
         self.status[p] = ev.prev_status
         eviction = self.evictions.pop(p)
-        self.log.append(_Op("unevict", p, ev.node, ev.devices, ev.prev_status, ev.amount, ev.dev_amount,
+        self._log(_Op("unevict", p, ev.node, ev.devices, ev.prev_status, ev.amount, ev.dev_amount,
                             ev.queue_amount, ev.non_preemptible, eviction=eviction))
         self._touch(ev.node)
 
@@ -270,7 +314,7 @@ class Session:
         for op in ops:
             self.status[op.pod] = op.prev_status
             batch.append((op, self.evictions.pop(op.pod)))
-        self.log.append(_Op("unevict_many", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, batch=batch))
+        self._log(_Op("unevict_many", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, batch=batch))
         self._touch_many([op.node for op in ops])
 
     def _apply_evictions(self, ops: list[_Op], sign: int) -> None:
@@ -327,7 +371,7 @@ class Session:
         self.version += 1
         for p in pods:
             if int(self.status[p]) == ALLOCATED:
-                self.log.append(_Op("pipeline", p, int(self.node[p]), (), ALLOCATED, np.zeros(0), 0, np.zeros(0),
+                self._log(_Op("pipeline", p, int(self.node[p]), (), ALLOCATED, np.zeros(0), 0, np.zeros(0),
                                     False))
                 self.status[p] = PodStatus.PIPELINED
                 old = self.placements[p]
@@ -337,6 +381,16 @@ class Session:
                     self.dev_piped[d] += self.gpu_per_device(p, n)
 
     def rollback(self, checkpoint: int) -> None:
+        changed = len(self.log) > checkpoint
+        self._undo(checkpoint)
+        while self._marks and self._marks[-1][0] > checkpoint:
+            self._marks.pop()
+        if changed and self._marks and self._marks[-1][0] == checkpoint:
+            _, allocated, allocated_np = self._marks[-1]
+            self.ledger.allocated[...] = allocated
+            self.ledger.allocated_np[...] = allocated_np
+
+    def _undo(self, checkpoint: int) -> None:
         while len(self.log) > checkpoint:
             if self.log[-1].kind == "evict":  # a run of evictions is undone at once
                 run: list[_Op] = []

@@ -55,7 +55,17 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
 
 
 def protected_mask(sess: Session, kind: str) -> np.ndarray:
-    """protected_by_min_runtime for every group at once (bool[G])."""
+    """protected_by_min_runtime for every group at once (bool[G], read-only: shared while the session's state
+    stays the same)."""
+    return sess.memo(("protected_mask", kind), lambda: _read_only(_protected_mask(sess, kind)))
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def _protected_mask(sess: Session, kind: str) -> np.ndarray:
     st = sess.state
     per_queue = st.q_preempt_min_runtime if kind == "preempt" else st.q_reclaim_min_runtime
     default = sess.cfg.preempt_min_runtime_s if kind == "preempt" else sess.cfg.reclaim_min_runtime_s
@@ -97,7 +107,79 @@ def victim_rank(sess: Session) -> np.ndarray:
     return rank
 
 
-def victim_chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tuple[int, list[int]]]:
+def victim_chunk_order(sess: Session, groups: list[int] | np.ndarray,
+                       within: np.ndarray | None = None) -> Iterator[tuple[int, list[int]]]:
+    """_chunk_order, made once per (session state, groups) and replayed: searches for different beneficiaries
+    from the same state walk the same victims (the chunks are shared: callers must not change them).
+
+    `within`: a superset of `groups` whose order is shared by many searches (reclaim: every queue's victims,
+    where each search leaves out its own queue's). The order of a subset equals the superset's up to the first
+    chunk of a group outside the subset (the tree walk picks the same queue at every level until it would walk
+    into a left-out job), so that prefix is replayed from the superset's order and the subset's own order is made
+    only when a search goes past it."""
+    gs = np.asarray(groups, dtype=np.int64)
+    if within is None:
+        return iter(_memo_order(sess, gs))
+    base = np.asarray(within, dtype=np.int64)
+    member = np.zeros(sess.state.n_groups, dtype=bool)
+    member[gs] = True
+    in_base = np.zeros(sess.state.n_groups, dtype=bool)
+    in_base[base] = True
+    if not in_base[gs].all():
+        return iter(_memo_order(sess, gs))
+    return _prefix_then_own(sess, gs, base, member)
+
+
+def _memo_order(sess: Session, gs: np.ndarray) -> _Replay:
+    return sess.memo(("victim_chunk_order", gs.tobytes()), lambda: _Replay(_chunk_order(sess, gs)))
+
+
+def _prefix_then_own(sess: Session, gs: np.ndarray, base: np.ndarray,
+                     member: np.ndarray) -> Iterator[tuple[int, list[int]]]:
+    taken = 0
+    for g, chunk in _memo_order(sess, base):
+        if not member[g]:
+            break
+        yield g, chunk
+        taken += 1
+    else:
+        return  # the superset's order held no chunk of a left-out group: it is the subset's order
+    for i, item in enumerate(_memo_order(sess, gs)):
+        if i >= taken:
+            yield item
+
+
+class _Replay:
+    """A lazily generated sequence that any number of iterators walk from the start (what one produced is
+    kept for the next)."""
+
+    def __init__(self, source: Iterator[tuple[int, list[int]]]) -> None:
+        self.source: Iterator[tuple[int, list[int]]] | None = source
+        self.items: list[tuple[int, list[int]]] = []
+        first = next(source, None)  # the source reads the session's state now, before any caller changes it
+        if first is None:
+            self.source = None
+        else:
+            self.items.append(first)
+
+    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+        i = 0
+        items = self.items
+        while True:
+            if i < len(items):
+                yield items[i]
+                i += 1
+                continue
+            if self.source is None:
+                return
+            nxt = next(self.source, None)
+            if nxt is None:
+                self.source = None
+                return
+            items.append(nxt)
+
+
+def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
     compared level by level from the top of the tree; inside a queue, jobs above their minimum first (they give
@@ -286,31 +368,71 @@ class _FitCount:
     def ok(self) -> bool:
         return all(self.count[s] >= self.need[s] for s in self.sizes)
 
-    def ok_without(self, pods: np.ndarray) -> bool:
-        """Whether it could hold with all of `pods` (running) gone: the bound on what any victims can do."""
+    def ok_without(self, groups: np.ndarray) -> bool:
+        """Whether it could hold with every bound pod of `groups` gone: the bound on what any victims can do."""
         if not self.sizes:
             return True
-        sess, st = self.sess, self.sess.state
-        held = sess.dev_held.copy()
-        starts, ends = st.pod_dev_start[pods], st.pod_dev_start[pods + 1]
-        counts = ends - starts
-        if counts.sum():
-            owner = np.repeat(np.arange(len(pods)), counts)
-            dev = st.pod_dev[np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))]
-            mem = np.maximum(st.node_gpu_mem_mib[sess.node[pods]], 1)
-            per = np.where(st.pod_gpu_whole[pods] > 0, DEV,
-                           np.where(st.pod_gpu_frac[pods] > 0, st.pod_gpu_frac[pods],
-                                    np.minimum(DEV, -(-st.pod_gpu_mem[pods] * DEV // mem))))
-            np.subtract.at(held, dev, per[owner])
-        whole = np.bincount(sess.dev_node[held <= 0], minlength=sess.state.n_nodes)[self.feasible]
+        gs = np.asarray(groups, dtype=np.int64)
+        whole = self.sess.memo(("whole_without", gs.tobytes()), lambda: _whole_without(self.sess, gs))
+        whole = whole[self.feasible]
         return all(int((whole // s).sum()) >= self.need[s] for s in self.sizes)
 
-    def update(self, before: dict[int, int]) -> None:
-        """`before`: feasible node -> whole devices free before the change."""
-        for n, b in before.items():
-            a = int(self.sess.whole_future[n])
+    def update(self, change: dict[int, tuple[int, int]]) -> None:
+        """`change`: feasible node -> whole devices free (before, after) the change."""
+        for b, a in change.values():
             for s in self.sizes:
                 self.count[s] += a // s - b // s
+
+
+class _DryRun:
+    """Victim chunks taken without evicting them: what they free (GPUs, and whole devices on feasible nodes for
+    a _FitCount), computed as Session.evict would change it."""
+
+    def __init__(self, sess: Session, feasible: np.ndarray) -> None:
+        self.sess, self.feasible = sess, feasible
+        self.held: dict[int, int] = {}  # device -> milli-GPU held once the taken chunks are gone
+
+    def _whole_future(self, n: int) -> int:
+        sess = self.sess
+        a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
+        held, dev_held = self.held, sess.dev_held
+        return sum(1 for d in range(a, b) if held.get(d, dev_held[d]) == 0)
+
+    def take(self, chunk: list[int], fits: _FitCount) -> list[float]:
+        """Count the chunk as evicted; returns the GPUs each pod frees (as Session.evict's op amounts)."""
+        sess, held = self.sess, self.held
+        freed: list[float] = []
+        change: dict[int, tuple[int, int]] = {}
+        for p in chunk:
+            n = int(sess.node[p])
+            if self.feasible[n] and n not in change:
+                change[n] = (self._whole_future(n), 0)
+            freed.append(float(sess.pod_node_amount(p, n)[R_GPU]))
+            devices = sess.pod_devices(p)
+            if devices:
+                per_dev = sess.gpu_per_device(p, n)
+                for d in devices:
+                    held[d] = held.get(d, int(sess.dev_held[d])) - per_dev
+        fits.update({n: (b, self._whole_future(n)) for n, (b, _) in change.items()})
+        return freed
+
+
+def _whole_without(sess: Session, groups: np.ndarray) -> np.ndarray:
+    """int64[N]: whole devices per node free once every bound pod of `groups` is gone (and releases finish)."""
+    st = sess.state
+    pods = _bound_pods(sess, groups)
+    held = sess.dev_held.copy()
+    starts, ends = st.pod_dev_start[pods], st.pod_dev_start[pods + 1]
+    counts = ends - starts
+    if counts.sum():
+        owner = np.repeat(np.arange(len(pods)), counts)
+        dev = st.pod_dev[np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))]
+        mem = np.maximum(st.node_gpu_mem_mib[sess.node[pods]], 1)
+        per = np.where(st.pod_gpu_whole[pods] > 0, DEV,
+                       np.where(st.pod_gpu_frac[pods] > 0, st.pod_gpu_frac[pods],
+                                np.minimum(DEV, -(-st.pod_gpu_mem[pods] * DEV // mem))))
+        np.subtract.at(held, dev, per[owner])
+    return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
 
 
 def solve_with_victims(
@@ -324,13 +446,15 @@ def solve_with_victims(
     *,
     feasible: np.ndarray,
     max_victim_jobs: int = -1,
+    within: np.ndarray | None = None,
     replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
     worth_trying: Callable[[list[int]], bool] | None = None,
 ) -> Outcome:
     """Take victim chunks in order, evicting each; whenever the beneficiary could fit, try to place it on what
     is free or being released, then keep unneeded victims, move the movable ones and validate. The session is
-    unchanged unless it returns ok. `worth_trying(chunk)` sees every chunk taken and says whether the victims
-    so far could pass validation at all (a necessary condition that spares hopeless attempts)."""
+    unchanged unless it returns ok. `within`: see victim_chunk_order. `worth_trying(chunk)` sees every chunk
+    taken and says whether the victims so far could pass validation at all (a necessary condition that spares
+    hopeless attempts)."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
     candidates = np.asarray(candidates, dtype=np.int64)
@@ -340,14 +464,16 @@ def solve_with_victims(
     ledger_before = sess.ledger.copy()
     releasable = float((sess.alloc[feasible, R_GPU] - sess.held[feasible, R_GPU]).sum())
     fits = _FitCount(sess, tasks, feasible)
-    everyone = _bound_pods(sess, candidates)
-    if not fits.ok_without(everyone[feasible[sess.node[everyone]]]):
+    if not fits.ok_without(candidates):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
     scenarios = 0
     # the queues whose allocation _queue_capacity reads (the beneficiary's ancestors with a limit)
     limited = {a for a in sess.ledger.ancestors[int(st.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     cp0 = sess.checkpoint()
-    for v, chunk in victim_chunk_order(sess, candidates):
+    # until the first scenario, chunks are only counted (no session change): most chunks of a long search, and
+    # every chunk of one that gives up, are never simulated
+    dry: _DryRun | None = _DryRun(sess, feasible)
+    for v, chunk in victim_chunk_order(sess, candidates, within):
         if not any(feasible[int(sess.node[p])] for p in chunk):
             continue
         if v not in jobs_used:
@@ -358,19 +484,28 @@ def solve_with_victims(
             last_why = f"gave up after {len(accumulated)} victim chunks (max_victim_chunks)"
             break
         accumulated.append(chunk)
-        whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
-        before: dict[int, int] = {}
-        for p in chunk:
-            n = int(sess.node[p])
-            if feasible[n]:
-                before.setdefault(n, int(whole_future[n]))
-        for p in chunk:
-            sess.evict(p, reason, g)
-            releasable += float(sess._evict_op[p].amount[R_GPU])
-        fits.update(before)
+        if dry is not None:  # no scenario yet: count what the chunk frees without evicting it
+            for freed in dry.take(chunk, fits):
+                releasable += freed
+        else:
+            whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
+            before: dict[int, int] = {}
+            for p in chunk:
+                n = int(sess.node[p])
+                if feasible[n]:
+                    before.setdefault(n, int(whole_future[n]))
+            for p in chunk:
+                sess.evict(p, reason, g)
+                releasable += float(sess._evict_op[p].amount[R_GPU])
+            fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
         hopeful = worth_trying(chunk) if worth_trying is not None else True
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
+        if dry is not None:  # the first scenario: evict what the dry run counted, from here on chunk by chunk
+            for c in accumulated:
+                for p in c:
+                    sess.evict(p, reason, g)
+            dry = None
         if scenarios >= sess.cfg.max_victim_scenarios:
             last_why = f"gave up after {scenarios} victim scenarios (max_victim_scenarios)"
             break
@@ -500,7 +635,12 @@ def active_groups(sess: Session) -> list[int]:
 
 
 def active_group_mask(sess: Session) -> np.ndarray:
-    """bool[G]: groups with a pod bound, pipelined or placed in this cycle."""
+    """bool[G]: groups with a pod bound, pipelined or placed in this cycle (read-only, shared while the
+    session's state stays the same)."""
+    return sess.memo("active_group_mask", lambda: _read_only(_active_group_mask(sess)))
+
+
+def _active_group_mask(sess: Session) -> np.ndarray:
     st = sess.state
     out = np.zeros(st.n_groups, dtype=bool)
     out[st.pod_pg[IS_ACTIVE[sess.status] & (st.pod_pg >= 0)]] = True
