@@ -83,10 +83,26 @@ def reclaimable(
             remaining[vq] = ledger.allocated[vq].copy()
         if not fits_strategy(fs, ledger, request, rq, vq, remaining[vq]):
             return "VictimQueueBelowFairShare"
-        for q in ledger.ancestors[victim_q]:
-            if q not in remaining:
-                remaining[q] = ledger.allocated[q].copy()
-            remaining[q] -= chunk
+        _take(ledger, remaining, victim_q, chunk)
+    return reclaimer_side(fs, ledger, reclaimer, request, remaining, preemptible=preemptible,
+                          saturation_multiplier=saturation_multiplier, n_top_queues=n_top_queues)
+
+
+def _take(ledger: QueueLedger, remaining: dict[int, np.ndarray], victim_q: int, chunk: np.ndarray) -> None:
+    for q in ledger.ancestors[victim_q]:
+        if q not in remaining:
+            remaining[q] = ledger.allocated[q].copy()
+        remaining[q] -= chunk
+
+
+def reclaimer_side_after(fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray,
+                         victims: Sequence[tuple[int, np.ndarray]], *, preemptible: bool,
+                         saturation_multiplier: float = 1.0, n_top_queues: int | None = None) -> str | None:
+    """reclaimer_side once these victims are gone: when it fails, `reclaimable` fails for them and for any
+    subset of them (fewer victims leave more allocated on the reclaimer's side)."""
+    remaining: dict[int, np.ndarray] = {}
+    for victim_q, chunk in victims:
+        _take(ledger, remaining, victim_q, chunk)
     return reclaimer_side(fs, ledger, reclaimer, request, remaining, preemptible=preemptible,
                           saturation_multiplier=saturation_multiplier, n_top_queues=n_top_queues)
 

@@ -9,7 +9,13 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.reclaim import can_reclaim, reclaim_headroom, reclaimable, reclaimer_side
+from kai_opt.fairshare.reclaim import (
+    can_reclaim,
+    reclaim_headroom,
+    reclaimable,
+    reclaimer_side,
+    reclaimer_side_after,
+)
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.jobs import JobQueue
@@ -198,9 +204,17 @@ class Actions:
                                    saturation_multiplier=s.cfg.reclaim_saturation_multiplier,
                                    n_top_queues=self._n_top_queues())
 
+            def reclaimer_ok(s: Session, ledger: QueueLedger, victims: list[int], q: int = q,
+                             req: np.ndarray = req, preemptible: bool = preemptible) -> str | None:
+                return reclaimer_side_after(s.fs, ledger, q, req, self._victim_chunks(victims),
+                                            preemptible=preemptible,
+                                            saturation_multiplier=s.cfg.reclaim_saturation_multiplier,
+                                            n_top_queues=self._n_top_queues())
+
             out = solve_with_victims(sess, self.gang, g, tasks, candidates, "reclaim", validate, feasible=feasible,
                                      within=every_queue, replace_victims=self._move_victims,
-                                     worth_trying=self._reclaimer_side_tracker(q, req, preemptible))
+                                     worth_trying=self._reclaimer_side_tracker(q, req, preemptible),
+                                     precheck=reclaimer_ok)
             if out.ok:
                 self._finish(g, out.attempt, jq)
                 continue

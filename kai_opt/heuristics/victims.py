@@ -449,12 +449,14 @@ def solve_with_victims(
     within: np.ndarray | None = None,
     replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
     worth_trying: Callable[[list[int]], bool] | None = None,
+    precheck: Validator | None = None,
 ) -> Outcome:
     """Take victim chunks in order, evicting each; whenever the beneficiary could fit, try to place it on what
     is free or being released, then keep unneeded victims, move the movable ones and validate. The session is
     unchanged unless it returns ok. `within`: see victim_chunk_order. `worth_trying(chunk)` sees every chunk
     taken and says whether the victims so far could pass validation at all (a necessary condition that spares
-    hopeless attempts)."""
+    hopeless attempts). `precheck` sees the victims before any moves: a reason from it fails the scenario (it
+    must be a necessary condition of the validator for these victims and any subset of them)."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
     candidates = np.asarray(candidates, dtype=np.int64)
@@ -517,6 +519,12 @@ def solve_with_victims(
             continue
         victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
                                  limited)
+        if precheck is not None:
+            why = precheck(sess, ledger_before, victims)
+            if why is not None:
+                last_why = why
+                sess.rollback(cp)
+                continue
         if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
             still = set(victims)
             moved = set(replace_victims(sess, [[p for p in c if p in still] for c in accumulated
@@ -579,9 +587,7 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     dev_room = dict(zip(devs, (DEV - sess.dev_held[devs]).tolist(), strict=True)) if devs else {}
     amount = {p: op.amount_list() for p, op in ops.items()}
     groups = np.unique(st.pod_pg[np.fromiter((c[0] for c in evicted), dtype=np.int64, count=len(evicted))])
-    active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[sess.status[st.pg_pods]])])
-    active = dict(zip(groups.tolist(), (active_c[st.pg_pod_start[groups + 1]]
-                                        - active_c[st.pg_pod_start[groups]]).tolist(), strict=True))
+    active = dict(zip(groups.tolist(), _active_counts(sess, groups).tolist(), strict=True))
     later: list[int] = []
     for chunk in reversed(evicted):
         g = int(st.pod_pg[chunk[0]])
@@ -628,6 +634,16 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
             dev_room[d] -= a
     sess.unevict_many(later)
     return [p for c in evicted for p in c if p not in kept]
+
+
+def _active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
+    """int64[len(groups)]: pods of each group bound, pipelined or placed in this cycle (groups have pods)."""
+    st = sess.state
+    starts = st.pg_pod_start[groups]
+    counts = st.pg_pod_start[groups + 1] - starts
+    first = np.cumsum(counts) - counts
+    pods = st.pg_pods[np.repeat(starts - first, counts) + np.arange(int(counts.sum()))]
+    return np.add.reduceat(IS_ACTIVE[sess.status[pods]].astype(np.int64), first)
 
 
 def active_groups(sess: Session) -> list[int]:
