@@ -12,6 +12,7 @@ from kai_opt.checker import check_plan
 from kai_opt.config import Config, Engine
 from kai_opt.errors import KaiOptError
 from kai_opt.fairshare import FairShare, compute_fair_share
+from kai_opt.gcpause import gc_paused
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Eviction, Placement, Plan, Reason, SolverInfo
@@ -56,7 +57,15 @@ def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: s
 
 def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = None,
               actions: tuple[str, ...] | None = None) -> tuple[Plan, FairShare]:
-    """Compute and verify one cycle's plan. Raises PlanViolation if an engine produced an invalid plan."""
+    """Compute and verify one cycle's plan. Raises PlanViolation if an engine produced an invalid plan. The cyclic
+    GC is paused meanwhile (kai_opt.gcpause: a cycle makes no garbage cycles worth a collection walking the whole
+    state; 10,000-node greedy cycle 54 -> 50 s when it was measured)."""
+    with gc_paused():
+        return _run_cycle(state, config, engine=engine, actions=actions)
+
+
+def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
+               actions: tuple[str, ...] | None) -> tuple[Plan, FairShare]:
     t0 = time.perf_counter()
     fs = compute_fair_share(state)
     t_fs = time.perf_counter() - t0
