@@ -12,6 +12,7 @@ Target (the issue): cycle <= 1 s and peak memory <= 2 GB at 10,000 nodes.
   scripts/bench_greedy.py                                  # 1k, 5k, 10k nodes; prints a table
   scripts/bench_greedy.py --sizes 1000 --cycles 1 --profile 25
   scripts/bench_greedy.py --sizes 10000 --actions allocate,reclaim
+  scripts/bench_greedy.py --sizes 10000 --cycles 20 --engine cpsat --time-budget 1   # CP-SAT's scale bar
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import cProfile
 import io
 import json
+import math
 import pickle
 import pstats
 import resource
@@ -27,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +67,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     state = _state(args, n)
     res: dict[str, Any] = {"nodes": n, "pods": state.n_pods, "groups": state.n_groups, "rss_state_mb": _peak_mb()}
     actions = PHASES if args.actions == "all" else tuple(a.strip() for a in args.actions.split(","))
-    cfg = Config()
+    cfg = Config.model_validate({"engine": args.engine, "solver": {"time_budget_s": args.time_budget}})
     cycles: list[dict[str, float]] = []
     prof = cProfile.Profile() if args.profile else None
     for _ in range(args.cycles):
@@ -83,7 +86,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         res["pipelined"] = sum(1 for p in plan.placements if p.pipelined)
         res["evictions"] = len(plan.evictions)
         res["pending_groups"] = len(plan.pending)
+        if plan.solver is not None:
+            res.setdefault("status", []).append(plan.solver.status)
+            ph["solver_wall"] = float(plan.solver.wall_s or 0.0)
     res["p50"] = {k: statistics.median(c[k] for c in cycles) for k in cycles[0]}
+    totals = sorted(c["total"] for c in cycles)
+    res["p95_total"] = totals[min(len(totals) - 1, math.ceil(0.95 * len(totals)) - 1)]
     res["peak_mb"] = _peak_mb()
     if prof:
         buf = io.StringIO()
@@ -99,6 +107,9 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=3, help="cycles per size (p50 shown)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--actions", default="all", help="comma-separated actions, or all")
+    ap.add_argument("--engine", default="greedy", choices=("greedy", "cpsat"),
+                    help="cpsat: the greedy plan, then CP-SAT under --time-budget (statuses printed)")
+    ap.add_argument("--time-budget", type=float, default=1.0, help="CP-SAT's solver.time_budget_s")
     ap.add_argument("--cache-dir", default="/tmp", help="where the built states are cached (pickle)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per size before giving up")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N cProfile rows (stderr)")
@@ -110,13 +121,15 @@ def main() -> int:
 
     print(f"greedy cycle, actions {args.actions}, p50 of {args.cycles} cycles (seconds); peak RSS of the process "
           "that loaded the state and ran the cycles")
+    rest = "checker" if args.engine == "greedy" else "chk+cpsat"  # the cycle's time outside the greedy phases
     head = (f"{'nodes':>6} {'pods':>7} " + " ".join(f"{p[:8]:>8}" for p in PHASES)
-            + f" {'fairshr':>8} {'checker':>8} {'cycle':>8} {'cpu':>8} {'state MB':>9} {'peak MB':>8}  plan")
+            + f" {'fairshr':>8} {rest:>8} {'cycle':>8} {'cpu':>8} {'state MB':>9} {'peak MB':>8}  plan")
     print(head)
-    ok = True
+    ok, measured = True, False
     for n in (int(s) for s in args.sizes.split(",")):
         cmd = [sys.executable, __file__, "--child", str(n), "--cycles", str(args.cycles), "--seed", str(args.seed),
-               "--actions", args.actions, "--cache-dir", args.cache_dir, "--profile", str(args.profile)]
+               "--actions", args.actions, "--cache-dir", args.cache_dir, "--profile", str(args.profile),
+               "--engine", args.engine, "--time-budget", str(args.time_budget)]
         try:
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -131,10 +144,16 @@ def main() -> int:
               + f" {p.get('fair_share', 0.0):>8.3f} {checker:>8.3f} {p['total']:>8.3f} {p['cpu']:>8.3f}"
               + f" {r['rss_state_mb']:>9.0f} {r['peak_mb']:>8.0f}  {r['binds']} binds, {r['pipelined']} pipelined,"
               + f" {r['evictions']} evictions, {r['pending_groups']} groups pending")
-        if n >= TARGET_NODES and (p["total"] > TARGET_S or r["peak_mb"] > TARGET_MB):
-            ok = False
+        if args.cycles > 1 or args.engine != "greedy":
+            statuses = ", ".join(f"{k} x{v}" for k, v in sorted(Counter(r.get("status", [])).items()))
+            print(f"{'':>6} cycle p50 {p['total']:.3f} s, p95 {r['p95_total']:.3f} s over {args.cycles} cycles; "
+                  f"engine {args.engine}; solver status {statuses}; CP-SAT wall p50 {p.get('solver_wall', 0.0):.3f} s")
+        if n >= TARGET_NODES:
+            measured = True
+            if p["total"] > TARGET_S or r["peak_mb"] > TARGET_MB:
+                ok = False
     print(f"target at {TARGET_NODES} nodes: cycle <= {TARGET_S:.0f} s, peak <= {TARGET_MB:.0f} MB: "
-          f"{'met' if ok else 'NOT met'}")
+          f"{('met' if ok else 'NOT met') if measured else 'not measured (no size that large)'}")
     return 0 if ok else 1
 
 
