@@ -1,0 +1,72 @@
+"""The victim order's shared work: a subset's order replayed from a superset's (`within`) equals the subset's own
+order, and a session rolled back is in the same state (same state_id, the queue ledger bit for bit)."""
+
+from __future__ import annotations
+
+import numpy as np
+from builders import snapshot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import clusters
+
+from kai_opt.config import Config
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.heuristics.session import Session
+from kai_opt.heuristics.victims import _chunk_order, active_group_mask, victim_chunk_order
+from kai_opt.state import PodStatus, build_state
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _session(objs: list) -> Session:
+    state = build_state(snapshot(objs))
+    return Session(state, compute_fair_share(state), Config())
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
+def test_subset_order_replayed_from_superset_equals_its_own(objs: list, rnd) -> None:
+    sess = _session(objs)
+    every = np.flatnonzero(active_group_mask(sess))
+    subset = np.array(sorted(g for g in every.tolist() if rnd.random() < 0.6), dtype=np.int64)
+    own = [(g, list(c)) for g, c in _chunk_order(sess, subset)]
+    # leave-one-queue-out (reclaim's case) and a random subset, both replayed from the superset's order
+    queues = sorted(set(sess.state.pg_queue[every].tolist()))
+    for gs in [subset] + [every[sess.state.pg_queue[every] != q] for q in queues[:2]]:
+        expected = [(g, list(c)) for g, c in _chunk_order(sess, gs)]
+        assert [(g, list(c)) for g, c in victim_chunk_order(sess, gs, every)] == expected
+        assert [(g, list(c)) for g, c in victim_chunk_order(sess, gs, every)] == expected  # replayed again
+    assert [(g, list(c)) for g, c in victim_chunk_order(sess, subset)] == own
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12))
+def test_rollback_restores_state_and_ledger_exactly(objs: list) -> None:
+    sess = _session(objs)
+    pods = np.flatnonzero(sess.status == PodStatus.BOUND).tolist()
+    before_id = sess.state_id
+    allocated = sess.ledger.allocated.copy()
+    cp = sess.checkpoint()
+    for p in pods:
+        sess.evict(p, "reclaim", -1)
+    if pods:
+        assert sess.state_id != before_id
+    sess.rollback(cp)
+    assert sess.state_id == before_id
+    assert np.array_equal(sess.ledger.allocated, allocated)
+    assert not sess.evictions
+
+
+def test_leave_one_queue_out_on_a_scale_instance() -> None:
+    """Many queues over and under their share (models.generators.scale): every leave-one-queue-out order replayed
+    from the all-queue order equals the order made for that subset alone."""
+    from models.generators import as_snapshot, scale
+
+    state = build_state(as_snapshot(scale(100, 1000, 100, 0)))
+    sess = Session(state, compute_fair_share(state), Config())
+    every = np.flatnonzero(active_group_mask(sess) & state.pg_preemptible.astype(bool))
+    queues = sorted(set(state.pg_queue[every].tolist()))
+    for q in queues[:: max(1, len(queues) // 25)]:
+        gs = every[state.pg_queue[every] != q]
+        expected = [(g, list(c)) for g, c in _chunk_order(sess, gs)]
+        assert [(g, list(c)) for g, c in victim_chunk_order(sess, gs, every)] == expected, q
