@@ -193,9 +193,10 @@ class Actions:
             other = active_group_mask(sess) & (st.pg_queue != q)
             preemptible_v = st.pg_preemptible.astype(bool)
             protected = protected_mask(sess, "reclaim")
-            candidates = np.flatnonzero(other & preemptible_v & ~protected)
+            # every queue's candidates (one victim order shared by all reclaim searches from this state), less q's
             every_queue = sess.memo("reclaim_candidates", lambda: np.flatnonzero(
                 active_group_mask(sess) & st.pg_preemptible.astype(bool) & ~protected_mask(sess, "reclaim")))
+            candidates = every_queue[st.pg_queue[every_queue] != q]
             feasible = self.placer.static_mask(int(st.pod_sig[tasks[0]]))
 
             def validate(s: Session, ledger: QueueLedger, victims: list[int], g: int = g, q: int = q,

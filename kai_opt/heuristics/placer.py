@@ -21,6 +21,7 @@ from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gp
 from kai_opt.heuristics.session import ACTIVE, DEV, Session
 from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS, PodStatus
 from kai_opt.state.resources import short_name
+from kai_opt.state.segments import concat_ranges
 
 TIER_PREFERRED_AFFINITY = 100_000
 TIER_GPU_SHARING = 1_000
@@ -138,8 +139,7 @@ class Placer:
         starts = self.sess.dev_start[nodes]
         counts = self.sess.dev_start[nodes + 1] - starts
         owner = np.repeat(np.arange(len(nodes)), counts)
-        first = np.cumsum(counts) - counts
-        dev = np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
+        dev, _ = concat_ranges(starts, counts)
         return dev, owner
 
     # -- scoring -------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.share import FairShare
 from kai_opt.plan import Eviction, Placement
 from kai_opt.state import R_GPU, ClusterState, PodStatus
+from kai_opt.state.segments import concat_ranges
 from kai_opt.usage import pod_queue
 
 ALLOCATED = 6  # placed in this cycle, to be bound (PodStatus values 0..5 come from the snapshot)
@@ -149,8 +150,7 @@ class Session:
             nodes, starts, counts = nodes[has], starts[has], counts[has]
             if not len(nodes):
                 return
-            seg = np.cumsum(counts) - counts
-            devs = np.repeat(starts - seg, counts) + np.arange(int(counts.sum()))
+            devs, seg = concat_ranges(starts, counts)
             held = self.dev_held[devs]
             future = DEV - held
             idle = future - self.dev_rel[devs]
@@ -230,9 +230,7 @@ class Session:
 
     # -- operations --------------------------------------------------------------------------------------------
     def checkpoint(self) -> int:
-        cp = len(self.log)
-        while self._marks and self._marks[-1][0] > cp:
-            self._marks.pop()
+        cp = len(self.log)  # marks above the log's length were dropped by the rollback that shortened it
         if not self._marks or self._marks[-1][0] != cp:
             self._marks.append((cp, self.ledger.allocated.copy(), self.ledger.allocated_np.copy()))
         return cp

@@ -14,6 +14,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import active_mask
 from kai_opt.state import R_GPU, PodStatus
+from kai_opt.state.segments import concat_ranges
 
 Validator = Callable[[Session, QueueLedger, list[int]], str | None]  # gets the victims that are not re-placed
 
@@ -144,9 +146,7 @@ def _prefix_then_own(sess: Session, gs: np.ndarray, base: np.ndarray,
         taken += 1
     else:
         return  # the superset's order held no chunk of a left-out group: it is the subset's order
-    for i, item in enumerate(_memo_order(sess, gs)):
-        if i >= taken:
-            yield item
+    yield from islice(_memo_order(sess, gs), taken, None)
 
 
 class _Replay:
@@ -426,7 +426,7 @@ def _whole_without(sess: Session, groups: np.ndarray) -> np.ndarray:
     counts = ends - starts
     if counts.sum():
         owner = np.repeat(np.arange(len(pods)), counts)
-        dev = st.pod_dev[np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))]
+        dev = st.pod_dev[concat_ranges(starts, counts)[0]]
         mem = np.maximum(st.node_gpu_mem_mib[sess.node[pods]], 1)
         per = np.where(st.pod_gpu_whole[pods] > 0, DEV,
                        np.where(st.pod_gpu_frac[pods] > 0, st.pod_gpu_frac[pods],
@@ -641,8 +641,8 @@ def _active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
     st = sess.state
     starts = st.pg_pod_start[groups]
     counts = st.pg_pod_start[groups + 1] - starts
-    first = np.cumsum(counts) - counts
-    pods = st.pg_pods[np.repeat(starts - first, counts) + np.arange(int(counts.sum()))]
+    index, first = concat_ranges(starts, counts)
+    pods = st.pg_pods[index]
     return np.add.reduceat(IS_ACTIVE[sess.status[pods]].astype(np.int64), first)
 
 
