@@ -517,8 +517,19 @@ def solve_with_victims(
         if not attempt.ok:
             sess.rollback(cp)
             continue
+        give_up = None
+        if precheck is not None:
+            def give_up(maybe: list[int]) -> bool:
+                nonlocal last_why
+                why = precheck(sess, ledger_before, maybe)
+                if why is not None:
+                    last_why = why
+                return why is not None
         victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
-                                 limited)
+                                 limited, give_up)
+        if victims is None:  # even the victims that might stay evicted fail precheck
+            sess.rollback(cp)
+            continue
         if precheck is not None:
             why = precheck(sess, ledger_before, victims)
             if why is not None:
@@ -568,29 +579,46 @@ def _queue_capacity(sess: Session, g: int, tasks: list[int]) -> str | None:
 
 
 def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[], bool], reason: str,
-                   beneficiary: int, limited: set[int] | None = None) -> list[int]:
+                   beneficiary: int, limited: set[int] | None = None,
+                   give_up: Callable[[list[int]], bool] | None = None) -> list[int] | None:
     """Un-evict victim chunks whose resources the placements did not use (latest added first): neither node room
     nor queue headroom (limits, quota) of the beneficiary. A chunk (an elastic pod, or a gang's whole core) goes
     back only as a whole, and only when its gang then keeps its minimum, so no victim gang is left half-evicted.
     `limited`: the queues still_ok depends on (None: any); a preemptible chunk of a queue below none of them
-    cannot change its answer, which is then not asked again."""
+    cannot change its answer, which is then not asked again. `give_up(maybe)`, when given, first sees the victims
+    that might stay evicted (every victim less the chunks that surely go back); when it says so, None is returned
+    and the session is left for the caller to roll back."""
     st = sess.state
+    chunk_group = st.pod_pg[np.fromiter((c[0] for c in evicted), dtype=np.int64, count=len(evicted))].tolist()
+    groups = np.unique(chunk_group)
+    active = dict(zip(groups.tolist(), _active_counts(sess, groups).tolist(), strict=True))
+    # most chunks' fate is known before the walk (_decided); the walk below judges the others, in the same order
+    decided = _decided(sess, evicted, chunk_group, active, limited, still_ok) if limited is not None else {}
+    if give_up is not None and decided and give_up(
+            [p for i, c in enumerate(evicted) if not decided.get(i, False) for p in c]):
+        return None
     kept: set[int] = set()
     ok_now: bool | None = None  # still_ok()'s answer while only chunks that cannot change it went back
-    # what each evicted pod gives back (its eviction op), and the room left on its nodes and devices, as Python
-    # numbers updated as chunks go back (no session change per chunk: the chunks still_ok cannot see go back
-    # together at the end)
-    ops = {p: sess._evict_op[p] for c in evicted for p in c}
+    # what each undecided evicted pod gives back (its eviction op), and the room left on its nodes and devices, as
+    # Python numbers updated as chunks go back (no session change per chunk: the chunks still_ok cannot see go
+    # back together at the end). A decided chunk that goes back only uses nodes and devices where every evicted
+    # pod fits back at once, so leaving it out of the room changes no answer of the walk
+    ops = {p: sess._evict_op[p] for i, c in enumerate(evicted) if i not in decided for p in c}
     nodes = sorted({op.node for op in ops.values()})
     room = dict(zip(nodes, (sess.alloc[nodes] - sess.held[nodes]).tolist(), strict=True))
     devs = sorted({d for op in ops.values() for d in op.devices})
     dev_room = dict(zip(devs, (DEV - sess.dev_held[devs]).tolist(), strict=True)) if devs else {}
     amount = {p: op.amount_list() for p, op in ops.items()}
-    groups = np.unique(st.pod_pg[np.fromiter((c[0] for c in evicted), dtype=np.int64, count=len(evicted))])
-    active = dict(zip(groups.tolist(), _active_counts(sess, groups).tolist(), strict=True))
     later: list[int] = []
-    for chunk in reversed(evicted):
-        g = int(st.pod_pg[chunk[0]])
+    for i in range(len(evicted) - 1, -1, -1):
+        chunk = evicted[i]
+        back = decided.get(i)
+        if back is not None:
+            if back:
+                kept.update(chunk)
+                later.extend(chunk)
+            continue
+        g = chunk_group[i]
         if 0 < active[g] + len(chunk) < int(st.pg_min_member[g]):
             continue  # its gang's core stays evicted: an elastic pod alone cannot run on
         extra: dict[int, list[int]] = {}
@@ -634,6 +662,67 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
             dev_room[d] -= a
     sess.unevict_many(later)
     return [p for c in evicted for p in c if p not in kept]
+
+
+def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], active: dict[int, int],
+             limited: set[int], still_ok: Callable[[], bool]) -> dict[int, bool]:
+    """Chunk index -> whether _keep_unneeded's walk puts it back, for the chunks whose answer is known before the
+    walk: a chunk whose queue still_ok cannot see (preemptible, below no limited queue), while still_ok holds, on
+    nodes and devices where every evicted pod fits back at once (so in any order, whatever else goes back) goes
+    back if its gang's minimum lets it; a chunk its gang's minimum keeps evicted stays. Judged in the walk's
+    order, per gang until its first chunk that is not known (its later chunks depend on that one). `active` is
+    brought up to date for the chunks that go back."""
+    st = sess.state
+    ev = sess._evict_op
+    ops = [ev[p] for c in evicted for p in c]
+    n_pods = len(ops)
+    node = np.fromiter((op.node for op in ops), dtype=np.int64, count=n_pods)
+    amount = np.stack([op.amount for op in ops])
+    nodes, at = np.unique(node, return_inverse=True)
+    total = np.zeros((len(nodes), amount.shape[1]), dtype=amount.dtype)
+    np.add.at(total, at, amount)
+    pod_fits = np.all(total <= sess.alloc[nodes] - sess.held[nodes], axis=1)[at]
+    n_dev = np.fromiter((len(op.devices) for op in ops), dtype=np.int64, count=n_pods)
+    if n_dev.any():
+        devs = np.fromiter((d for op in ops for d in op.devices), dtype=np.int64, count=int(n_dev.sum()))
+        per = np.repeat(np.fromiter((op.dev_amount for op in ops), dtype=np.int64, count=n_pods), n_dev)
+        dev_u, dev_at = np.unique(devs, return_inverse=True)
+        dev_total = np.bincount(dev_at, weights=per).astype(np.int64)  # exact: milli-GPU sums far below 2**53
+        dev_fits = (dev_total <= DEV - sess.dev_held[dev_u])[dev_at]
+        pod_fits[np.repeat(np.arange(n_pods), n_dev)[~dev_fits]] = False
+    sizes = [len(c) for c in evicted]
+    starts = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+    chunk_fits = np.logical_and.reduceat(pod_fits, starts).tolist()
+    chunk_active = np.add.reduceat(
+        IS_ACTIVE[np.fromiter((op.prev_status for op in ops), dtype=np.int64, count=n_pods)].astype(np.int64),
+        starts).tolist()
+    ancestors = sess.ledger.ancestors
+    blind_queue: dict[int, bool] = {}
+    decided: dict[int, bool] = {}
+    walked: dict[int, int] = {}  # group -> its active pods, while its chunks so far in the walk were all decided
+    ok: bool | None = None
+    for i in range(len(evicted) - 1, -1, -1):
+        g = chunk_group[i]
+        a = walked.get(g, active[g])
+        if a < 0:
+            continue  # an earlier chunk of its gang was not decided
+        if 0 < a + sizes[i] < int(st.pg_min_member[g]):
+            decided[i] = False  # stays evicted: its gang's core does
+            continue
+        q = int(st.pg_queue[g])
+        blind = blind_queue.get(q)
+        if blind is None:
+            blind = blind_queue[q] = not any(x in limited for x in ancestors[q])
+        if blind and chunk_fits[i] and bool(st.pg_preemptible[g]):
+            if ok is None:
+                ok = still_ok()
+            if ok:
+                decided[i] = True
+                walked[g] = a + chunk_active[i]
+                continue
+        active[g] = a  # what the walk will see at this chunk, its first undecided one
+        walked[g] = -1
+    return decided
 
 
 def _active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
