@@ -26,7 +26,12 @@ from kai_opt.state import R_GPU, PodStatus
 # it). False lets the model drop some for more priority-weighted GPUs (fragmentation-100-s0: 719 GPUs instead of
 # 707), but then conformance with KAI falls from 147 to 139 of 154 (KAI's queue order is the rule there): measured,
 # see docs/DESIGN-NOTES.md.
-PAIR_BUDGET = 40_000  # (shape, candidate node) pairs in one model
+# (shape, candidate node) pairs in one model. 10,000 rather than 40,000 (measured 2026-12-01, 8 s solves of the
+# tier-1 objective, one per quality instance at 100 and 1,000 nodes): at 100 nodes the models are the same or
+# reach the same value, at 1,000 nodes the wider models were 2-3x larger and slower (topology-1000-s0: the
+# improvement over the greedy plan found at 0.6 s instead of 4.5 s; gangs-1000-s1: no solution at all in 8 s, not
+# even the hint, with 40,000). 5,000 lost value on fragmentation-100 (1,487k vs 1,529k tier-1).
+PAIR_BUDGET = 10_000
 
 
 @dataclass
