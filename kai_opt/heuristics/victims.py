@@ -475,6 +475,7 @@ def solve_with_victims(
     # until the first scenario, chunks are only counted (no session change): most chunks of a long search, and
     # every chunk of one that gives up, are never simulated
     dry: _DryRun | None = _DryRun(sess, feasible)
+    uncounted: list[list[int]] = []  # dry-run chunks taken while worth_trying did not hold yet
     for v, chunk in victim_chunk_order(sess, candidates, within):
         if not any(feasible[int(sess.node[p])] for p in chunk):
             continue
@@ -487,8 +488,16 @@ def solve_with_victims(
             break
         accumulated.append(chunk)
         if dry is not None:  # no scenario yet: count what the chunk frees without evicting it
-            for freed in dry.take(chunk, fits):
-                releasable += freed
+            # (only when worth_trying holds, the one time the counts are read: chunks taken before that are
+            # counted then, in order, the same sums as one by one)
+            hopeful = worth_trying(chunk) if worth_trying is not None else True
+            if not hopeful:
+                uncounted.append(chunk)
+                continue
+            for c in (*uncounted, chunk):
+                for freed in dry.take(c, fits):
+                    releasable += freed
+            uncounted.clear()
         else:
             whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
             before: dict[int, int] = {}
@@ -500,7 +509,7 @@ def solve_with_victims(
                 sess.evict(p, reason, g)
                 releasable += float(sess._evict_op[p].amount[R_GPU])
             fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
-        hopeful = worth_trying(chunk) if worth_trying is not None else True
+            hopeful = worth_trying(chunk) if worth_trying is not None else True
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
         if dry is not None:  # the first scenario: evict what the dry run counted, from here on chunk by chunk
