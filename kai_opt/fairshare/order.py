@@ -46,31 +46,20 @@ class QueueOrder:
         self.deserved = fs.deserved.tolist()
         self.total = fs.total.tolist()
 
-    def compare(self, a: int, b: int, job_a: np.ndarray, job_b: np.ndarray) -> int:
-        """-1 when queue a goes first, 1 when b does (never 0)."""
-        alloc_a, alloc_b = self.ledger.allocated[a].tolist(), self.ledger.allocated[b].tolist()
-        over_a = less_all(self.fair_share[a], alloc_a)
-        over_b = less_all(self.fair_share[b], alloc_b)
-        if over_a != over_b:
-            return 1 if over_a else -1
-        with_a = [x + y for x, y in zip(alloc_a, job_a.tolist(), strict=True)]
-        with_b = [x + y for x, y in zip(alloc_b, job_b.tolist(), strict=True)]
-        starved_a, starved_b = le(with_a, self.deserved[a]), le(with_b, self.deserved[b])
-        if starved_a != starved_b:
-            return -1 if starved_a else 1
-        if self.priority[a] != self.priority[b]:
-            return -1 if self.priority[a] > self.priority[b] else 1
+    def key(self, q: int, job: np.ndarray) -> tuple:
+        """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
+        alloc = self.ledger.allocated[q].tolist()
+        over = less_all(self.fair_share[q], alloc)
+        with_job = [x + y for x, y in zip(alloc, job.tolist(), strict=True)]
+        starved = le(with_job, self.deserved[q])
+        share = self.allocatable[q]
+        zero = any(s == 0 and w > 0 for s, w in zip(share, with_job, strict=True))
+        return (over, not starved, -self.priority[q], zero, _drf(self.total, share, with_job),
+                _drf(self.total, share, alloc))
+
+    def tie(self, a: int, b: int) -> int:
+        """Rules 7-8 (queues whose keys are equal): -1 when a goes first, 1 when b does."""
         sa, sb = self.allocatable[a], self.allocatable[b]
-        zero_a = any(s == 0 and w > 0 for s, w in zip(sa, with_a, strict=True))
-        zero_b = any(s == 0 and w > 0 for s, w in zip(sb, with_b, strict=True))
-        if zero_a != zero_b:
-            return 1 if zero_a else -1
-        da, db = _drf(self.total, sa, with_a), _drf(self.total, sb, with_b)
-        if da != db:
-            return -1 if da < db else 1
-        da, db = _drf(self.total, sa, alloc_a), _drf(self.total, sb, alloc_b)
-        if da != db:
-            return -1 if da < db else 1
         if less_somewhere(sa, sb) and le(sa, sb):
             return -1
         if less_somewhere(sb, sa) and le(sb, sa):
@@ -80,10 +69,20 @@ class QueueOrder:
             return -1 if ca < cb else 1
         return -1 if self.names[a] <= self.names[b] else 1
 
+    def compare(self, a: int, b: int, job_a: np.ndarray, job_b: np.ndarray) -> int:
+        """-1 when queue a goes first, 1 when b does (never 0)."""
+        ka, kb = self.key(a, job_a), self.key(b, job_b)
+        if ka != kb:
+            return -1 if ka < kb else 1
+        return self.tie(a, b)
+
     def best(self, candidates: list[int], job: dict[int, np.ndarray]) -> int:
-        """The queue that goes first among siblings (job[q]: resources of the job q would run next)."""
+        """The queue that goes first among siblings (job[q]: resources of the job q would run next); each
+        candidate's key is made once."""
         best = candidates[0]
+        best_key = self.key(best, job[best])
         for q in candidates[1:]:
-            if self.compare(q, best, job[q], job[best]) < 0:
-                best = q
+            k = self.key(q, job[q])
+            if (k < best_key) if k != best_key else self.tie(q, best) < 0:
+                best, best_key = q, k
         return best
