@@ -70,3 +70,27 @@ def test_leave_one_queue_out_on_a_scale_instance() -> None:
         gs = every[state.pg_queue[every] != q]
         expected = [(g, list(c)) for g, c in _chunk_order(sess, gs)]
         assert [(g, list(c)) for g, c in victim_chunk_order(sess, gs, every)] == expected, q
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
+def test_evict_many_equals_evicting_one_by_one(objs: list, rnd) -> None:
+    one, many = _session(objs), _session(objs)
+    pods = np.flatnonzero(one.status == PodStatus.BOUND).tolist()
+    rnd.shuffle(pods)
+    pods = pods[: rnd.randint(0, len(pods))]
+    cp = many.checkpoint()
+    for p in pods:
+        one.evict(p, "reclaim", 3)
+    many.evict_many(pods, "reclaim", 3)
+    for name in ("held", "rel", "dev_held", "dev_rel", "status"):
+        assert np.array_equal(getattr(one, name), getattr(many, name)), name
+    assert np.array_equal(one.ledger.allocated, many.ledger.allocated)  # bit for bit: same float additions
+    assert np.array_equal(one.ledger.allocated_np, many.ledger.allocated_np)
+    assert one.evictions == many.evictions and one.state_id == many.state_id
+    assert [(o.kind, o.pod, o.node, o.devices, o.prev_status, o.dev_amount, o.non_preemptible) for o in one.log] == \
+        [(o.kind, o.pod, o.node, o.devices, o.prev_status, o.dev_amount, o.non_preemptible) for o in many.log]
+    assert all(np.array_equal(a.amount, b.amount) and np.array_equal(a.queue_amount, b.queue_amount)
+               for a, b in zip(one.log, many.log, strict=True))
+    many.rollback(cp)
+    assert not many.evictions and many.state_id == 0

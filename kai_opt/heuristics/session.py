@@ -292,6 +292,40 @@ class Session:
         self._evict_op[p] = op
         self._touch(n)
 
+    def evict_many(self, pods: list[int], reason: str, beneficiary: int) -> None:
+        """evict for each of `pods` in order (distinct pods): the same ops in the log and the same state, the
+        resources and the queue ledger updated in one vectorised step (in op order, as _apply_evictions does)."""
+        if not pods:
+            return
+        st = self.state
+        arr = np.asarray(pods, dtype=np.int64)
+        nodes = self.node[arr]
+        node_list = nodes.tolist()
+        amounts = st.pod_req[arr].copy()
+        qas = self.queue_request(arr, nodes)
+        groups = st.pod_pg[arr]
+        np_flags = ((groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)]).tolist() \
+            if st.n_groups else [False] * len(pods)  # is_preemptible: a pod without a group is preemptible
+        prevs = self.status[arr].tolist()
+        gpu_mem = st.pod_gpu_mem[arr].tolist()
+        ops = []
+        for i, p in enumerate(pods):
+            n = node_list[i]
+            if gpu_mem[i]:
+                amounts[i, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
+            devices = self.pod_devices(p)
+            per_dev = self.gpu_per_device(p, n) if devices else 0
+            prev = prevs[i]
+            qa = qas[i] if prev in ACTIVE else qas[i] * 0
+            self.status[p] = PodStatus.RELEASING
+            self.evictions[p] = Eviction(p, reason, beneficiary)
+            op = _Op("evict", p, n, devices, prev, amounts[i], per_dev, qa, np_flags[i])
+            self._log(op)
+            self._evict_op[p] = op
+            ops.append(op)
+        self._apply_evictions(ops, 1)
+        self._touch_many(node_list)
+
     def unevict(self, p: int) -> None:
         """Take back the eviction of p made in this session (the pod keeps running as if never chosen)."""
         ev = self._evict_op[p]

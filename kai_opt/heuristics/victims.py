@@ -505,17 +505,15 @@ def solve_with_victims(
                 n = int(sess.node[p])
                 if feasible[n]:
                     before.setdefault(n, int(whole_future[n]))
+            sess.evict_many(chunk, reason, g)
             for p in chunk:
-                sess.evict(p, reason, g)
                 releasable += float(sess._evict_op[p].amount[R_GPU])
             fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
             hopeful = worth_trying(chunk) if worth_trying is not None else True
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
         if dry is not None:  # the first scenario: evict what the dry run counted, from here on chunk by chunk
-            for c in accumulated:
-                for p in c:
-                    sess.evict(p, reason, g)
+            sess.evict_many([p for c in accumulated for p in c], reason, g)
             dry = None
         if scenarios >= sess.cfg.max_victim_scenarios:
             last_why = f"gave up after {scenarios} victim scenarios (max_victim_scenarios)"
