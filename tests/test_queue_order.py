@@ -62,3 +62,30 @@ def test_best_equals_the_rule_by_rule_scan(data) -> None:
         for b in range(n):
             if a != b:
                 assert o.compare(a, b, jobs[a], jobs[b]) == _reference(o, a, b, jobs[a].tolist(), jobs[b].tolist())
+
+
+def _plan_parts(state) -> tuple:
+    from kai_opt.config import Config
+    from kai_opt.engine import run_cycle
+
+    plan = run_cycle(state, Config())[0]
+    return ([(p.pod, p.node, tuple(p.devices), p.pipelined) for p in plan.placements],
+            [(e.pod, e.reason, e.beneficiary) for e in plan.evictions],
+            {g: [(r.code, r.message) for r in rs] for g, rs in plan.pending.items()})
+
+
+def test_job_queue_key_cache_changes_no_plan(monkeypatch) -> None:
+    """JobQueue keeps each queue's key while its allocation, head job and request stay the same: instances where
+    placements and evictions change allocations between pops plan the same with every key made afresh
+    (contention-200-s1 plans differently when keys are not dropped on allocation changes)."""
+    from kai_opt.bench.instances import Instance
+    from kai_opt.heuristics.jobs import JobQueue
+    from kai_opt.state import build_state
+    from models.generators import as_snapshot, scale
+
+    states = [build_state(as_snapshot(scale(300, 3000, 300, 0))),
+              build_state(Instance("contention", 200, 1).snapshot())]
+    cached = [_plan_parts(s) for s in states]
+    monkeypatch.setattr(JobQueue, "_key", lambda self, q: self.order.key(q, self.request(self._head(q))))
+    assert all(c[0] for c in cached) and cached[0][1]  # placements, and evictions on the scale instance
+    assert [_plan_parts(s) for s in states] == cached

@@ -79,10 +79,14 @@ class QueueOrder:
     def best(self, candidates: list[int], job: dict[int, np.ndarray]) -> int:
         """The queue that goes first among siblings (job[q]: resources of the job q would run next); each
         candidate's key is made once."""
+        return self.best_by_key(candidates, {q: self.key(q, job[q]) for q in candidates})
+
+    def best_by_key(self, candidates: list[int], keys: dict[int, tuple]) -> int:
+        """best, given each candidate's key (as made by `key`)."""
         best = candidates[0]
-        best_key = self.key(best, job[best])
+        best_key = keys[best]
         for q in candidates[1:]:
-            k = self.key(q, job[q])
+            k = keys[q]
             if (k < best_key) if k != best_key else self.tie(q, best) < 0:
                 best, best_key = q, k
         return best

@@ -28,6 +28,9 @@ class JobQueue:
         self._choice: dict[int, int] = {}  # queue (-1: the top level) -> its child that goes first
         self._dirty: set[int] = {-1}  # queues whose choice must be recomputed
         self._seen = sess.ledger.allocated.copy()
+        # queue -> (its head job, that job's request, its queue-order key): valid while the queue's allocation
+        # stays the same (_sync drops it) and its head job and request are the same objects
+        self._keys: dict[int, tuple[int, np.ndarray, tuple]] = {}
         for g in jobs:
             self.push(g)
 
@@ -64,6 +67,7 @@ class JobQueue:
         if len(changed):
             self._seen = now.copy()
             for q in changed.tolist():
+                self._keys.pop(q, None)
                 self._dirty_above(q)
 
     def _dirty_above(self, q: int) -> None:
@@ -94,8 +98,17 @@ class JobQueue:
     def _best(self, queues: list[int]) -> int:
         if len(queues) == 1:
             return queues[0]
-        heads = {q: self.request(self._head(q)) for q in queues}
-        return self.order.best(queues, heads)
+        return self.order.best_by_key(queues, {q: self._key(q) for q in queues})
+
+    def _key(self, q: int) -> tuple:
+        g = self._head(q)
+        r = self.request(g)
+        hit = self._keys.get(q)
+        if hit is not None and hit[0] == g and hit[1] is r:
+            return hit[2]
+        k = self.order.key(q, r)
+        self._keys[q] = (g, r, k)
+        return k
 
     def pop(self) -> int | None:
         if not self._tops or self.count[self._tops].sum() == 0:
