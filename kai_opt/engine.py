@@ -7,6 +7,7 @@ the plan. Engines never apply anything; sinks (CLI, simulate, the in-cluster bin
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kai_opt.checker import check_plan
 from kai_opt.config import Config, Engine
@@ -21,8 +22,11 @@ from kai_opt.state import ClusterState, PodStatus
 ACTION_ORDER = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
 
 
+Progress = Callable[[str], None]  # told what a long cycle is doing now (a phase name), for a status line
+
+
 def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
-                actions: tuple[str, ...] | None = None) -> Plan:
+                actions: tuple[str, ...] | None = None, progress: Progress | None = None) -> Plan:
     """KAI-like heuristics: each enabled action in order on one session."""
     start = time.perf_counter()
     sess = Session(state, fs, config)
@@ -32,6 +36,8 @@ def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
     for name in ACTION_ORDER:
         if name not in enabled:
             continue
+        if progress is not None:
+            progress(f"greedy: {name.replace('_', '-')}")
         t = time.perf_counter()
         {"allocate": acts.allocate, "consolidate": acts.consolidate, "reclaim": acts.reclaim,
          "preempt": acts.preempt, "stale_gang": acts.stale_gangs}[name]()
@@ -56,23 +62,30 @@ def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: s
 
 
 def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = None,
-              actions: tuple[str, ...] | None = None) -> tuple[Plan, FairShare]:
+              actions: tuple[str, ...] | None = None, progress: Progress | None = None) -> tuple[Plan, FairShare]:
     """Compute and verify one cycle's plan. Raises PlanViolation if an engine produced an invalid plan. The cyclic
     GC is paused meanwhile (kai_opt.gcpause: a cycle makes no garbage cycles worth a collection walking the whole
     state; 10,000-node greedy cycle 54 -> 50 s when it was measured)."""
     with gc_paused():
-        return _run_cycle(state, config, engine=engine, actions=actions)
+        return _run_cycle(state, config, engine=engine, actions=actions, progress=progress)
 
 
 def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
-               actions: tuple[str, ...] | None) -> tuple[Plan, FairShare]:
+               actions: tuple[str, ...] | None, progress: Progress | None) -> tuple[Plan, FairShare]:
+    def say(what: str) -> None:
+        if progress is not None:
+            progress(what)
+
     t0 = time.perf_counter()
+    say("fair share")
     fs = compute_fair_share(state)
     t_fs = time.perf_counter() - t0
     engine = engine or config.engine
-    plan = greedy_plan(state, fs, config, actions)
+    plan = greedy_plan(state, fs, config, actions, progress)
+    say("checking the greedy plan")
     check_plan(state, plan, fs, config)
     if engine == Engine.cpsat:
+        say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
         try:
             from kai_opt.formulation.solve import cpsat_plan
         except ImportError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 import yaml
+from rich.console import Console
 from rich.table import Table
 
 from kai_opt.cli.app import OutputWithYaml, app
@@ -28,9 +29,13 @@ def solve(
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
     cfg = load_config(config)
-    snap = load_snapshot(snapshot, scheduler_names=None)
-    state = build_state(snap, default_queue=cfg.default_queue)
-    plan, _fs = run_cycle(state, cfg, engine=engine)
+    err = Console(stderr=True)
+    # a transient status line on a terminal (a 10,000-node cycle takes tens of seconds); nothing when piped
+    with err.status("loading the snapshot", spinner="dots") if err.is_terminal else _Quiet() as status:
+        snap = load_snapshot(snapshot, scheduler_names=None)
+        status.update(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
+        state = build_state(snap, default_queue=cfg.default_queue)
+        plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: status.update(f"planning: {what}"))
     data = plan.to_dict(state)
     data["summary"] = plan_summary(state, plan)
     if output == OutputWithYaml.json:
@@ -39,6 +44,19 @@ def solve(
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
         render(state, plan, data)
+
+
+class _Quiet:
+    """Stands in for a rich Status when stderr is not a terminal."""
+
+    def __enter__(self) -> _Quiet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, _what: str) -> None:
+        return None
 
 
 def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:

@@ -1,0 +1,22 @@
+"""run_cycle tells a progress callback what it is doing, phase by phase (the status line of `kai-opt solve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kai_opt.config import Config
+from kai_opt.engine import run_cycle
+from kai_opt.loaders import load_snapshot
+from kai_opt.state import build_state
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "models" / "examples" / "quickstart.yaml"
+
+
+def test_run_cycle_reports_its_phases_in_order() -> None:
+    state = build_state(load_snapshot(EXAMPLE, scheduler_names=None))
+    seen: list[str] = []
+    plan, _ = run_cycle(state, Config(), progress=seen.append)
+    assert seen == ["fair share", "greedy: allocate", "greedy: consolidate", "greedy: reclaim", "greedy: preempt",
+                    "greedy: stale-gang", "checking the greedy plan"]
+    assert plan.placements  # the same cycle as without a callback
+    assert run_cycle(state, Config())[0].placements == plan.placements
