@@ -9,6 +9,7 @@ and pods that were already being released are gone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -125,14 +126,16 @@ class SimulationResult:
 
 
 def simulate(snapshot: Snapshot, config: Config, cycles: int, *, now: float | None = None,
-             period_s: float | None = None) -> SimulationResult:
+             period_s: float | None = None, progress: Callable[[str], None] | None = None) -> SimulationResult:
+    """`progress`, when given, is told the cycle and its phase as they go."""
     result = SimulationResult()
     t = now if now is not None else (snapshot.now if snapshot.now is not None else time.time())
     step = period_s if period_s is not None else config.schedule_period_s
     for c in range(cycles):
         state = build_state(snapshot, now=t, default_queue=config.default_queue)
         start = time.perf_counter()
-        plan, _ = run_cycle(state, config)
+        tell = None if progress is None else (lambda what, c=c: progress(f"cycle {c + 1}/{cycles}: {what}"))
+        plan, _ = run_cycle(state, config, progress=tell)
         wall = time.perf_counter() - start
         result.cycles.append(CycleReport(c + 1, plan_summary(state, plan), wall))
         changed = bool(plan.placements or plan.evictions)

@@ -20,3 +20,12 @@ def test_run_cycle_reports_its_phases_in_order() -> None:
                     "greedy: stale-gang", "checking the greedy plan"]
     assert plan.placements  # the same cycle as without a callback
     assert run_cycle(state, Config())[0].placements == plan.placements
+
+
+def test_simulate_reports_cycle_and_phase() -> None:
+    from kai_opt.simulate import simulate
+
+    seen: list[str] = []
+    simulate(load_snapshot(EXAMPLE, scheduler_names=None), Config(), 2, progress=seen.append)
+    assert seen[0] == "cycle 1/2: fair share" and "cycle 2/2: greedy: allocate" in seen
+    assert seen[-1] == "cycle 2/2: checking the greedy plan"

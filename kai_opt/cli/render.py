@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +18,18 @@ def console() -> Console:
     if _console is None:
         _console = Console(soft_wrap=False, width=160 if not sys.stdout.isatty() else None)
     return _console
+
+
+@contextmanager
+def status_line(first: str) -> Iterator[Callable[[str], None]]:
+    """A transient status line on stderr while long work runs, when stderr is a terminal (nothing when piped);
+    yields the function that replaces its text."""
+    err = Console(stderr=True)
+    if not err.is_terminal:
+        yield lambda _text: None
+        return
+    with err.status(first, spinner="dots") as status:
+        yield status.update
 
 
 def print_json(data: Any) -> None:

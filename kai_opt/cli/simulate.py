@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from kai_opt.cli.app import Output, app
-from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.cli.render import console, fmt_num, print_json, status_line
 from kai_opt.config import load_config
 from kai_opt.loaders import load_snapshot
 from kai_opt.simulate import simulate as run_simulation
@@ -26,8 +26,9 @@ def simulate(
     """Run N cycles, applying each plan in memory (binds run, pipelined pods wait for their victims, evicted pods
     return to pending), then report every cycle and whether the last one changed nothing (stable)."""
     cfg = load_config(config)
-    snap = load_snapshot(snapshot)
-    result = run_simulation(snap, cfg, cycles)
+    with status_line("loading the snapshot") as say:
+        snap = load_snapshot(snapshot)
+        result = run_simulation(snap, cfg, cycles, progress=say)
     assert result.final is not None
     end = summarize(build_state(result.final, default_queue=cfg.default_queue))
     data = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary} for c in result.cycles],

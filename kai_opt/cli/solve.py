@@ -7,11 +7,10 @@ from typing import Any
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
 from kai_opt.cli.app import OutputWithYaml, app
-from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.cli.render import console, fmt_num, print_json, status_line
 from kai_opt.config import Engine, load_config
 from kai_opt.engine import run_cycle
 from kai_opt.loaders import load_snapshot
@@ -29,13 +28,11 @@ def solve(
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
     cfg = load_config(config)
-    err = Console(stderr=True)
-    # a transient status line on a terminal (a 10,000-node cycle takes tens of seconds); nothing when piped
-    with err.status("loading the snapshot", spinner="dots") if err.is_terminal else _Quiet() as status:
+    with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
-        status.update(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
+        say(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
         state = build_state(snap, default_queue=cfg.default_queue)
-        plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: status.update(f"planning: {what}"))
+        plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: say(f"planning: {what}"))
     data = plan.to_dict(state)
     data["summary"] = plan_summary(state, plan)
     if output == OutputWithYaml.json:
@@ -44,19 +41,6 @@ def solve(
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
         render(state, plan, data)
-
-
-class _Quiet:
-    """Stands in for a rich Status when stderr is not a terminal."""
-
-    def __enter__(self) -> _Quiet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, _what: str) -> None:
-        return None
 
 
 def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
