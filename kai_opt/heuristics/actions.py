@@ -317,10 +317,8 @@ class Actions:
                 continue
             if is_satisfied(sess, g):
                 continue
-            for p in st.group_pods(g)[active_mask(sess, st.group_pods(g))].tolist():
-                if p in sess.placements:
-                    continue
-                sess.evict(p, "stale-gang", -1)
+            pods = st.group_pods(g)[active_mask(sess, st.group_pods(g))].tolist()
+            sess.evict_many([p for p in pods if p not in sess.placements], "stale-gang", -1)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     # -- failed victim searches, remembered ----------------------------------------------------------------------

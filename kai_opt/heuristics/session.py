@@ -269,32 +269,12 @@ class Session:
         self._touch(n)
 
     def evict(self, p: int, reason: str, beneficiary: int) -> None:
-        n = int(self.node[p])
-        amount = self.pod_node_amount(p, n)
-        devices = self.pod_devices(p)
-        per_dev = self.gpu_per_device(p, n) if devices else 0
-        self.held[n] -= amount
-        self.rel[n] += amount
-        for d in devices:
-            self.dev_held[d] -= per_dev
-            self.dev_rel[d] += per_dev
-        q = int(self.queue_of_pod[p])
-        qa = self.queue_request([p], np.array([n]))[0]
-        np_flag = not self.is_preemptible(p)
-        counted = int(self.status[p]) in ACTIVE
-        if counted:
-            self.ledger.add(q, -qa, non_preemptible=np_flag)
-        prev = int(self.status[p])
-        self.status[p] = PodStatus.RELEASING
-        self.evictions[p] = Eviction(p, reason, beneficiary)
-        op = _Op("evict", p, n, devices, prev, amount, per_dev, qa if counted else qa * 0, np_flag)
-        self._log(op)
-        self._evict_op[p] = op
-        self._touch(n)
+        self.evict_many([p], reason, beneficiary)
 
     def evict_many(self, pods: list[int], reason: str, beneficiary: int) -> None:
-        """evict for each of `pods` in order (distinct pods): the same ops in the log and the same state, the
-        resources and the queue ledger updated in one vectorised step (in op order, as _apply_evictions does)."""
+        """Evict each of `pods` (distinct), in order: one "evict" op each in the log; the resources turn releasing
+        and leave the pods' queues (a pod not bound, pipelined or placed counts for no queue) in one vectorised
+        step, in op order (_apply_evictions), so the queue ledger's float sums are the one-by-one ones."""
         if not pods:
             return
         st = self.state

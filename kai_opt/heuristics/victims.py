@@ -534,15 +534,10 @@ def solve_with_victims(
                 return why is not None
         victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
                                  limited, give_up)
-        if victims is None:  # even the victims that might stay evicted fail precheck
+        # None: even the victims that might stay evicted failed precheck; else precheck the ones that do
+        if victims is None or (give_up is not None and give_up(victims)):
             sess.rollback(cp)
             continue
-        if precheck is not None:
-            why = precheck(sess, ledger_before, victims)
-            if why is not None:
-                last_why = why
-                sess.rollback(cp)
-                continue
         if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
             still = set(victims)
             moved = set(replace_victims(sess, [[p for p in c if p in still] for c in accumulated
@@ -643,10 +638,7 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
                 dev_extra[d] = dev_extra.get(d, 0) + op.dev_amount
         if any(a > dev_room[d] for d, a in dev_extra.items()):
             continue
-        q = int(st.pg_queue[g])
-        blind = (limited is not None and bool(st.pg_preemptible[g])
-                 and not any(a in limited for a in sess.ledger.ancestors[q]))
-        if blind:
+        if limited is not None and _blind(sess, g, limited):
             if ok_now is None:
                 ok_now = still_ok()
             if not ok_now:
@@ -656,8 +648,7 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
             for p in chunk:
                 sess.unevict(p)
             if not still_ok():  # its queue room was what the beneficiary needed: evict it after all
-                for p in chunk:
-                    sess.evict(p, reason, beneficiary)
+                sess.evict_many(chunk, reason, beneficiary)
                 ok_now = None
                 continue
             ok_now = True
@@ -703,8 +694,6 @@ def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], ac
     chunk_active = np.add.reduceat(
         IS_ACTIVE[np.fromiter((op.prev_status for op in ops), dtype=np.int64, count=n_pods)].astype(np.int64),
         starts).tolist()
-    ancestors = sess.ledger.ancestors
-    blind_queue: dict[int, bool] = {}
     decided: dict[int, bool] = {}
     walked: dict[int, int] = {}  # group -> its active pods, while its chunks so far in the walk were all decided
     ok: bool | None = None
@@ -716,11 +705,7 @@ def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], ac
         if 0 < a + sizes[i] < int(st.pg_min_member[g]):
             decided[i] = False  # stays evicted: its gang's core does
             continue
-        q = int(st.pg_queue[g])
-        blind = blind_queue.get(q)
-        if blind is None:
-            blind = blind_queue[q] = not any(x in limited for x in ancestors[q])
-        if blind and chunk_fits[i] and bool(st.pg_preemptible[g]):
+        if chunk_fits[i] and _blind(sess, g, limited):
             if ok is None:
                 ok = still_ok()
             if ok:
@@ -730,6 +715,12 @@ def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], ac
         active[g] = a  # what the walk will see at this chunk, its first undecided one
         walked[g] = -1
     return decided
+
+
+def _blind(sess: Session, g: int, limited: set[int]) -> bool:
+    """Whether still_ok cannot see group g's chunks going back: preemptible, in a queue below none of `limited`."""
+    return bool(sess.state.pg_preemptible[g]) and not any(
+        a in limited for a in sess.ledger.ancestors[int(sess.state.pg_queue[g])])
 
 
 def _active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
