@@ -26,11 +26,16 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         return int(values[v.index])
 
     placed_groups = {i for i, g in enumerate(built.gang) if val(g)}
-    shape_nodes: dict[int, dict[int, int]] = defaultdict(dict)
+    shape_nodes: dict[int, dict[int, int]] = defaultdict(dict)  # pool (its first shape) -> node -> pods
     for (s, n), v in built.place.items():
         k = val(v)
         if k:
             shape_nodes[s][n] = k
+    # the pods each pool places: a lone shape's pods in order, a pool's shapes each as many as placed[s] says
+    queues: dict[int, list[int]] = defaultdict(list)
+    for s, shape in enumerate(scope.shapes):
+        take = val(built.placed[s]) if s in built.placed else len(shape.pods)
+        queues[built.pool_of[s]].extend(shape.pods[:take])
     # evictions, each with a beneficiary that is placed and allowed to take it
     for vi, v in enumerate(scope.victims):
         pre, rec = val(built.evict_pre[vi]), val(built.evict_rec[vi])
@@ -43,7 +48,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         victim_nodes = {int(sess.node[p]) for p in v.pods}
 
         def overlap(j: int, where: set[int] = victim_nodes) -> int:
-            return -sum(1 for s in scope.groups[j].shapes for n in shape_nodes[s] if n in where)
+            return -sum(1 for s in scope.groups[j].shapes for n in shape_nodes[built.pool_of[s]] if n in where)
 
         b = min(bens, key=lambda j: (overlap(j), j))
         for p in v.pods:
@@ -58,7 +63,6 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     for (size, d), u in built.on_device.items():
         if val(u):
             share_devs[size][d] = val(u)
-    queues = {s: list(shape.pods) for s, shape in enumerate(scope.shapes)}
     placer = acts.placer
     order = sorted(shape_nodes, key=lambda s: 0 if scope.shapes[s].kind == "whole" else 1)
     for s in order:

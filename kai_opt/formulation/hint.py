@@ -16,14 +16,17 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     m = built.model
     st = sess.state
     shape_of = {p: s for s, shape in enumerate(scope.shapes) for p in shape.pods}
-    counts: Counter[tuple[int, int]] = Counter()
+    counts: Counter[tuple[int, int]] = Counter()  # (pool, node) -> pods
+    per_shape: Counter[int] = Counter()  # shape -> pods placed on its candidate nodes
     devices: Counter[tuple] = Counter()
     whole: set[int] = set()
     for pl in greedy.placements:
         if pl.moved or pl.pod not in shape_of:
             continue
         s = shape_of[pl.pod]
-        counts[(s, pl.node)] += 1
+        counts[(built.pool_of[s], pl.node)] += 1
+        if (built.pool_of[s], pl.node) in built.place:
+            per_shape[s] += 1
         base = int(st.dev_start[pl.node])
         for d in pl.devices:
             if scope.shapes[s].kind == "share":
@@ -44,10 +47,8 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         reasons = {evicted.get(p) for p in v.pods}
         m.add_hint(built.evict_pre[vi], int("preempt" in reasons))
         m.add_hint(built.evict_rec[vi], int("reclaim" in reasons and "preempt" not in reasons))
-    per_shape: Counter[int] = Counter()
-    for (s, n), c in counts.items():
-        if (s, n) in built.place:
-            per_shape[s] += c
+    for s, var in built.placed.items():
+        m.add_hint(var, per_shape[s])
     sums: dict[int, int] = {}
     for var, prev, terms in built.derived:
         sums[var.index] = (sums[prev.index] if prev is not None else 0) + sum(per_shape[s] * c for s, c in terms)

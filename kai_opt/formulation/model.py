@@ -1,7 +1,9 @@
 """Build the CP-SAT model of one cycle: variables named by meaning, constraints in the order of DESIGN 5.
 
 Variables
-  place[s, n]     pods of shape s on node n (integer)
+  place[s, n]     pods of shape pool s on node n (integer); a pool is one shape, or the interchangeable shapes of
+                  several groups (scope.shape_pools)
+  placed[s]       pods of shape s placed, for a shape in a pool of several (else the sum of its place[s, n])
   gang[i]         group i placed (its minimum, and any elastic extras)
   on_device[k, d] share pods of size k (milli-GPU per device, devices) on GPU device d (nodes where shares go)
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
@@ -42,7 +44,9 @@ def _down(x: np.ndarray) -> np.ndarray:
 @dataclass
 class Built:
     model: cp_model.CpModel
-    place: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    place: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)  # (pool's first shape, node)
+    pool_of: dict[int, int] = field(default_factory=dict)  # shape -> its pool's first shape (the place key)
+    placed: dict[int, cp_model.IntVar] = field(default_factory=dict)  # shape of a pool of several -> pods placed
     gang: list[cp_model.IntVar] = field(default_factory=list)
     on_device: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     whole_dev: dict[int, cp_model.IntVar] = field(default_factory=dict)
@@ -79,20 +83,30 @@ def build_model(sess: Session, scope: Scope) -> Built:
             group_of_shape[s] = i
     totals: dict[int, cp_model.LinearExpr] = {}
     node_room = _NodeRoom(sess, victims)
-    for s_idx, s in enumerate(shapes):
-        i = group_of_shape[s_idx]
-        p0 = s.pods[0]
+    for pool in scope.pools:
+        first = pool[0]
+        p0 = shapes[first].pods[0]
+        label = st.pods[p0].name + ("~" if len(pool) == 1 else f"~+{len(pool) - 1}")
+        most = sum(len(shapes[k].pods) for k in pool)
         terms = []
-        for n in s.nodes.tolist():
+        for n in shapes[first].nodes.tolist():
             cap = node_room.cap(p0, n)
             if cap <= 0:
                 continue
-            v = m.new_int_var(0, min(cap, len(s.pods)), f"place[{st.pods[p0].name}~,{st.node_names[n]}]")
-            b.place[(s_idx, n)] = v
+            v = m.new_int_var(0, min(cap, most), f"place[{label},{st.node_names[n]}]")
+            b.place[(first, n)] = v
             terms.append(v)
-        total = sum(terms) if terms else 0
-        totals[s_idx] = total
-        m.add(total <= len(s.pods) * b.gang[i])
+        for k in pool:
+            b.pool_of[k] = first
+        if len(pool) == 1:
+            totals[first] = sum(terms) if terms else 0
+        else:
+            for k in pool:
+                b.placed[k] = m.new_int_var(0, len(shapes[k].pods), f"placed[{st.pods[shapes[k].pods[0]].name}~]")
+                totals[k] = b.placed[k]
+            m.add(sum(terms) == sum(b.placed[k] for k in pool))
+        for k in pool:
+            m.add(totals[k] <= len(shapes[k].pods) * b.gang[group_of_shape[k]])
     for i, g in enumerate(groups):
         group_total = sum(totals[s] for s in g.shapes)
         m.add(group_total >= g.need * b.gang[i])
@@ -287,21 +301,27 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     for d in range(a, z):
         held = int(sess.dev_held[d])
         gain = sum(evicted[vi] * per for vi, per in per_victim_dev[d])
-        w = m.new_bool_var(f"whole_dev[{st.node_names[n]}#{d - a}]")
-        b.whole_dev[d] = w
-        whole_devs.append(w)
-        if held:  # a device goes whole only when nothing stays on it (held now, minus what victims release)
-            m.add(held - gain <= DEV * (1 - w))
+        most_free = DEV - held + sum(per for _, per in per_victim_dev[d])  # every victim on it evicted
+        if most_free <= 0:
+            continue  # full whatever the model decides: no variables for it
         shares_here = []
+        if most_free >= DEV:  # it can go whole only when nothing stays on it
+            w = m.new_bool_var(f"whole_dev[{st.node_names[n]}#{d - a}]")
+            b.whole_dev[d] = w
+            whole_devs.append(w)
+            if held:  # (held now, minus what victims release)
+                m.add(held - gain <= DEV * (1 - w))
+            shares_here.append(DEV * w)
         for size in pools:
             per = size[0]
-            if per <= 0:
+            if per <= 0 or per > most_free:
                 continue
-            u = m.new_int_var(0, DEV // per, f"on_device[{per}m/{size[1]},{st.node_names[n]}#{d - a}]")
+            u = m.new_int_var(0, most_free // per, f"on_device[{per}m/{size[1]},{st.node_names[n]}#{d - a}]")
             b.on_device[(size, d)] = u
             per_pool_dev[size].append(u)
             shares_here.append(u * per)
-        m.add(sum(shares_here) + DEV * w <= (DEV - held) + gain)
+        if shares_here:
+            m.add(sum(shares_here) <= (DEV - held) + gain)
     for size, vs in pools.items():
         m.add(sum(per_pool_dev[size]) == sum(vs))
     m.add(whole_use <= sum(whole_devs))

@@ -84,6 +84,7 @@ class Scope:
     excluded: list[int]  # pending groups left out (window, pod affinity, problems)
     notes: list[str]
     keep: dict[int, int] = field(default_factory=dict)  # scope group -> pods the greedy plan placed (kept at least)
+    pools: list[list[int]] = field(default_factory=list)  # shapes that share placement variables (first = key)
 
 
 def _shape_key(sess: Session, p: int) -> tuple:
@@ -170,12 +171,34 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     # candidate nodes per shape: as many as a budget of (shape, node) pairs allows, at least per_shape_nodes. Wider
     # is what lets the model re-arrange the greedy's placements (fragmentation-100: 797 GPUs with every node a
     # candidate, 707 = the greedy's with 24)
-    cap = max(per_shape_nodes, PAIR_BUDGET // max(1, len(shapes)))
-    _candidate_nodes(sess, acts, shapes, greedy_nodes, victims, cap)
+    pools = shape_pools(sess, groups, shapes)
+    cap = max(per_shape_nodes, PAIR_BUDGET // max(1, len(pools)))
+    _candidate_nodes(sess, acts, shapes, pools, greedy_nodes, victims, cap)
     model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
-    return Scope(groups, shapes, victims, model_nodes, excluded, notes, keep)
+    return Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools)
+
+
+def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[list[int]]:
+    """Shapes of different groups whose pods are interchangeable on every node (same requests, GPU needs and
+    scheduling signature) share one count per node: the model then decides per (pool, node) and per shape how
+    many of its pods go, so identical gangs cost one set of node variables (fragmentation-1000: about 1,000 shapes
+    in 5 pools). A shape of a group with a required topology level keeps its own (the domain is the group's)."""
+    by_key: dict[tuple, list[int]] = {}
+    pools: list[list[int]] = []
+    for gs in groups:
+        own = gs.topology >= 0 and gs.required_level >= 0
+        for s in gs.shapes:
+            if own:
+                pools.append([s])
+                continue
+            key = _shape_key(sess, shapes[s].pods[0])[1:]  # the sub-group does not change where a pod fits
+            if key not in by_key:
+                by_key[key] = []
+                pools.append(by_key[key])
+            by_key[key].append(s)
+    return pools
 
 
 def replayed_evictions(st, greedy: Plan) -> list:
@@ -272,8 +295,10 @@ def _min_request(sess: Session, gs: GroupScope) -> np.ndarray:
     return sess.queue_request(pend.tolist()).sum(axis=0) if len(pend) else np.zeros(3)
 
 
-def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], greedy_nodes: dict[int, set[int]],
-                     victims: list[Victim], cap: int) -> None:
+def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], pools: list[list[int]],
+                     greedy_nodes: dict[int, set[int]], victims: list[Victim], cap: int) -> None:
+    """Candidate nodes per pool (every shape of a pool gets the same): the nodes the greedy used for them, the
+    best-fitting others, and nodes where evictions could make room, up to `cap` (or 4 per pod)."""
     st = sess.state
     placer = acts.placer
     victim_nodes = np.zeros(st.n_nodes, dtype=bool)
@@ -281,18 +306,20 @@ def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], greedy_n
         for p in v.pods:
             victim_nodes[int(sess.node[p])] = True
     future = sess.alloc - sess.held
-    for s in shapes:
+    for pool in pools:
+        s = shapes[pool[0]]
         p = s.pods[0]
         static = placer.static_mask(int(st.pod_sig[p]))
         cand = np.nonzero(static)[0]
         if len(cand) == 0:
-            s.nodes = cand
+            for k in pool:
+                shapes[k].nodes = cand
             continue
         _, fits = placer.fit(p, cand)
         ok = fits | victim_nodes[cand]
         cand = cand[ok]
-        hinted = sorted({n for q in s.pods for n in greedy_nodes.get(q, ())})
-        limit = max(cap, 4 * len(s.pods))
+        hinted = sorted({n for k in pool for q in shapes[k].pods for n in greedy_nodes.get(q, ())})
+        limit = max(cap, 4 * sum(len(shapes[k].pods) for k in pool))
         if len(cand) > limit:
             col = R_GPU if s.kind != "none" else 0
             free = future[cand, col]
@@ -301,4 +328,5 @@ def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], greedy_n
             cand = np.array(chosen, dtype=np.int64)
         else:
             cand = np.array(sorted(set(cand.tolist()) | set(hinted)), dtype=np.int64)
-        s.nodes = cand
+        for k in pool:
+            shapes[k].nodes = cand
