@@ -21,15 +21,17 @@ def test_pools_partition_the_shapes_into_interchangeable_pods(family: str, nodes
     st = build_state(Instance(family, nodes, 0).snapshot())
     greedy, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
     sess, scope = model_scope(st, fs, CONFIG, greedy)
-    members = sorted(s for pool in scope.pools for s in pool)
+    members = sorted(s for pool in scope.pools for s in pool.shapes)
     assert members == list(range(len(scope.shapes)))
+    assert sorted(c for pool in scope.pools for c in pool.movers) == list(range(len(scope.movers)))
     required = {i for g in scope.groups if g.topology >= 0 and g.required_level >= 0 for i in g.shapes}
     for pool in scope.pools:
-        keys = {_shape_key(sess, scope.shapes[s].pods[0])[1:] for s in pool}
-        assert len(keys) == 1, pool  # same requests, GPU needs and scheduling signature
-        assert all(scope.shapes[s].nodes is scope.shapes[pool[0]].nodes for s in pool)  # one candidate list
-        if any(s in required for s in pool):
-            assert len(pool) == 1  # a required topology domain belongs to one group
+        pods = [scope.shapes[s].pods[0] for s in pool.shapes] + [p for c in pool.movers for p in scope.movers[c].pods]
+        keys = {_shape_key(sess, p)[1:] for p in pods}
+        assert keys == {_shape_key(sess, pool.pod)[1:]}, pool  # same requests, GPU needs and scheduling signature
+        assert all(scope.shapes[s].nodes is pool.nodes for s in pool.shapes)  # one candidate list
+        if any(s in required for s in pool.shapes):
+            assert len(pool.shapes) == 1 and not pool.movers  # a required topology domain belongs to one group
     if family == "fragmentation":
         assert len(scope.pools) < len(scope.shapes) / 5  # hundreds of identical single-pod gangs
 

@@ -26,16 +26,24 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         return int(values[v.index])
 
     placed_groups = {i for i, g in enumerate(built.gang) if val(g)}
-    shape_nodes: dict[int, dict[int, int]] = defaultdict(dict)  # pool (its first shape) -> node -> pods
-    for (s, n), v in built.place.items():
-        k = val(v)
-        if k:
-            shape_nodes[s][n] = k
+    pool_nodes: dict[int, dict[int, int]] = defaultdict(dict)  # pool -> node -> pods
+    for (k, n), v in built.place.items():
+        if val(v):
+            pool_nodes[k][n] = val(v)
     # the pods each pool places: a lone shape's pods in order, a pool's shapes each as many as placed[s] says
     queues: dict[int, list[int]] = defaultdict(list)
-    for s, shape in enumerate(scope.shapes):
-        take = val(built.placed[s]) if s in built.placed else len(shape.pods)
+    for s, shape in enumerate(scope.shapes):  # (a shape alone in its pool places what its pool does)
+        take = val(built.placed[s]) if s in built.placed else sum(pool_nodes[built.pool_of[s]].values())
         queues[built.pool_of[s]].extend(shape.pods[:take])
+    share_devs: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)  # share size -> device -> count
+    for (size, d), u in built.on_device.items():
+        if val(u):
+            share_devs[size][d] = val(u)
+    moving = _moves(sess, scope, built, val, pool_nodes, share_devs)
+
+    def overlap(j: int, where: set[int]) -> int:
+        return -sum(1 for s in scope.groups[j].shapes for n in pool_nodes[built.pool_of[s]] if n in where)
+
     # evictions, each with a beneficiary that is placed and allowed to take it
     for vi, v in enumerate(scope.victims):
         pre, rec = val(built.evict_pre[vi]), val(built.evict_rec[vi])
@@ -45,63 +53,101 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         bens = [j for j in v.beneficiaries if v.reason_for[j] == reason and j in placed_groups]
         if not bens:
             raise DecodeError(f"eviction of {st.pods[v.pods[0]].key} has no placed beneficiary")
-        victim_nodes = {int(sess.node[p]) for p in v.pods}
-
-        def overlap(j: int, where: set[int] = victim_nodes) -> int:
-            return -sum(1 for s in scope.groups[j].shapes for n in shape_nodes[built.pool_of[s]] if n in where)
-
-        b = min(bens, key=lambda j: (overlap(j), j))
+        where = {int(sess.node[p]) for p in v.pods}
+        b = min(bens, key=lambda j, where=where: (overlap(j, where), j))
         for p in v.pods:
             sess.evict(p, reason, scope.groups[b].group)
-    # placements: per node whole-GPU pods first (on the devices the model handed them), then shares
+    served = [j for j in scope.move_for if j in placed_groups]
+    for pods in moving.values():
+        if not served:
+            raise DecodeError(f"{st.pods[pods[0]].key} moved without a placed group consolidation serves")
+        for p in pods:
+            where = {int(sess.node[p])}
+            b = min(served, key=lambda j, where=where: (overlap(j, where), j))
+            sess.evict(p, "consolidate", scope.groups[b].group)
+    # placements: per node whole-GPU pods first (on the devices the model handed them), then shares; a pool's
+    # moved pods take nodes other than their own first, its pending pods the rest
     whole_devs: dict[int, list[int]] = defaultdict(list)
     for d, w in built.whole_dev.items():
         if val(w):
             n = int(np.searchsorted(sess.dev_start, d, side="right") - 1)
             whole_devs[n].append(d)
-    share_devs: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)  # share size -> device -> count
-    for (size, d), u in built.on_device.items():
-        if val(u):
-            share_devs[size][d] = val(u)
     placer = acts.placer
-    order = sorted(shape_nodes, key=lambda s: 0 if scope.shapes[s].kind == "whole" else 1)
-    for s in order:
-        shape = scope.shapes[s]
-        for n, k in sorted(shape_nodes[s].items()):
-            for _ in range(k):
-                p = queues[s].pop(0)
-                now_ok, future_ok = placer.fit(p, np.array([n]))
-                if shape.kind == "share":
-                    pool = share_devs[share_size(st, p, n)]
-                    d = next((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n), None)
-                    if d is None:
-                        raise DecodeError(f"no device chosen for {st.pods[p].key} on {st.node_names[n]}")
-                    pool[d] -= 1
-                    per = sess.gpu_per_device(p, n)
-                    if DEV - int(sess.dev_held[d]) < per:
-                        raise DecodeError(f"device {d} of {st.node_names[n]} has no room for {st.pods[p].key}")
-                    pipelined = DEV - int(sess.dev_held[d]) - int(sess.dev_rel[d]) < per or not bool(now_ok[0])
-                    sess.place(p, n, (d,), pipelined=pipelined)
-                    continue
-                if not bool(future_ok[0]):
-                    raise DecodeError(f"{st.pods[p].key} does not fit on {st.node_names[n]}")
-                pipelined = not bool(now_ok[0])
-                devices = placer.devices_for(p, n, pipelined)
-                if whole_devs.get(n):
-                    allowed = [d for d in whole_devs[n] if int(sess.dev_held[d]) == 0]
-                    idle = [d for d in allowed if int(sess.dev_rel[d]) == 0]
-                    pick = (idle + [d for d in allowed if d not in idle])[: shape.gpus]
-                    if len(pick) < shape.gpus:
-                        raise DecodeError(f"not enough whole devices on {st.node_names[n]}")
-                    devices = tuple(pick)
-                    pipelined = any(int(sess.dev_rel[d]) > 0 for d in devices) or pipelined
-                sess.place(p, n, devices, pipelined=pipelined)
+    order = sorted(pool_nodes, key=lambda k: 0 if st.pod_gpu_whole[scope.pools[k].pod] else 1)
+    for k in order:
+        slots = [n for n, c in sorted(pool_nodes[k].items()) for _ in range(c)]
+        assigned: list[tuple[int, int, bool]] = []  # (pod, node, moved)
+        for p in moving.get(k, []):
+            i = next((i for i, n in enumerate(slots) if n != int(sess.node[p])), None)
+            if i is None:
+                raise DecodeError(f"{st.pods[p].key} would move back onto its own node")
+            assigned.append((p, slots.pop(i), True))
+        if len(slots) != len(queues[k]):
+            raise DecodeError(f"pool of {st.pods[scope.pools[k].pod].key}: {len(slots)} places for "
+                              f"{len(queues[k])} pods")
+        assigned += [(p, n, False) for p, n in zip(queues[k], slots, strict=True)]
+        for p, n, moved in sorted(assigned, key=lambda a: a[1]):
+            now_ok, future_ok = placer.fit(p, np.array([n]))
+            if _share(st, p):
+                pool = share_devs[share_size(st, p, n)]
+                d = next((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n
+                          and not (moved and d in sess.pod_devices(p))), None)
+                if d is None:
+                    raise DecodeError(f"no device chosen for {st.pods[p].key} on {st.node_names[n]}")
+                pool[d] -= 1
+                per = sess.gpu_per_device(p, n)
+                if DEV - int(sess.dev_held[d]) < per:
+                    raise DecodeError(f"device {d} of {st.node_names[n]} has no room for {st.pods[p].key}")
+                pipelined = DEV - int(sess.dev_held[d]) - int(sess.dev_rel[d]) < per or not bool(now_ok[0])
+                sess.place(p, n, (d,), pipelined=pipelined or moved, moved=moved)
+                continue
+            if not bool(future_ok[0]):
+                raise DecodeError(f"{st.pods[p].key} does not fit on {st.node_names[n]}")
+            pipelined = not bool(now_ok[0])
+            devices = placer.devices_for(p, n, pipelined)
+            gpus = int(st.pod_gpu_whole[p])
+            if whole_devs.get(n) and gpus:
+                allowed = [d for d in whole_devs[n] if int(sess.dev_held[d]) == 0]
+                idle = [d for d in allowed if int(sess.dev_rel[d]) == 0]
+                pick = (idle + [d for d in allowed if d not in idle])[:gpus]
+                if len(pick) < gpus:
+                    raise DecodeError(f"not enough whole devices on {st.node_names[n]}")
+                devices = tuple(pick)
+                pipelined = any(int(sess.dev_rel[d]) > 0 for d in devices) or pipelined
+            sess.place(p, n, devices, pipelined=pipelined or moved, moved=moved)
     # a gang that waits for anything waits together
     for i in placed_groups:
         g = scope.groups[i].group
         pods = [int(p) for p in st.group_pods(g) if int(p) in sess.placements]
         if any(sess.placements[p].pipelined for p in pods):
             sess.convert_to_pipelined(pods)
+
+
+def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int, dict[int, int]],
+           share_devs: dict[tuple[int, int], dict[int, int]]) -> dict[int, list[int]]:
+    """Pool -> the running pods that move. A pod the solution sends back onto its own node stays where it is
+    instead, and one place of its pool there is dropped (for a share, one of its size on its own device)."""
+    st = sess.state
+    out: dict[int, list[int]] = defaultdict(list)
+    for c, mv in enumerate(scope.movers):
+        for p in mv.pods[: val(built.move[c])]:
+            here = pool_nodes[mv.pool]
+            if here.get(mv.node, 0) > 0:
+                if not _share(st, p):
+                    here[mv.node] -= 1
+                    continue
+                pool = share_devs[share_size(st, p, mv.node)]
+                d = next((d for d in sess.pod_devices(p) if pool.get(d, 0) > 0), None)
+                if d is not None:
+                    pool[d] -= 1
+                    here[mv.node] -= 1
+                    continue
+            out[mv.pool].append(p)
+    return out
+
+
+def _share(st, p: int) -> bool:
+    return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
 
 def _node_of(sess: Session, d: int) -> int:

@@ -49,6 +49,8 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         m.add_hint(built.evict_rec[vi], int("reclaim" in reasons and "preempt" not in reasons))
     for s, var in built.placed.items():
         m.add_hint(var, per_shape[s])
+    for var in built.move + list(built.moved_group.values()):  # the greedy's own moves are replayed already
+        m.add_hint(var, 0)
     sums: dict[int, int] = {}
     for var, prev, terms in built.derived:
         sums[var.index] = (sums[prev.index] if prev is not None else 0) + sum(per_shape[s] * c for s, c in terms)

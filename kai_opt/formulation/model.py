@@ -1,9 +1,10 @@
 """Build the CP-SAT model of one cycle: variables named by meaning, constraints in the order of DESIGN 5.
 
 Variables
-  place[s, n]     pods of shape pool s on node n (integer); a pool is one shape, or the interchangeable shapes of
-                  several groups (scope.shape_pools)
-  placed[s]       pods of shape s placed, for a shape in a pool of several (else the sum of its place[s, n])
+  place[k, n]     pods of pool k on node n (integer); a pool is one shape, or the interchangeable shapes of several
+                  groups and running pods that may move (scope.Pool)
+  placed[s]       pods of shape s placed, for a shape in a pool of several (else the sum of its place[k, n])
+  move[c]         running pods of mover c leaving their node (consolidation), re-placed through their pool
   gang[i]         group i placed (its minimum, and any elastic extras)
   on_device[k, d] share pods of size k (milli-GPU per device, devices) on GPU device d (nodes where shares go)
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
@@ -44,8 +45,10 @@ def _down(x: np.ndarray) -> np.ndarray:
 @dataclass
 class Built:
     model: cp_model.CpModel
-    place: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)  # (pool's first shape, node)
-    pool_of: dict[int, int] = field(default_factory=dict)  # shape -> its pool's first shape (the place key)
+    place: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)  # (pool, node)
+    pool_of: dict[int, int] = field(default_factory=dict)  # shape -> its pool
+    move: list[cp_model.IntVar] = field(default_factory=list)  # per scope mover: pods moved off its node
+    moved_group: dict[int, cp_model.IntVar] = field(default_factory=dict)  # group -> some pod moved
     placed: dict[int, cp_model.IntVar] = field(default_factory=dict)  # shape of a pool of several -> pods placed
     gang: list[cp_model.IntVar] = field(default_factory=list)
     on_device: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -81,31 +84,49 @@ def build_model(sess: Session, scope: Scope) -> Built:
     for i, g in enumerate(groups):
         for s in g.shapes:
             group_of_shape[s] = i
+    # -- consolidation moves: running pods leaving their node, each re-placed through its pool ----------------
+    b.move = [m.new_int_var(0, len(mv.pods), f"move[{st.pods[mv.pods[0]].name}~{len(mv.pods)},"
+                                             f"{st.node_names[mv.node]}]") for mv in scope.movers]
+    if scope.movers:
+        served = sum(b.gang[j] for j in scope.move_for)  # only while a group consolidation may serve is placed
+        for mv, x in zip(scope.movers, b.move, strict=True):
+            m.add(x <= len(mv.pods) * served)
+        limit = sess.cfg.max_consolidation_preemptees
+        if limit > 0:  # KAI's cap on victim jobs, per consolidating group
+            moved_group: dict[int, cp_model.IntVar] = {}
+            for mv, x in zip(scope.movers, b.move, strict=True):
+                if mv.group not in moved_group:
+                    moved_group[mv.group] = m.new_bool_var(f"moved[{st.pg_keys[mv.group]}]")
+                m.add(x <= len(mv.pods) * moved_group[mv.group])
+            b.moved_group = moved_group
+            m.add(sum(moved_group.values()) <= limit * served)
+
+    # -- placements per (pool, node); per shape the pods placed ------------------------------------------------
     totals: dict[int, cp_model.LinearExpr] = {}
-    node_room = _NodeRoom(sess, victims)
-    for pool in scope.pools:
-        first = pool[0]
-        p0 = shapes[first].pods[0]
-        label = st.pods[p0].name + ("~" if len(pool) == 1 else f"~+{len(pool) - 1}")
-        most = sum(len(shapes[k].pods) for k in pool)
+    node_room = _NodeRoom(sess, victims, scope.movers)
+    for pi, pool in enumerate(scope.pools):
+        p0 = pool.pod
+        label = st.pods[p0].name + ("~" if len(pool.shapes) + len(pool.movers) == 1
+                                    else f"~+{len(pool.shapes) + len(pool.movers) - 1}")
+        most = sum(len(shapes[k].pods) for k in pool.shapes) + sum(len(scope.movers[c].pods) for c in pool.movers)
         terms = []
-        for n in shapes[first].nodes.tolist():
+        for n in pool.nodes.tolist():
             cap = node_room.cap(p0, n)
             if cap <= 0:
                 continue
             v = m.new_int_var(0, min(cap, most), f"place[{label},{st.node_names[n]}]")
-            b.place[(first, n)] = v
+            b.place[(pi, n)] = v
             terms.append(v)
-        for k in pool:
-            b.pool_of[k] = first
-        if len(pool) == 1:
-            totals[first] = sum(terms) if terms else 0
+        for k in pool.shapes:
+            b.pool_of[k] = pi
+        if len(pool.shapes) == 1 and not pool.movers:
+            totals[pool.shapes[0]] = sum(terms) if terms else 0
         else:
-            for k in pool:
+            for k in pool.shapes:
                 b.placed[k] = m.new_int_var(0, len(shapes[k].pods), f"placed[{st.pods[shapes[k].pods[0]].name}~]")
                 totals[k] = b.placed[k]
-            m.add(sum(terms) == sum(b.placed[k] for k in pool))
-        for k in pool:
+            m.add(sum(terms) == sum(b.placed[k] for k in pool.shapes) + sum(b.move[c] for c in pool.movers))
+        for k in pool.shapes:
             m.add(totals[k] <= len(shapes[k].pods) * b.gang[group_of_shape[k]])
     for i, g in enumerate(groups):
         group_total = sum(totals[s] for s in g.shapes)
@@ -151,27 +172,28 @@ def build_model(sess: Session, scope: Scope) -> Built:
 
     # -- node capacity (once releases and evictions finish) ----------------------------------------------------
     on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    for (s_idx, n), v in b.place.items():
-        on_node[n].append((s_idx, v))
-    released: dict[int, list[tuple[int, int]]] = defaultdict(list)  # node -> (victim, pod)
+    for (pi, n), v in b.place.items():
+        on_node[n].append((scope.pools[pi].pod, v))  # (a pod of the pool, its count here)
+    # node -> (how many leave, one of them, at most): victim pods evicted, moved pods
+    released: dict[int, list[tuple[cp_model.LinearExpr, int, int]]] = defaultdict(list)
     for vi, v in enumerate(victims):
         for p in v.pods:
-            released[int(sess.node[p])].append((vi, p))
-    share_nodes = {n for (s_idx, n) in b.place if shapes[s_idx].kind == "share"}
+            released[int(sess.node[p])].append((evicted[vi], p, 1))
+    for mv, x in zip(scope.movers, b.move, strict=True):
+        released[mv.node].append((x, mv.pods[0], len(mv.pods)))
+    share_nodes = {n for n, items in on_node.items() if any(_is_share(st, p) for p, _v in items)}
     # a victim holding a GPU share frees part of a device: only the device-level constraints count that right
-    share_nodes |= {n for n, items in released.items()
-                    if any(int(st.pod_gpu_frac[p]) or int(st.pod_gpu_mem[p]) for _, p in items)}
+    share_nodes |= {n for n, items in released.items() if any(_is_share(st, p) for _, p, _k in items)}
     for n, items in on_node.items():
         for c in cols:
-            use = sum(v * int(st.pod_req[shapes[s].pods[0], c]) for s, v in items)
-            free = int(future[n, c]) + sum(evicted[vi] * int(st.pod_req[p, c]) for vi, p in released[n])
+            use = sum(v * int(st.pod_req[p, c]) for p, v in items)
+            free = int(future[n, c]) + sum(x * int(st.pod_req[p, c]) for x, p, _k in released[n])
             m.add(use <= free)
-        whole_use = sum(v * shapes[s].gpus for s, v in items if shapes[s].kind == "whole")
+        whole_use = sum(v * int(st.pod_gpu_whole[p]) for p, v in items if st.pod_gpu_whole[p])
         if n in share_nodes:
-            _device_constraints(sess, b, n, items, released[n], evicted, shapes, whole_use)
+            _device_constraints(sess, b, n, items, released[n], whole_use)
         else:
-            whole_free = int(sess.whole_future[n]) + sum(
-                evicted[vi] * int(st.pod_gpu_whole[p]) for vi, p in released[n])
+            whole_free = int(sess.whole_future[n]) + sum(x * int(st.pod_gpu_whole[p]) for x, p, _k in released[n])
             m.add(whole_use <= whole_free)
 
     # -- topology ---------------------------------------------------------------------------------------------
@@ -179,23 +201,23 @@ def build_model(sess: Session, scope: Scope) -> Built:
         if g.topology < 0 or g.required_level < 0:
             continue
         dom = st.topologies[g.topology].domain[g.required_level]
-        nodes_by_dom: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for s in g.shapes:
+        nodes_by_dom: dict[int, list[tuple[int, int]]] = defaultdict(list)  # domain -> (shape, node)
+        for s in g.shapes:  # each in a pool of its own (scope.shape_pools)
             for n in shapes[s].nodes.tolist():
-                if (s, n) in b.place:
+                if (b.pool_of[s], n) in b.place:
                     nodes_by_dom[int(dom[n])].append((s, n))
         choices = []
         for d, keys in nodes_by_dom.items():
             if d < 0 or (g.fixed_domain >= 0 and d != g.fixed_domain):
-                for key in keys:
-                    m.add(b.place[key] == 0)
+                for s, n in keys:
+                    m.add(b.place[(b.pool_of[s], n)] == 0)
                 continue
             d_name = st.topologies[g.topology].domain_names[g.required_level][d]
             x = m.new_bool_var(f"domain[{st.pg_keys[g.group]},{d_name}]")
             b.domain[(i, d)] = x
             choices.append(x)
-            for key in keys:
-                m.add(b.place[key] <= len(shapes[key[0]].pods) * x)
+            for s, n in keys:
+                m.add(b.place[(b.pool_of[s], n)] <= len(shapes[s].pods) * x)
         if choices:
             m.add(sum(choices) == b.gang[i])
         else:
@@ -223,11 +245,14 @@ def build_model(sess: Session, scope: Scope) -> Built:
         p = v.pods
         gpu = int(st.pod_req[p, R_GPU].sum())
         cost.append(evicted[vi] * ((gpu + 10 * len(p)) * 4 ** level[int(st.pg_priority[v.group])]))
+    for mv, x in zip(scope.movers, b.move, strict=True):  # a move costs as its eviction would
+        p = mv.pods[0]
+        cost.append(x * ((int(st.pod_req[p, R_GPU]) + 10) * 4 ** level[int(st.pg_priority[mv.group])]))
     b.eviction_cost = sum(cost) if cost else 0
     pack = []
     alloc_gpu = st.node_alloc[:, R_GPU]
-    for (s_idx, n), v in b.place.items():
-        if alloc_gpu[n] > 0 and shapes[s_idx].kind != "none":
+    for (pi, n), v in b.place.items():
+        if alloc_gpu[n] > 0 and st.pod_req[scope.pools[pi].pod, R_GPU] > 0:
             used = int(10 * (alloc_gpu[n] - future[n, R_GPU]) // alloc_gpu[n])  # 0..10: fuller nodes first
             pack.append(v * used)
     b.packing = sum(pack) if pack else 0
@@ -237,18 +262,17 @@ def build_model(sess: Session, scope: Scope) -> Built:
 class _NodeRoom:
     """Per node, what could ever be free in this cycle (every candidate victim evicted), computed once."""
 
-    def __init__(self, sess: Session, victims: list) -> None:
+    def __init__(self, sess: Session, victims: list, movers: list) -> None:
         self.sess = sess
         self.extra: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(sess.alloc.shape[1], dtype=np.int64))
         self.dev_extra: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         st = sess.state
-        for v in victims:
-            for q in v.pods:
-                n = int(sess.node[q])
-                self.extra[n] = self.extra[n] + st.pod_req[q]
-                per = st.pod_gpu_per_device(q, n)
-                for d in sess.pod_devices(q):
-                    self.dev_extra[n][int(d)] += per
+        for q in [q for v in victims for q in v.pods] + [q for mv in movers for q in mv.pods]:
+            n = int(sess.node[q])
+            self.extra[n] = self.extra[n] + st.pod_req[q]
+            per = st.pod_gpu_per_device(q, n)
+            for d in sess.pod_devices(q):
+                self.dev_extra[n][int(d)] += per
         self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -279,29 +303,34 @@ class _NodeRoom:
         return max(0, int(cap))
 
 
-def _device_constraints(sess: Session, b: Built, n: int, items: list, released: list, evicted: list,
-                        shapes: list, whole_use: cp_model.LinearExpr) -> None:
+def _is_share(st, p: int) -> bool:
+    return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+
+
+def _device_constraints(sess: Session, b: Built, n: int, items: list, released: list,
+                        whole_use: cp_model.LinearExpr) -> None:
     """Shares and whole GPUs on node n at device level: each device holds shares up to its free room, or is
-    handed whole to a whole-GPU pod when nothing stays on it."""
+    handed whole to a whole-GPU pod when nothing stays on it. `items`: (a pod of a pool, its count on n);
+    `released`: (how many leave, one of them, at most) for victims and moved pods."""
     st, m = sess.state, b.model
     a, z = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-    per_victim_dev: dict[int, list[tuple[int, int]]] = defaultdict(list)  # device -> (victim, milli)
-    for vi, p in released:
+    per_victim_dev: dict[int, list[tuple[cp_model.LinearExpr, int, int]]] = defaultdict(list)  # device ->
+    for x, p, most in released:  # (how many leave, milli-GPU each, at most)
         per = st.pod_gpu_per_device(p, n)
         for d in sess.pod_devices(p):
-            per_victim_dev[int(d)].append((vi, per))
+            per_victim_dev[int(d)].append((x, per, most))
     whole_devs = []
     # shares of one size are interchangeable on a device: one count per (milli-GPU per device, devices per pod)
     # and device, whatever shape they come from (fractions-100: 40k -> a few thousand variables)
     pools: dict[tuple[int, int], list] = defaultdict(list)  # size -> shape totals on this node
-    for s, v in items:
-        if shapes[s].kind == "share":
-            pools[share_size(st, shapes[s].pods[0], n)].append(v)
+    for p, v in items:
+        if _is_share(st, p):
+            pools[share_size(st, p, n)].append(v)
     per_pool_dev: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)
     for d in range(a, z):
         held = int(sess.dev_held[d])
-        gain = sum(evicted[vi] * per for vi, per in per_victim_dev[d])
-        most_free = DEV - held + sum(per for _, per in per_victim_dev[d])  # every victim on it evicted
+        gain = sum(x * per for x, per, _k in per_victim_dev[d])
+        most_free = DEV - held + sum(per * k for _x, per, k in per_victim_dev[d])  # every victim on it gone
         if most_free <= 0:
             continue  # full whatever the model decides: no variables for it
         shares_here = []

@@ -76,6 +76,28 @@ class Victim:
 
 
 @dataclass
+class Pool:
+    """Pods interchangeable on every node: the pending shapes of one or more groups and running pods that
+    consolidation may move. The model counts the pool's pods per candidate node."""
+
+    shapes: list[int]  # indexes into Scope.shapes
+    movers: list[int] = field(default_factory=list)  # indexes into Scope.movers
+    nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # candidate nodes
+    pod: int = -1  # one of its pods (requests, GPU needs, scheduling signature)
+
+
+@dataclass
+class Mover:
+    """Running pods of one group on one node, holding the same devices (shares) or one pod (whole GPUs), that
+    the model may move to another node to make room (consolidation: each one re-placed in the same plan)."""
+
+    pool: int
+    group: int
+    node: int
+    pods: list[int]
+
+
+@dataclass
 class Scope:
     groups: list[GroupScope]
     shapes: list[Shape]
@@ -84,7 +106,9 @@ class Scope:
     excluded: list[int]  # pending groups left out (window, pod affinity, problems)
     notes: list[str]
     keep: dict[int, int] = field(default_factory=dict)  # scope group -> pods the greedy plan placed (kept at least)
-    pools: list[list[int]] = field(default_factory=list)  # shapes that share placement variables (first = key)
+    pools: list[Pool] = field(default_factory=list)
+    movers: list[Mover] = field(default_factory=list)
+    move_for: list[int] = field(default_factory=list)  # scope groups a move may serve (consolidation's rules)
 
 
 def _shape_key(sess: Session, p: int) -> tuple:
@@ -173,32 +197,111 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     # candidate, 707 = the greedy's with 24)
     pools = shape_pools(sess, groups, shapes)
     cap = max(per_shape_nodes, PAIR_BUDGET // max(1, len(pools)))
-    _candidate_nodes(sess, acts, shapes, pools, greedy_nodes, victims, cap)
+    move_for, movable = _movable(sess, groups, greedy)
+    _candidate_nodes(sess, acts, pools, greedy_nodes, victims, cap, shapes, movable)
+    for pool in pools:
+        for k in pool.shapes:
+            shapes[k].nodes = pool.nodes
     model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
-    return Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools)
+    scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for)
+    _add_movers(sess, acts, scope, movable, per_shape_nodes)
+    return scope
 
 
-def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[list[int]]:
+def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:
     """Shapes of different groups whose pods are interchangeable on every node (same requests, GPU needs and
     scheduling signature) share one count per node: the model then decides per (pool, node) and per shape how
     many of its pods go, so identical gangs cost one set of node variables (fragmentation-1000: about 1,000 shapes
     in 5 pools). A shape of a group with a required topology level keeps its own (the domain is the group's)."""
-    by_key: dict[tuple, list[int]] = {}
-    pools: list[list[int]] = []
+    by_key: dict[tuple, Pool] = {}
+    pools: list[Pool] = []
     for gs in groups:
         own = gs.topology >= 0 and gs.required_level >= 0
         for s in gs.shapes:
+            p0 = shapes[s].pods[0]
             if own:
-                pools.append([s])
+                pools.append(Pool([s], pod=p0))
                 continue
-            key = _shape_key(sess, shapes[s].pods[0])[1:]  # the sub-group does not change where a pod fits
+            key = pool_key(sess, p0)
             if key not in by_key:
-                by_key[key] = []
+                by_key[key] = Pool([], pod=p0)
                 pools.append(by_key[key])
-            by_key[key].append(s)
+            by_key[key].shapes.append(s)
     return pools
+
+
+def pool_key(sess: Session, p: int) -> tuple:
+    """What decides where pod p fits (its shape key without the sub-group)."""
+    return _shape_key(sess, p)[1:]
+
+
+def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[list[int], np.ndarray]:
+    """Consolidation inside the model: (the scope groups a move may serve, the running pods that may move). The
+    greedy's consolidation rules: the beneficiary is preemptible and its queue within its fair share; victims are
+    preemptible, and each moved pod is re-placed in the same plan. Pods of groups the greedy plan evicts, of
+    pending groups, of groups with a required topology level, with pod (anti-)affinity or gpu-memory requests
+    (whose queue request depends on the node) stay."""
+    st, cfg = sess.state, sess.cfg
+    none = np.zeros(0, dtype=np.int64)
+    if not cfg.actions.consolidate or cfg.max_consolidation_preemptees == 0:
+        return [], none
+    move_for = [i for i, gs in enumerate(groups)
+                if gs.preemptible and can_reclaim(sess.fs, sess.ledger, gs.queue, _min_request(sess, gs),
+                                                  preemptible=True)]
+    if not move_for:
+        return [], none
+    stay = np.zeros(st.n_groups, dtype=bool)
+    stay[[int(st.pod_pg[e.pod]) for e in greedy.evictions]] = True
+    stay[[gs.group for gs in groups]] = True
+    stay |= (st.pg_topology >= 0) & (st.pg_required_level >= 0)
+    stay |= ~st.pg_preemptible.astype(bool)
+    pods = np.flatnonzero((sess.status == PodStatus.BOUND) & (st.pod_pg >= 0) & (st.pod_gpu_mem == 0))
+    pods = pods[~stay[st.pod_pg[pods]]]
+    keep = [not (st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity) for p in pods.tolist()]
+    return move_for, pods[np.array(keep, dtype=bool)] if len(pods) else pods
+
+
+MOVE_BUDGET = 3_000  # running pods one model may move, at most (on the nodes with the most free GPUs first)
+
+
+def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray, per_shape_nodes: int) -> None:
+    """The movable pods on the model's nodes become movers: per (pool, group, node, devices), in pools with the
+    pending pods they are interchangeable with, or in pools of their own (candidate nodes: the best-fitting)."""
+    st = sess.state
+    if not len(movable) or not len(scope.nodes):
+        return
+    nodes = scope.nodes[np.argsort(-(sess.alloc[scope.nodes, R_GPU] - sess.held[scope.nodes, R_GPU]),
+                                   kind="stable")]
+    rank = np.full(st.n_nodes, -1, dtype=np.int64)
+    rank[nodes] = np.arange(len(nodes))
+    pods = movable[rank[sess.node[movable]] >= 0]
+    pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:MOVE_BUDGET]
+    own = {k for gs in scope.groups if gs.topology >= 0 and gs.required_level >= 0 for k in gs.shapes}
+    by_key = {pool_key(sess, pool.pod): i for i, pool in enumerate(scope.pools) if pool.shapes[0] not in own}
+    classes: dict[tuple, Mover] = {}
+    for p in pods.tolist():
+        g = int(st.pod_pg[p])
+        key = pool_key(sess, p)
+        if key not in by_key:
+            by_key[key] = len(scope.pools)
+            scope.pools.append(Pool([], pod=p))
+        pool = by_key[key]
+        devices = sess.pod_devices(p) if not st.pod_gpu_whole[p] else (p,)  # whole-GPU pods one by one
+        ckey = (pool, g, int(sess.node[p]), devices)
+        if ckey not in classes:
+            classes[ckey] = Mover(pool, g, int(sess.node[p]), [])
+            scope.pools[pool].movers.append(len(scope.movers))
+            scope.movers.append(classes[ckey])
+        classes[ckey].pods.append(p)
+    fresh = [pool for pool in scope.pools if not pool.shapes]
+    if fresh:
+        _candidate_nodes(sess, acts, fresh, {}, [], per_shape_nodes)
+        scope.nodes = np.unique(np.concatenate([scope.nodes] + [pool.nodes for pool in fresh]))
+    if scope.movers:
+        scope.notes.append(f"{len(pods)} running pods the model may move (consolidation) for "
+                           f"{len(scope.move_for)} eligible groups")
 
 
 def replayed_evictions(st, greedy: Plan) -> list:
@@ -295,10 +398,12 @@ def _min_request(sess: Session, gs: GroupScope) -> np.ndarray:
     return sess.queue_request(pend.tolist()).sum(axis=0) if len(pend) else np.zeros(3)
 
 
-def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], pools: list[list[int]],
-                     greedy_nodes: dict[int, set[int]], victims: list[Victim], cap: int) -> None:
-    """Candidate nodes per pool (every shape of a pool gets the same): the nodes the greedy used for them, the
-    best-fitting others, and nodes where evictions could make room, up to `cap` (or 4 per pod)."""
+def _candidate_nodes(sess: Session, acts: Actions, pools: list[Pool], greedy_nodes: dict[int, set[int]],
+                     victims: list[Victim], cap: int, shapes: list[Shape] | None = None,
+                     movable: np.ndarray | None = None) -> None:
+    """Candidate nodes per pool: the nodes the greedy used for its pods, the best-fitting others, nodes where
+    evictions could make room, and nodes where moving the movable pods away would, up to `cap` (or 4 per pending
+    pod) of each kind."""
     st = sess.state
     placer = acts.placer
     victim_nodes = np.zeros(st.n_nodes, dtype=bool)
@@ -306,27 +411,40 @@ def _candidate_nodes(sess: Session, acts: Actions, shapes: list[Shape], pools: l
         for p in v.pods:
             victim_nodes[int(sess.node[p])] = True
     future = sess.alloc - sess.held
+    room = future.astype(np.float64)  # free once every movable pod has left (whole GPUs: devices)
+    whole_room = sess.whole_future.astype(np.float64)
+    if movable is not None and len(movable):
+        np.add.at(room, sess.node[movable], st.pod_req[movable])
+        np.add.at(whole_room, sess.node[movable], st.pod_gpu_whole[movable])
     for pool in pools:
-        s = shapes[pool[0]]
-        p = s.pods[0]
+        p = pool.pod
         static = placer.static_mask(int(st.pod_sig[p]))
         cand = np.nonzero(static)[0]
         if len(cand) == 0:
-            for k in pool:
-                shapes[k].nodes = cand
+            pool.nodes = cand
             continue
         _, fits = placer.fit(p, cand)
-        ok = fits | victim_nodes[cand]
+        roomy = np.zeros(len(cand), dtype=bool)
+        if movable is not None and len(movable):
+            req = st.pod_req[p]
+            roomy = ~fits & np.all((room[cand] >= req) | (np.arange(len(req)) == R_GPU), axis=1)
+            if st.pod_gpu_whole[p]:
+                roomy &= whole_room[cand] >= int(st.pod_gpu_whole[p])
+            elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+                roomy &= room[cand, R_GPU] > 0
+        ok = fits | victim_nodes[cand] | roomy
+        roomy_nodes = cand[roomy]
         cand = cand[ok]
-        hinted = sorted({n for k in pool for q in shapes[k].pods for n in greedy_nodes.get(q, ())})
-        limit = max(cap, 4 * sum(len(shapes[k].pods) for k in pool))
+        members = [q for k in pool.shapes for q in shapes[k].pods] if shapes is not None else []
+        hinted = sorted({n for q in members for n in greedy_nodes.get(q, ())})
+        limit = max(cap, 4 * len(members))
         if len(cand) > limit:
-            col = R_GPU if s.kind != "none" else 0
+            col = R_GPU if st.pod_req[p, R_GPU] > 0 else 0
             free = future[cand, col]
             fitting = cand[np.argsort(free, kind="stable")]  # best fit first (fewest free that still fit)
-            chosen = list(dict.fromkeys(hinted + fitting[:limit].tolist() + cand[victim_nodes[cand]][:limit].tolist()))
+            chosen = list(dict.fromkeys(hinted + fitting[:limit].tolist() + cand[victim_nodes[cand]][:limit].tolist()
+                                        + roomy_nodes[:limit].tolist()))
             cand = np.array(chosen, dtype=np.int64)
         else:
             cand = np.array(sorted(set(cand.tolist()) | set(hinted)), dtype=np.int64)
-        for k in pool:
-            shapes[k].nodes = cand
+        pool.nodes = cand

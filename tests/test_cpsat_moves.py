@@ -1,0 +1,59 @@
+"""Consolidation inside the CP-SAT model: running preemptible pods moved to make room, under the config's rules."""
+
+from __future__ import annotations
+
+from kai_opt.bench.instances import Instance
+from kai_opt.checker import check_plan
+from kai_opt.config import Engine, parse_config
+from kai_opt.engine import run_cycle
+from kai_opt.state import build_state
+
+SOLVER = {"deterministic": True, "time_budget_s": 2, "seed": 0}
+
+
+def _run(extra: dict | None = None):
+    config = parse_config({"engine": "cpsat", "solver": SOLVER, **(extra or {})})
+    st = build_state(Instance("topology", 60, 0).snapshot())  # racks fragmented by small running jobs
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    return st, greedy, plan
+
+
+def _gpus(st, plan) -> float:
+    return sum(float(st.pod_req[pl.pod, 2]) for pl in plan.placements if not pl.moved) / 1000
+
+
+def _moved_groups(st, plan) -> set[int]:
+    return {int(st.pod_pg[pl.pod]) for pl in plan.placements if pl.moved}
+
+
+def test_moves_free_racks_for_topology_gangs() -> None:
+    st, greedy, plan = _run()
+    assert plan.solver is not None and plan.solver.status in ("OPTIMAL", "FEASIBLE"), plan.solver
+    assert not any(pl.moved for pl in greedy.placements)  # the greedy consolidation found nothing here
+    moved = [pl for pl in plan.placements if pl.moved]
+    assert moved
+    assert _gpus(st, plan) >= _gpus(st, greedy) + 64  # at least one more 8-node rack gang
+    evictions = {e.pod: e for e in plan.evictions}
+    placed = {int(st.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved}
+    for pl in moved:
+        e = evictions[pl.pod]
+        assert e.reason == "consolidate" and e.beneficiary in placed
+        assert st.pg_preemptible[e.beneficiary] and st.pg_preemptible[int(st.pod_pg[pl.pod])]
+        assert pl.node != int(st.pod_node[pl.pod])
+
+
+def test_no_moves_when_consolidation_is_off() -> None:
+    for extra in ({"max_consolidation_preemptees": 0}, {"actions": {"consolidate": False}}):
+        _, _, plan = _run(extra)
+        assert not any(pl.moved for pl in plan.placements), extra
+        assert not any(e.reason == "consolidate" for e in plan.evictions), extra
+
+
+def test_moved_groups_stay_within_the_preemptee_cap() -> None:
+    st, _, plan = _run({"max_consolidation_preemptees": 1})
+    placed = {int(st.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved}
+    served = {e.beneficiary for e in plan.evictions if e.reason == "consolidate"}
+    assert served <= placed
+    assert len(_moved_groups(st, plan)) <= len([g for g in placed if st.pg_preemptible[g]])
