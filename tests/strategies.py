@@ -38,6 +38,7 @@ def clusters(draw: st.DrawFn, max_nodes: int = 6, max_jobs: int = 8, topology: b
         size = draw(st.integers(1, 4))
         frac = draw(st.sampled_from([0, 0, 0, 0.25, 0.5]))
         per = 0 if frac else draw(st.sampled_from([0, 1, 1, 2]))
+        ndev = draw(st.sampled_from([1, 1, 1, 2])) if frac else 1  # gpu-fraction-num-devices
         min_member = draw(st.integers(1, size))
         pclass = draw(st.sampled_from(["train", "train", "build", "inference"]))
         spec = {}
@@ -49,7 +50,7 @@ def clusters(draw: st.DrawFn, max_nodes: int = 6, max_jobs: int = 8, topology: b
         for k in range(size):
             placed_on = None
             if running:
-                need = 1 if frac else per
+                need = ndev if frac else per
                 cands = [i for i in range(n_nodes) if free[i] >= need and used_cpu[i] < 6]
                 if cands:
                     placed_on = draw(st.sampled_from(cands))
@@ -58,5 +59,6 @@ def clusters(draw: st.DrawFn, max_nodes: int = 6, max_jobs: int = 8, topology: b
             deleting = placed_on is not None and draw(st.integers(0, 9)) == 0
             objs.append(pod(f"j{j}-{k}", group=f"j{j}", gpus=frac or per, cpu="1", memory="1Gi",
                             node_name=f"n{placed_on}" if placed_on is not None else None, deleting=deleting,
-                            started_min_ago=draw(st.sampled_from([1, 60, 600]))))
+                            started_min_ago=draw(st.sampled_from([1, 60, 600])),
+                            annotations={"gpu-fraction-num-devices": str(ndev)} if ndev > 1 else None))
     return objs

@@ -90,16 +90,22 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
             now_ok, future_ok = placer.fit(p, np.array([n]))
             if _share(st, p):
                 pool = share_devs[share_size(st, p, n)]
-                d = next((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n
-                          and not (moved and d in sess.pod_devices(p))), None)
-                if d is None:
+                ndev = int(st.pod_gpu_ndev[p])
+                # the devices with the most of this size left first: with no device above the pods left, each
+                # pod gets distinct devices
+                free = sorted((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n
+                               and not (moved and d in sess.pod_devices(p))), key=lambda d: (-pool[d], d))
+                if len(free) < ndev:
                     raise DecodeError(f"no device chosen for {st.pods[p].key} on {st.node_names[n]}")
-                pool[d] -= 1
+                devs = tuple(sorted(free[:ndev]))
                 per = sess.gpu_per_device(p, n)
-                if DEV - int(sess.dev_held[d]) < per:
-                    raise DecodeError(f"device {d} of {st.node_names[n]} has no room for {st.pods[p].key}")
-                pipelined = DEV - int(sess.dev_held[d]) - int(sess.dev_rel[d]) < per or not bool(now_ok[0])
-                sess.place(p, n, (d,), pipelined=pipelined or moved, moved=moved)
+                pipelined = not bool(now_ok[0])
+                for d in devs:
+                    pool[d] -= 1
+                    if DEV - int(sess.dev_held[d]) < per:
+                        raise DecodeError(f"device {d} of {st.node_names[n]} has no room for {st.pods[p].key}")
+                    pipelined |= DEV - int(sess.dev_held[d]) - int(sess.dev_rel[d]) < per
+                sess.place(p, n, devs, pipelined=pipelined or moved, moved=moved)
                 continue
             if not bool(future_ok[0]):
                 raise DecodeError(f"{st.pods[p].key} does not fit on {st.node_names[n]}")
@@ -126,7 +132,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
 def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int, dict[int, int]],
            share_devs: dict[tuple[int, int], dict[int, int]]) -> dict[int, list[int]]:
     """Pool -> the running pods that move. A pod the solution sends back onto its own node stays where it is
-    instead, and one place of its pool there is dropped (for a share, one of its size on its own device)."""
+    instead, and one place of its pool there is dropped (for a share, one of its size on each of its devices)."""
     st = sess.state
     out: dict[int, list[int]] = defaultdict(list)
     for c, mv in enumerate(scope.movers):
@@ -137,9 +143,10 @@ def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int,
                     here[mv.node] -= 1
                     continue
                 pool = share_devs[share_size(st, p, mv.node)]
-                d = next((d for d in sess.pod_devices(p) if pool.get(d, 0) > 0), None)
-                if d is not None:
-                    pool[d] -= 1
+                own = sess.pod_devices(p)
+                if all(pool.get(d, 0) > 0 for d in own):
+                    for d in own:
+                        pool[d] -= 1
                     here[mv.node] -= 1
                     continue
             out[mv.pool].append(p)

@@ -299,7 +299,7 @@ class _NodeRoom:
             cap = min(cap, int((dev_free >= DEV).sum()) // int(st.pod_gpu_whole[p]))
         elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
             per = st.pod_gpu_per_device(p, n)
-            cap = min(cap, int((dev_free // max(per, 1)).sum()))
+            cap = min(cap, int((dev_free // max(per, 1)).sum()) // max(1, int(st.pod_gpu_ndev[p])))
         return max(0, int(cap))
 
 
@@ -351,8 +351,11 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
             shares_here.append(u * per)
         if shares_here:
             m.add(sum(shares_here) <= (DEV - held) + gain)
-    for size, vs in pools.items():
-        m.add(sum(per_pool_dev[size]) == sum(vs))
+    for size, vs in pools.items():  # a pod of n devices counts on n distinct devices: no device holds more of
+        m.add(sum(per_pool_dev[size]) == size[1] * sum(vs))  # them than there are pods (then a round-robin
+        if size[1] > 1:  # hands each pod distinct devices, see decode)
+            for u in per_pool_dev[size]:
+                m.add(u <= sum(vs))
     m.add(whole_use <= sum(whole_devs))
 
 

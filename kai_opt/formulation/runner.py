@@ -108,7 +108,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
 
 def _most_moves(built: Built) -> int:
     m = built.model
-    return sum(int(m.proto.variables[v.index].domain[-1]) for v in built.move)
+    return sum(int(list(m.proto.variables[v.index].domain)[-1]) for v in built.move)
 
 
 MOVE_SCALE = 1 << 13  # > every move of one model (MOVE_BUDGET pods)
