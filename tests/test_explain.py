@@ -345,10 +345,10 @@ def test_unknown_names_are_one_line_and_exit_2(flag, name, kind, capsys) -> None
 
 def test_cli_table_and_json(capsys) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["explain", "models/examples/topology.yaml", "--podgroup", "team-a/rl-agents", "-o", "json"])
+        main(["explain", "models/examples/topology.yaml", "--podgroup", "team-b/eval", "-o", "json"])
     assert done.value.code == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["target"] == {"kind": "podgroup", "name": "team-a/rl-agents"} and data["pending"]["reasons"]
+    assert data["target"] == {"kind": "podgroup", "name": "team-b/eval"} and data["pending"]["reasons"]
     for args in (["--podgroup", "team-b/llm-pretrain"], ["--queue", "team-a"], ["--pod", "team-a/rl-agents-leader-0"]):
         with pytest.raises(SystemExit) as done:
             main(["explain", "models/examples/topology.yaml", *args])
@@ -364,7 +364,7 @@ def test_explains_a_saved_plan(tmp_path, capsys) -> None:
     outs = []
     for extra in ([], ["--plan", str(path)]):
         with pytest.raises(SystemExit) as done:
-            main(["explain", "models/examples/topology.yaml", "--podgroup", "team-a/rl-agents", "-o", "json", *extra])
+            main(["explain", "models/examples/topology.yaml", "--podgroup", "team-b/eval", "-o", "json", *extra])
         assert done.value.code == 0
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["pending"]["reasons"] == outs[1]["pending"]["reasons"]
