@@ -57,3 +57,34 @@ def test_moved_groups_stay_within_the_preemptee_cap() -> None:
     served = {e.beneficiary for e in plan.evictions if e.reason == "consolidate"}
     assert served <= placed
     assert len(_moved_groups(st, plan)) <= len([g for g in placed if st.pg_preemptible[g]])
+
+
+def test_plan_without_moves_is_kept_when_the_search_with_moves_finds_nothing(monkeypatch) -> None:
+    """Tier 1 runs first with moves held at 0; if the search with moves then returns nothing in its time, the
+    solution without moves is the tier-1 result (it used to be dropped: fallback to the greedy plan)."""
+    from ortools.sat.python import cp_model
+
+    from kai_opt.formulation import runner
+    from kai_opt.formulation.hint import add_greedy_hint
+    from kai_opt.formulation.model import build_model
+    from kai_opt.formulation.solve import model_scope
+
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    st = build_state(Instance("topology", 60, 0).snapshot())
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    sess, scope = model_scope(st, fs, config, greedy)
+    built = build_model(sess, scope)
+    add_greedy_hint(built, scope, greedy, sess)
+    assert built.move
+    real = cp_model.CpSolver.solve
+    calls: list[int] = []
+
+    def solve(self, model, *args, **kwargs):
+        calls.append(1)
+        return cp_model.UNKNOWN if len(calls) == 2 else real(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", solve)
+    result = runner.solve_lexicographic(built, config.solver, 2.0)
+    assert len(calls) == 3  # without moves, with moves (nothing), tiers 2-3
+    assert result.values and result.status == "FEASIBLE" and result.value_tier > 0
+    assert all(result.values[v.index] == 0 for v in built.move)

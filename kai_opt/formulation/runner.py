@@ -69,18 +69,22 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     # among plans placing as much, the fewest moves (each move 1 < MOVE_SCALE, one unit of work placed): tiers
     # 2-3 may get too little time to undo needless moves (topology-100-s0: 148 moved pods otherwise)
     m.maximize(built.value * MOVE_SCALE - moves if built.move else built.value)
-    if built.move:
-        _without_moves(solver, built, cfg, seconds * tier1_share * MOVE_FREE_SHARE)
+    before = _without_moves(solver, built, cfg, seconds * tier1_share * MOVE_FREE_SHARE) if built.move else None
     _params(solver, cfg, seconds * tier1_share - (time.perf_counter() - start), len(m.proto.variables))
     status = solver.solve(m)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        v1 = float(solver.value(built.value))
+        bound1 = solver.best_objective_bound
+        if built.move:
+            bound1 = math.floor((bound1 + _most_moves(built)) / MOVE_SCALE)
+        first = list(solver.response_proto.solution)
+    elif before is not None:  # nothing in the time left with moves: the plan without them (bound unknown)
+        first, v1 = before
+        bound1 = math.inf
+        status = cp_model.FEASIBLE
+    else:
         return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
-    v1 = float(solver.value(built.value))
-    bound1 = solver.best_objective_bound
-    if built.move:
-        bound1 = math.floor((bound1 + _most_moves(built)) / MOVE_SCALE)
     status1 = status
-    first = list(solver.response_proto.solution)
     # tier 2 and 3 with tier 1 held
     tol = cfg.objective.lexicographic_tolerance
     m.add(built.value >= int(v1 * (1 - tol)))
@@ -112,13 +116,16 @@ def _most_moves(built: Built) -> int:
 
 
 MOVE_SCALE = 1 << 13  # > every move of one model (MOVE_BUDGET pods)
-MOVE_FREE_SHARE = 0.4  # of tier 1's time: first without moves (fragmentation-1000 with 1,300 movers reached
-# 14.9M in 8 s against 15.4M without them: the moves widen the search where none is needed)
+MOVE_FREE_SHARE = 0.7  # of tier 1's time: first without moves (fragmentation-1000 with 1,300 movers reached
+# 14.9M in 8 s against 15.4M without them: the moves widen the search where none is needed). 5 s budget,
+# fragmentation-1000 s0/s1 and topology-1000-s0, GPUs placed by the plan: 0.4 -> 3,455 / 3,175 / 664-680,
+# 0.7 -> 3,776 / 3,175-3,178 / 680 (topology-100-s0: 300 vs 308)
 
 
-def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver, seconds: float) -> None:
+def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver,
+                   seconds: float) -> tuple[list[int], float] | None:
     """Solve tier 1 with every move held at 0, then hint the full model with that solution (moves at 0): the
-    search with moves starts from the best plan that needs none."""
+    search with moves starts from the best plan that needs none. Returns that solution and its tier-1 value."""
     m = built.model
     domains = [list(m.proto.variables[v.index].domain) for v in built.move]  # [lo, hi] each
     for v in built.move:
@@ -127,12 +134,14 @@ def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver, seconds
     status = solver.solve(m)
     for v, dom in zip(built.move, domains, strict=True):
         m.proto.variables[v.index].domain[1] = dom[1]
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        values = list(solver.response_proto.solution)
-        m.clear_hints()
-        for i, val in enumerate(values):
-            m.proto.solution_hint.vars.append(i)
-            m.proto.solution_hint.values.append(val)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    values = list(solver.response_proto.solution)
+    m.clear_hints()
+    for i, val in enumerate(values):
+        m.proto.solution_hint.vars.append(i)
+        m.proto.solution_hint.values.append(val)
+    return values, float(solver.value(built.value))
 
 
 def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> SolveResult:

@@ -170,7 +170,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         return _keep(greedy, info, start, f"no solution ({result.status}{': ' + result.note if result.note else ''})",
                      "FALLBACK_GREEDY")
     info.objective = result.value_tier
-    info.bound = result.bound
+    info.bound = result.bound if not math.isinf(result.bound) else None
     info.gap = (abs(result.bound - result.value_tier) / max(1.0, abs(result.value_tier))
                 if result.bound and not math.isinf(result.bound) else None)
     phase("decoding")
