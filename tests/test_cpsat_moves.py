@@ -88,3 +88,14 @@ def test_plan_without_moves_is_kept_when_the_search_with_moves_finds_nothing(mon
     assert len(calls) == 3  # without moves, with moves (nothing), tiers 2-3
     assert result.values and result.status == "FEASIBLE" and result.value_tier > 0
     assert all(result.values[v.index] == 0 for v in built.move)
+
+
+def test_moves_settle_no_eviction_loop() -> None:
+    """Applied cycle after cycle (simulate), the moved pods land and nothing moves again."""
+    from kai_opt.simulate import simulate
+
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    result = simulate(Instance("topology", 60, 0).snapshot(), config, 4)
+    evictions = [c.summary["evictions"] for c in result.cycles]
+    assert evictions[0] > 0 and evictions[1:] == [0, 0, 0], evictions
+    assert result.stable
