@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kai_opt.bench.instances import Instance
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
 from kai_opt.engine import run_cycle
-from kai_opt.formulation.scope import _shape_key
+from kai_opt.formulation.scope import _shape_key, subgroup_domains
 from kai_opt.formulation.solve import model_scope
 from kai_opt.state import build_state
 
@@ -50,3 +52,24 @@ def test_pooled_model_reaches_the_packing_the_greedy_misses() -> None:
 
     assert plan.solver is not None and plan.solver.status in ("OPTIMAL", "FEASIBLE"), plan.solver
     assert gpus(plan) > gpus(greedy) + 50, (gpus(plan), gpus(greedy))
+
+
+def test_groups_with_a_subgroup_domain_stay_with_the_greedy(tmp_path) -> None:
+    """The model keeps topology domains per group only: a pending group whose sub-group requires one is left to
+    the greedy plan (the CP-SAT plan could place its pods anywhere; the checker then made the engine fall back)."""
+    from kai_opt.loaders import load_snapshot
+
+    text = (Path(__file__).resolve().parents[1] / "models/examples/topology.yaml").read_text()
+    text = text.replace("        topology: {topology: datacenter, preferredLevel: example.com/rack}",
+                        "        topology: {topology: datacenter, requiredLevel: example.com/rack}")
+    path = tmp_path / "subgroup-rack.yaml"
+    path.write_text(text)
+    st = build_state(load_snapshot(path))
+    g = st.pg_index["team-a/rl-agents"]
+    greedy, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
+    _, scope = model_scope(st, fs, CONFIG, greedy)
+    assert subgroup_domains(st)[g] and subgroup_domains(st).sum() == 1  # (also what keeps running pods in place)
+    assert g in scope.excluded and g not in {gs.group for gs in scope.groups}
+    assert any("sub-group" in n for n in scope.notes)
+    plan, _ = run_cycle(st, CONFIG, engine=Engine.cpsat)
+    check_plan(st, plan, fs, CONFIG)

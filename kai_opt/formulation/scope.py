@@ -132,11 +132,12 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     for pl in greedy.placements:
         if not pl.moved:
             greedy_nodes.setdefault(pl.pod, set()).add(pl.node)
+    sub_domain = subgroup_domains(st)
     for g in ready:
         pods = st.group_pods(g)
         pend = pods[pending_mask(sess, pods)]
-        if any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pend.tolist()):
-            excluded.append(g)
+        if sub_domain[g] or any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pend.tolist()):
+            excluded.append(g)  # the model has no pod affinity, and topology domains per group only
             continue
         if len(pend) > budget:
             excluded.append(g)
@@ -167,8 +168,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                                  int(st.pg_priority[g]), len(groups), topo, req_lvl,
                                  int(st.pg_preferred_level[g]), fixed))
     if excluded:
-        notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity or the "
-                     f"{max_pods}-pod window); the greedy plan decides them")
+        notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity, a sub-group's "
+                     f"required topology or the {max_pods}-pod window); the greedy plan decides them")
     victims = _victims(sess, groups, {e.pod for e in greedy.evictions})
     # improve on the greedy plan, never against it: what it places stays placed (maybe elsewhere), and only pods it
     # evicts may be evicted (fewer is better). The greedy's consolidation moves are part of the session already
@@ -232,6 +233,14 @@ def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) ->
     return pools
 
 
+def subgroup_domains(st) -> np.ndarray:
+    """Per podgroup: some sub-group of it has a required topology level."""
+    out = np.zeros(st.n_groups, dtype=bool)
+    req = (st.sg_topology >= 0) & (st.sg_required_level >= 0)
+    out[st.sg_pg[req]] = True
+    return out
+
+
 def pool_key(sess: Session, p: int) -> tuple:
     """What decides where pod p fits (its shape key without the sub-group)."""
     return _shape_key(sess, p)[1:]
@@ -241,7 +250,8 @@ def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[lis
     """Consolidation inside the model: (the scope groups a move may serve, the running pods that may move). The
     greedy's consolidation rules: the beneficiary is preemptible and its queue within its fair share; victims are
     preemptible, and each moved pod is re-placed in the same plan. Pods of groups the greedy plan evicts, of
-    pending groups, of groups with a required topology level, with pod (anti-)affinity or gpu-memory requests
+    pending groups, of groups with a required topology level (or a sub-group with one), with pod (anti-)affinity
+    or gpu-memory requests
     (whose queue request depends on the node) stay."""
     st, cfg = sess.state, sess.cfg
     none = np.zeros(0, dtype=np.int64)
@@ -255,7 +265,7 @@ def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[lis
     stay = np.zeros(st.n_groups, dtype=bool)
     stay[[int(st.pod_pg[e.pod]) for e in greedy.evictions]] = True
     stay[[gs.group for gs in groups]] = True
-    stay |= (st.pg_topology >= 0) & (st.pg_required_level >= 0)
+    stay |= ((st.pg_topology >= 0) & (st.pg_required_level >= 0)) | subgroup_domains(st)
     stay |= ~st.pg_preemptible.astype(bool)
     pods = np.flatnonzero((sess.status == PodStatus.BOUND) & (st.pod_pg >= 0) & (st.pod_gpu_mem == 0))
     pods = pods[~stay[st.pod_pg[pods]]]
