@@ -218,6 +218,15 @@ def test_solve_json_shape(tmp_path, capsys) -> None:
         assert {"pod", "podgroup", "node", "gpu_devices"} <= set(b)
 
 
+def test_solve_table_says_where_a_consolidated_pod_goes(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["solve", "models/examples/topology.yaml"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "consolidate" in line)
+    assert "moves to" in out and "gpu-10 (0,1,2,3,4,5,6,7)" in row
+
+
 def test_a_cycle_is_deterministic() -> None:
     objs = _reclaim_objs()
     snap = snapshot(objs)

@@ -64,10 +64,17 @@ def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
         c.print(t)
     if data["evictions"]:
         t = Table(title="Evictions", title_justify="left")
-        for col in ("pod", "podgroup", "node", "reason", "beneficiary"):
+        moves = {m["pod"]: m for m in data.get("moves", [])}  # consolidation: where the evicted pod goes
+        cols = ("pod", "podgroup", "node", "reason", "beneficiary") + (("moves to",) if moves else ())
+        for col in cols:
             t.add_column(col)
         for e in data["evictions"]:
-            t.add_row(e["pod"], e["podgroup"] or "", e["node"] or "", e["reason"], e["beneficiary"] or "")
+            row = [e["pod"], e["podgroup"] or "", e["node"] or "", e["reason"], e["beneficiary"] or ""]
+            if moves:
+                m = moves.get(e["pod"])
+                row.append(f"{m['node']} ({','.join(map(str, m['gpu_devices']))})" if m and m["gpu_devices"]
+                           else (m["node"] if m else ""))
+            t.add_row(*row)
         c.print(t)
     if data["pending"]:
         t = Table(title="Pending", title_justify="left")
