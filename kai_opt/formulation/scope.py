@@ -251,8 +251,7 @@ def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[lis
     greedy's consolidation rules: the beneficiary is preemptible and its queue within its fair share; victims are
     preemptible, and each moved pod is re-placed in the same plan. Pods of groups the greedy plan evicts, of
     pending groups, of groups with a required topology level (or a sub-group with one), with pod (anti-)affinity
-    or gpu-memory requests
-    (whose queue request depends on the node) stay."""
+    or with gpu-memory requests (whose queue request depends on the node) stay."""
     st, cfg = sess.state, sess.cfg
     none = np.zeros(0, dtype=np.int64)
     if not cfg.actions.consolidate or cfg.max_consolidation_preemptees == 0 or st.n_nodes > MOVE_MAX_NODES:
