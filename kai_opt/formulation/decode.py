@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from kai_opt.formulation.model import Built, share_size
+from kai_opt.formulation.model import Built, is_share, share_size
 from kai_opt.formulation.scope import Scope
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
@@ -88,7 +88,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         assigned += [(p, n, False) for p, n in zip(queues[k], slots, strict=True)]
         for p, n, moved in sorted(assigned, key=lambda a: a[1]):
             now_ok, future_ok = placer.fit(p, np.array([n]))
-            if _share(st, p):
+            if is_share(st, p):
                 pool = share_devs[share_size(st, p, n)]
                 ndev = int(st.pod_gpu_ndev[p])
                 # the devices with the most of this size left first: with no device above the pods left, each
@@ -139,7 +139,7 @@ def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int,
         for p in mv.pods[: val(built.move[c])]:
             here = pool_nodes[mv.pool]
             if here.get(mv.node, 0) > 0:
-                if not _share(st, p):
+                if not is_share(st, p):
                     here[mv.node] -= 1
                     continue
                 pool = share_devs[share_size(st, p, mv.node)]
@@ -151,10 +151,6 @@ def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int,
                     continue
             out[mv.pool].append(p)
     return out
-
-
-def _share(st, p: int) -> bool:
-    return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
 
 def _node_of(sess: Session, d: int) -> int:

@@ -181,9 +181,9 @@ def build_model(sess: Session, scope: Scope) -> Built:
             released[int(sess.node[p])].append((evicted[vi], p, 1))
     for mv, x in zip(scope.movers, b.move, strict=True):
         released[mv.node].append((x, mv.pods[0], len(mv.pods)))
-    share_nodes = {n for n, items in on_node.items() if any(_is_share(st, p) for p, _v in items)}
+    share_nodes = {n for n, items in on_node.items() if any(is_share(st, p) for p, _v in items)}
     # a victim holding a GPU share frees part of a device: only the device-level constraints count that right
-    share_nodes |= {n for n, items in released.items() if any(_is_share(st, p) for _, p, _k in items)}
+    share_nodes |= {n for n, items in released.items() if any(is_share(st, p) for _, p, _k in items)}
     for n, items in on_node.items():
         for c in cols:
             use = sum(v * int(st.pod_req[p, c]) for p, v in items)
@@ -303,7 +303,7 @@ class _NodeRoom:
         return max(0, int(cap))
 
 
-def _is_share(st, p: int) -> bool:
+def is_share(st, p: int) -> bool:
     return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
 
@@ -324,7 +324,7 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     # and device, whatever shape they come from (fractions-100: 40k -> a few thousand variables)
     pools: dict[tuple[int, int], list] = defaultdict(list)  # size -> shape totals on this node
     for p, v in items:
-        if _is_share(st, p):
+        if is_share(st, p):
             pools[share_size(st, p, n)].append(v)
     per_pool_dev: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)
     for d in range(a, z):
