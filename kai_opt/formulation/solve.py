@@ -25,9 +25,11 @@ from kai_opt.heuristics.session import DEV, Session
 from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState
 
-DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, and at least as long as the
-# build took: decoding walks the same scope, then the greedy fill and the checker run (10,000 nodes: build 2.6 s,
-# decode + check 2.3 s, more than 15% of a 15 s budget; the watchdog then killed a finished solve)
+DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, and at least DECODE_PER_POD per
+# pending pod in the model and movable pod: decode + check took 0.2 s for 508 + 1,438 such pods (topology-1000),
+# 0.7 s for 3,863 + 2,798 (fractions-1000), 2.3 s for ~10,000 (the 10,000-node scale instance, where 15% of a
+# 15 s budget was too little and the watchdog killed a finished solve while checking)
+DECODE_PER_POD = 0.00025
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
 
 
@@ -158,7 +160,8 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     add_greedy_hint(built, scope, greedy, sess)
     phase(f"solving ({len(built.model.proto.variables)} variables, {len(built.model.proto.constraints)} constraints)")
     info.build_s = time.perf_counter() - start
-    left = budget - max(budget * DECODE_RESERVE, info.build_s) - info.build_s
+    pods = sum(len(s.pods) for s in scope.shapes) + sum(len(mv.pods) for mv in scope.movers)
+    left = budget - max(budget * DECODE_RESERVE, DECODE_PER_POD * pods) - info.build_s
     if left <= 0.01 and not config.solver.deterministic:
         return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "
                      f"{budget:g}s budget", "FALLBACK_GREEDY")
