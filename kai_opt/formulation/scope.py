@@ -199,7 +199,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     pools = shape_pools(sess, groups, shapes)
     cap = max(per_shape_nodes, PAIR_BUDGET // max(1, len(pools)))
     move_for, movable = _movable(sess, groups, greedy)
-    _candidate_nodes(sess, acts, pools, greedy_nodes, victims, cap, shapes, movable)
+    roomy = np.zeros(st.n_nodes, dtype=bool)
+    _candidate_nodes(sess, acts, pools, greedy_nodes, victims, cap, shapes, movable, roomy)
     for pool in pools:
         for k in pool.shapes:
             shapes[k].nodes = pool.nodes
@@ -207,7 +208,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
     scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for)
-    _add_movers(sess, acts, scope, movable, per_shape_nodes)
+    _add_movers(sess, acts, scope, movable[roomy[sess.node[movable]]], per_shape_nodes)
     return scope
 
 
@@ -281,8 +282,9 @@ MOVE_MAX_NODES = 2_000
 
 
 def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray, per_shape_nodes: int) -> None:
-    """The movable pods on the model's nodes become movers: per (pool, group, node, devices), in pools with the
-    pending pods they are interchangeable with, or in pools of their own (candidate nodes: the best-fitting)."""
+    """The movable pods on the model's nodes (those where moving them could let a pending pod fit) become
+    movers: per (pool, group, node, devices), in pools with the pending pods they are interchangeable with, or in
+    pools of their own (candidate nodes: the best-fitting)."""
     st = sess.state
     if not len(movable) or not len(scope.nodes):
         return
@@ -414,10 +416,10 @@ def _min_request(sess: Session, gs: GroupScope) -> np.ndarray:
 
 def _candidate_nodes(sess: Session, acts: Actions, pools: list[Pool], greedy_nodes: dict[int, set[int]],
                      victims: list[Victim], cap: int, shapes: list[Shape] | None = None,
-                     movable: np.ndarray | None = None) -> None:
+                     movable: np.ndarray | None = None, roomy_out: np.ndarray | None = None) -> None:
     """Candidate nodes per pool: the nodes the greedy used for its pods, the best-fitting others, nodes where
     evictions could make room, and nodes where moving the movable pods away would, up to `cap` (or 4 per pending
-    pod) of each kind."""
+    pod) of each kind. `roomy_out` (per node) is set where some pool fits only once movable pods have left."""
     st = sess.state
     placer = acts.placer
     victim_nodes = np.zeros(st.n_nodes, dtype=bool)
@@ -448,6 +450,8 @@ def _candidate_nodes(sess: Session, acts: Actions, pools: list[Pool], greedy_nod
                 roomy &= room[cand, R_GPU] > 0
         ok = fits | victim_nodes[cand] | roomy
         roomy_nodes = cand[roomy]
+        if roomy_out is not None:
+            roomy_out[roomy_nodes] = True
         cand = cand[ok]
         members = [q for k in pool.shapes for q in shapes[k].pods] if shapes is not None else []
         hinted = sorted({n for q in members for n in greedy_nodes.get(q, ())})
