@@ -79,6 +79,10 @@ class Solver(_Model):
     keep_greedy_groups: bool = Field(True, description="every group the greedy placed stays placed (KAI's queue "
                                      "order decides who goes first); false lets the model trade some for more "
                                      "priority-weighted GPUs")
+    fgd_hint: bool = Field(True, description="also run the greedy engine with FGD scoring (placement gpu and cpu: "
+                           "fgd) and start from that plan when it keeps every group the KAI-scored one places, "
+                           "scores higher and evicts no more; skipped when it would take over half the budget "
+                           "(FGD scoring makes allocate up to 5x slower)")
     objective: Objective = Objective()
 
 
