@@ -82,7 +82,7 @@ class Solver(_Model):
     fgd_hint: bool = Field(True, description="also run the greedy engine with FGD scoring (placement gpu and cpu: "
                            "fgd) and start from that plan when it keeps every group the KAI-scored one places, "
                            "scores higher and evicts no more; skipped when it would take over half the budget "
-                           "(FGD scoring makes allocate up to 5x slower)")
+                           "(FGD scoring makes allocate up to 4x slower)")
     objective: Objective = Objective()
 
 

@@ -466,9 +466,13 @@ class FgdScorer:
         dev, owner = self.placer._devices_of(nodes)
         a = self._dev_free(dev)
         ok = a >= per[owner]
-        dev, owner, a = dev[ok], owner[ok], a[ok]
+        owner, a = owner[ok], a[ok]
         out = np.full(len(nodes), np.inf)
-        if len(dev):
+        if len(owner):
+            # devices of one node with the same free share grow it the same: one row each (fractions-1000-s1:
+            # the FGD-scored greedy cycle 5.6 -> 4.2 s, same plans)
+            _, first = np.unique(owner * (DEV + 1) + a, return_index=True)
+            owner, a = owner[first], a[first]
             np.minimum.at(out, owner, self._share_growth(nodes[owner], cpu[owner], a, per[owner]))
         return out
 
