@@ -81,7 +81,7 @@ class Solver(_Model):
                                      "priority-weighted GPUs")
     fgd_hint: bool = Field(True, description="also run the greedy engine with FGD scoring (placement gpu and cpu: "
                            "fgd) and start from that plan when it keeps every group the KAI-scored one places, "
-                           "scores higher and evicts no more; skipped when it would take over half the budget "
+                           "scores higher and evicts no more; skipped when it would take over a quarter of the budget "
                            "(FGD scoring makes allocate up to 4x slower)")
     objective: Objective = Objective()
 

@@ -232,7 +232,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     return greedy
 
 
-FGD_HINT_SHARE = 0.5  # the second greedy run only when its expected time is at most this share of the budget:
+FGD_HINT_SHARE = 0.25  # the second greedy run only when its expected time is at most this share of the budget
+# (at half, gangs-1000-s1 spent 2 s of a 5 s budget on a second greedy plan that was no better, and the model
+# then had no time left: fallback where it had placed 6 GPUs more):
 FGD_ALLOCATE_COST = 4.0  # FGD scoring makes allocate up to 3.3x slower (fractions-1000-s1: 3.8 s vs 1.1 s; the
 # other actions about as fast as KAI-scored), so expected = 4 x allocate + the rest of the first greedy cycle
 
