@@ -70,8 +70,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     whole_devs: dict[int, list[int]] = defaultdict(list)
     for d, w in built.whole_dev.items():
         if val(w):
-            n = int(np.searchsorted(sess.dev_start, d, side="right") - 1)
-            whole_devs[n].append(d)
+            whole_devs[_node_of(sess, d)].append(d)
     placer = acts.placer
     order = sorted(pool_nodes, key=lambda k: 0 if st.pod_gpu_whole[scope.pools[k].pod] else 1)
     for k in order:

@@ -90,10 +90,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     m.add(built.value >= int(v1 * (1 - tol)))
     w = cfg.objective
     m.maximize(built.packing * w.packing_weight - built.eviction_cost * max(1, w.eviction_weight // 1000))
-    m.clear_hints()
-    for i, val in enumerate(first):
-        m.proto.solution_hint.vars.append(i)
-        m.proto.solution_hint.values.append(val)
+    _hint_all(m, first)
     left = seconds - (time.perf_counter() - start)
     if left <= 0.02:
         return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
@@ -137,11 +134,15 @@ def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     values = list(solver.response_proto.solution)
-    m.clear_hints()
-    for i, val in enumerate(values):
-        m.proto.solution_hint.vars.append(i)
-        m.proto.solution_hint.values.append(val)
+    _hint_all(m, values)
     return values, float(solver.value(built.value))
+
+
+def _hint_all(m: cp_model.CpModel, values: list[int]) -> None:
+    """Replace the model's hint by a complete solution (every variable, in index order)."""
+    m.clear_hints()
+    m.proto.solution_hint.vars.extend(range(len(values)))
+    m.proto.solution_hint.values.extend(values)
 
 
 def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> SolveResult:

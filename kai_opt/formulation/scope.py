@@ -10,6 +10,7 @@ make room.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,11 +186,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
             if j is not None and e.reason in ("reclaim", "preempt") and j not in v.reason_for:
                 v.beneficiaries.append(j)
                 v.reason_for[j] = e.reason
-    placed_count: dict[int, int] = {}
-    for pl in greedy.placements:
-        if not pl.moved:
-            g = int(st.pod_pg[pl.pod])
-            placed_count[g] = placed_count.get(g, 0) + 1
+    placed_count = placed_per_group(st, greedy)
     replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
             if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}
@@ -318,6 +315,11 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
     if scope.movers:
         scope.notes.append(f"{len(pods)} running pods the model may move (consolidation) for "
                            f"{len(scope.move_for)} eligible groups")
+
+
+def placed_per_group(st, plan: Plan) -> Counter[int]:
+    """Podgroup -> pods the plan places (moves not counted)."""
+    return Counter(int(st.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved)
 
 
 def replayed_evictions(st, greedy: Plan) -> list:

@@ -8,7 +8,6 @@ import math
 import multiprocessing as mp
 import time
 import traceback
-from collections import Counter
 
 import numpy as np
 
@@ -20,7 +19,7 @@ from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.runner import run_with_watchdog
-from kai_opt.formulation.scope import Scope, apply_consolidation, build_scope
+from kai_opt.formulation.scope import Scope, apply_consolidation, build_scope, placed_per_group
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.plan import Plan, SolverInfo
@@ -260,8 +259,7 @@ def _fgd_hint(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, 
         check_plan(state, alt, fs, alt_config)
     except PlanViolation:
         return greedy, ""
-    counts = Counter(int(state.pod_pg[p.pod]) for p in greedy.placements if not p.moved)
-    alt_counts = Counter(int(state.pod_pg[p.pod]) for p in alt.placements if not p.moved)
+    counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
     ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, greedy)
     if any(alt_counts[g] < k for g, k in counts.items()) or ours[0] <= theirs[0] + 1e-9 or ours[1] > theirs[1] + 1e-9:
         return greedy, ""
