@@ -43,14 +43,20 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     for d, var in built.whole_dev.items():
         m.add_hint(var, int(d in whole))
     evicted = {e.pod: e.reason for e in greedy.evictions}
+    gone = []
     for vi, v in enumerate(scope.victims):
         reasons = {evicted.get(p) for p in v.pods}
         m.add_hint(built.evict_pre[vi], int("preempt" in reasons))
         m.add_hint(built.evict_rec[vi], int("reclaim" in reasons and "preempt" not in reasons))
+        gone.append(int(bool(reasons & {"preempt", "reclaim"})))
+    for var, units in built.evicted_sums:
+        m.add_hint(var, sum(gone[vi] * c for vi, c in units))
     for s, var in built.placed.items():
         m.add_hint(var, per_shape[s])
     for var in built.move + list(built.moved_group.values()):  # the greedy's own moves are replayed already
         m.add_hint(var, 0)
+    if built.serving is not None:
+        m.add_hint(built.serving, int(any(scope.groups[j].group in placed_groups for j in scope.move_for)))
     sums: dict[int, int] = {}
     for var, prev, terms in built.derived:
         sums[var.index] = (sums[prev.index] if prev is not None else 0) + sum(per_shape[s] * c for s, c in terms)

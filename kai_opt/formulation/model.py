@@ -49,6 +49,7 @@ class Built:
     pool_of: dict[int, int] = field(default_factory=dict)  # shape -> its pool
     move: list[cp_model.IntVar] = field(default_factory=list)  # per scope mover: pods moved off its node
     moved_group: dict[int, cp_model.IntVar] = field(default_factory=dict)  # group -> some pod moved
+    serving: cp_model.IntVar | None = None  # some placed group consolidation may serve (moves allowed)
     placed: dict[int, cp_model.IntVar] = field(default_factory=dict)  # shape of a pool of several -> pods placed
     gang: list[cp_model.IntVar] = field(default_factory=list)
     on_device: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
@@ -58,6 +59,7 @@ class Built:
     evict_rec: list[cp_model.IntVar] = field(default_factory=list)
     reclaims: dict[int, cp_model.IntVar] = field(default_factory=dict)  # scope group -> placed by reclaiming
     derived: list[tuple] = field(default_factory=list)  # (sum var, previous sum var | None, [(shape, coef)])
+    evicted_sums: list[tuple] = field(default_factory=list)  # (sum var, [(victim unit, coef)]): freed per queue
     value: cp_model.LinearExpr | None = None  # tier 1: priority-weighted work placed
     eviction_cost: cp_model.LinearExpr | None = None  # tier 2
     packing: cp_model.LinearExpr | None = None  # tier 3
@@ -88,9 +90,13 @@ def build_model(sess: Session, scope: Scope) -> Built:
     b.move = [m.new_int_var(0, len(mv.pods), f"move[{st.pods[mv.pods[0]].name}~{len(mv.pods)},"
                                              f"{st.node_names[mv.node]}]") for mv in scope.movers]
     if scope.movers:
-        served = sum(b.gang[j] for j in scope.move_for)  # only while a group consolidation may serve is placed
+        served = sum(b.gang[j] for j in scope.move_for)  # groups consolidation may serve that are placed
+        # moves only while one is: one literal for it, so each mover's bound has two terms (with the sum in each,
+        # fractions-1000-s1's 1,478 movers x 1,500 groups made 1.8M terms and most of the model's build time)
+        b.serving = m.new_bool_var("consolidation_serves")
+        m.add(b.serving <= served)
         for mv, x in zip(scope.movers, b.move, strict=True):
-            m.add(x <= len(mv.pods) * served)
+            m.add(x <= len(mv.pods) * b.serving)
         limit = sess.cfg.max_consolidation_preemptees
         if limit > 0:  # KAI's cap on victim jobs, per consolidating group
             moved_group: dict[int, cp_model.IntVar] = {}
@@ -378,12 +384,28 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 placed_q[q].append((totals[s], qr, len(shapes[s].pods)))
                 if not g.preemptible:
                     placed_np_q[q].append((totals[s], qr, len(shapes[s].pods)))
-    evicted_q: dict[int, list] = defaultdict(list)
+    evicted_q: dict[int, list] = defaultdict(list)  # queue -> [(victim unit, amount it frees)]
     for vi, v in enumerate(victims):
         qv = int(st.pg_queue[v.group])
         amt = _down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
         for q in anc[qv]:
-            evicted_q[q].append((evicted[vi], amt))
+            evicted_q[q].append((vi, amt))
+    evicted_sum: dict[tuple[int, int], cp_model.LinearExpr] = {}
+
+    def evicted_amount(q: int, r: int) -> cp_model.LinearExpr:
+        """Queue q's resource r freed by the evictions: one variable per (queue, resource), since the reclaim rule
+        repeats it for every reclaiming group (openb-1000-s0: 1.75M terms written out each time)."""
+        if (q, r) not in evicted_sum:
+            units = [(vi, int(v[r])) for vi, v in evicted_q[q] if int(v[r])]
+            if len(units) <= 1:
+                evicted_sum[(q, r)] = sum(evicted[vi] * c for vi, c in units)
+            else:
+                x = m.new_int_var(0, sum(c for _, c in units), f"evicted[{st.q_names[q]},{r}]")
+                m.add(x == sum(evicted[vi] * c for vi, c in units))
+                b.evicted_sums.append((x, units))
+                evicted_sum[(q, r)] = x
+        return evicted_sum[(q, r)]
+
     alloc = np.round(sess.ledger.allocated * scale).astype(np.int64)
     alloc_np = np.round(sess.ledger.allocated_np * scale).astype(np.int64)
     for q in sorted(placed_q):
@@ -391,7 +413,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
             lim = fs.limit[q, r]
             if lim != UNLIMITED:
                 bound = max(int(np.floor(lim * scale[r] + EPS)), int(alloc[q, r]))
-                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - sum(e * int(v[r]) for e, v in evicted_q[q])
+                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - evicted_amount(q, r)
                 m.add(int(alloc[q, r]) + net <= bound)
     for q in sorted(placed_np_q):
         for r in range(3):
@@ -450,7 +472,6 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 running[key] = (prev, most)
                 done[key] = j + 1
                 cap = fs.fair_share[q, r] * scale[r] / mult
-                evicted_here = sum(e * int(v[r]) for e, v in evicted_q[q]) if evicted_q[q] else 0
                 big = int(alloc[q, r]) + most + 1
-                m.add(int(alloc[q, r]) + (prev if prev is not None else 0) - evicted_here
+                m.add(int(alloc[q, r]) + (prev if prev is not None else 0) - evicted_amount(q, r)
                       <= int(np.floor(cap + EPS)) + big * (1 - uses[j]))
