@@ -35,10 +35,11 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     for s, shape in enumerate(scope.shapes):  # (a shape alone in its pool places what its pool does)
         take = val(built.placed[s]) if s in built.placed else sum(pool_nodes[built.pool_of[s]].values())
         queues[built.pool_of[s]].extend(shape.pods[:take])
-    share_devs: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)  # share size -> device -> count
+    # (share size, node) -> device of that node -> share pods of that size on it
+    share_devs: dict[tuple[tuple[int, int], int], dict[int, int]] = defaultdict(dict)
     for (size, d), u in built.on_device.items():
         if val(u):
-            share_devs[size][d] = val(u)
+            share_devs[(size, _node_of(sess, d))][d] = val(u)
     moving = _moves(sess, scope, built, val, pool_nodes, share_devs)
 
     def overlap(j: int, where: set[int]) -> int:
@@ -88,12 +89,12 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         for p, n, moved in sorted(assigned, key=lambda a: a[1]):
             now_ok, future_ok = placer.fit(p, np.array([n]))
             if is_share(st, p):
-                pool = share_devs[share_size(st, p, n)]
+                pool = share_devs[(share_size(st, p, n), n)]
                 ndev = int(st.pod_gpu_ndev[p])
                 # the devices with the most of this size left first: with no device above the pods left, each
                 # pod gets distinct devices
-                free = sorted((d for d, c in pool.items() if c > 0 and _node_of(sess, d) == n
-                               and not (moved and d in sess.pod_devices(p))), key=lambda d: (-pool[d], d))
+                own = sess.pod_devices(p) if moved else ()
+                free = sorted((d for d, c in pool.items() if c > 0 and d not in own), key=lambda d: (-pool[d], d))
                 if len(free) < ndev:
                     raise DecodeError(f"no device chosen for {st.pods[p].key} on {st.node_names[n]}")
                 devs = tuple(sorted(free[:ndev]))
@@ -129,7 +130,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
 
 
 def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int, dict[int, int]],
-           share_devs: dict[tuple[int, int], dict[int, int]]) -> dict[int, list[int]]:
+           share_devs: dict[tuple[tuple[int, int], int], dict[int, int]]) -> dict[int, list[int]]:
     """Pool -> the running pods that move. A pod the solution sends back onto its own node stays where it is
     instead, and one place of its pool there is dropped (for a share, one of its size on each of its devices)."""
     st = sess.state
@@ -141,7 +142,7 @@ def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int,
                 if not is_share(st, p):
                     here[mv.node] -= 1
                     continue
-                pool = share_devs[share_size(st, p, mv.node)]
+                pool = share_devs[(share_size(st, p, mv.node), mv.node)]
                 own = sess.pod_devices(p)
                 if all(pool.get(d, 0) > 0 for d in own):
                     for d in own:
