@@ -79,10 +79,11 @@ class Solver(_Model):
     keep_greedy_groups: bool = Field(True, description="every group the greedy placed stays placed (KAI's queue "
                                      "order decides who goes first); false lets the model trade some for more "
                                      "priority-weighted GPUs")
-    fgd_hint: bool = Field(True, description="also run the greedy engine with FGD scoring (placement gpu and cpu: "
-                           "fgd) and start from that plan when it keeps every group the KAI-scored one places, "
-                           "scores higher and evicts no more; skipped when it would take over a quarter of the budget "
-                           "(FGD scoring makes allocate up to 4x slower)")
+    fgd_hint: bool = Field(True, description="cpsat: also compute the greedy plan with FGD scoring (placement gpu "
+                           "and cpu: fgd), in a process beside the cycle (wall time; deterministic mode: before the "
+                           "model), and use it when it keeps every group the KAI-scored plan places, scores higher "
+                           "and evicts no more: as the model's start when ready in time, else as the plan if it beats "
+                           "the model's by the deadline")
     objective: Objective = Objective()
 
 

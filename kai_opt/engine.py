@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from kai_opt.checker import check_plan
 from kai_opt.config import Config, Engine
-from kai_opt.errors import KaiOptError
 from kai_opt.fairshare import FairShare, compute_fair_share
 from kai_opt.gcpause import gc_paused
 from kai_opt.heuristics.actions import Actions
@@ -81,17 +80,23 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     fs = compute_fair_share(state)
     t_fs = time.perf_counter() - t0
     engine = engine or config.engine
-    plan = greedy_plan(state, fs, config, actions, progress)
-    say("checking the greedy plan")
-    check_plan(state, plan, fs, config)
-    if engine == Engine.cpsat:
-        say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
-        try:
-            from kai_opt.formulation.solve import cpsat_plan
-        except ImportError as exc:
-            raise KaiOptError("the cpsat engine is not available yet; use --engine greedy") from exc
+    second = None
+    if engine == Engine.cpsat:  # the FGD-scored greedy plan, computed beside on the other core (second_hint)
+        from kai_opt.formulation.second_hint import SecondHint
 
-        plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions)
+        second = SecondHint.start(state, fs, config, actions)
+    try:
+        plan = greedy_plan(state, fs, config, actions, progress)
+        say("checking the greedy plan")
+        check_plan(state, plan, fs, config)
+        if engine == Engine.cpsat:
+            say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
+            from kai_opt.formulation.solve import cpsat_plan
+
+            plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second)
+    finally:
+        if second is not None:
+            second.close()
     plan.phases["fair_share"] = t_fs
     plan.phases["total"] = time.perf_counter() - t0
     return plan, fs

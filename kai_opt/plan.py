@@ -46,6 +46,7 @@ class SolverInfo:
     solve_s: float = 0.0
     decode_s: float = 0.0
     note: str | None = None
+    hint: str | None = None  # CP-SAT: the greedy plan it started from or kept, kai (KAI-scored) or fgd (FGD-scored)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}

@@ -9,7 +9,7 @@ from kai_opt.bench.instances import Instance
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
 from kai_opt.engine import greedy_plan, run_cycle
-from kai_opt.formulation import solve
+from kai_opt.formulation import second_hint, solve
 from kai_opt.formulation.solve import plan_score
 from kai_opt.state import build_state
 
@@ -40,20 +40,14 @@ def test_cpsat_starts_from_the_fgd_scored_plan_when_it_is_better() -> None:
     assert "FGD scoring" not in (plan_off.solver.note or "")
 
 
-def test_an_fgd_plan_that_drops_a_kai_group_is_not_used(monkeypatch) -> None:
+def test_an_fgd_plan_that_drops_a_kai_group_is_not_used() -> None:
     st = _state()
     config = parse_config({"engine": "cpsat", "solver": SOLVER})
     kai, fs = run_cycle(st, config, engine=Engine.greedy)
-    real = solve.greedy_plan
-
-    def dropping(state, fs_, cfg, actions=None):
-        plan = real(state, fs_, cfg, actions)
-        gone = min(_groups(st, kai))  # a group the KAI-scored plan places
-        return dataclasses.replace(plan, placements=[p for p in plan.placements if int(st.pod_pg[p.pod]) != gone])
-
-    monkeypatch.setattr(solve, "greedy_plan", dropping)
-    alt, note = solve._fgd_hint(st, fs, config, kai, None, lambda _: None)
-    assert alt is kai and note == ""
-    monkeypatch.setattr(solve, "greedy_plan", real)
-    alt, note = solve._fgd_hint(st, fs, config, kai, None, lambda _: None)
-    assert alt is not kai and note  # the undoctored FGD-scored plan is taken: the check above is the drop
+    fgd = second_hint.compute(st, fs, config, None)
+    assert fgd is not None
+    gone = min(_groups(st, kai))  # a group the KAI-scored plan places
+    dropping = dataclasses.replace(fgd, placements=[p for p in fgd.placements if int(st.pod_pg[p.pod]) != gone])
+    assert solve.second_hint_note(st, fs, kai, dropping) == ""
+    assert solve.second_hint_note(st, fs, kai, fgd)  # the undoctored FGD-scored plan is taken: the check above is
+    # the drop

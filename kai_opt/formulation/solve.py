@@ -3,6 +3,7 @@ decode -> verify -> keep the better of the CP-SAT and greedy plans. Every plan r
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import multiprocessing as mp
@@ -12,14 +13,15 @@ import traceback
 import numpy as np
 
 from kai_opt.checker import PlanViolation, check_plan
-from kai_opt.config import Config, Placement, Strategy
-from kai_opt.engine import greedy_plan, plan_from_session
+from kai_opt.config import Config
+from kai_opt.engine import plan_from_session
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.runner import run_with_watchdog
 from kai_opt.formulation.scope import Scope, apply_consolidation, build_scope, placed_per_group
+from kai_opt.formulation.second_hint import SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.plan import Plan, SolverInfo
@@ -75,17 +77,20 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
 
 
 def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
-               actions: tuple[str, ...] | None = None) -> Plan:
+               actions: tuple[str, ...] | None = None, second: SecondHint | None = None) -> Plan:
     """The CP-SAT plan of the cycle, or the greedy one with the reason. With wall time (production), the whole
     of it (scope, model, hint, solve, decode, check) runs in a forked worker the parent kills when the budget is
-    over: model building is not interruptible from inside either. Deterministic mode runs in-process."""
+    over: model building is not interruptible from inside either. Deterministic mode runs in-process.
+    `second`: the FGD-scored greedy plan being computed beside (second_hint); the worker starts from it when it is
+    ready in time, else it is weighed against the worker's plan until the deadline."""
     if config.solver.deterministic or "fork" not in mp.get_all_start_methods():
         return _cpsat_plan(state, fs, config, greedy=greedy, actions=actions)
     start = time.perf_counter()
     budget = config.solver.time_budget_s
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_plan_child, args=(child, state, fs, config, greedy, actions))  # not daemonic: it
+    proc = ctx.Process(target=_plan_child, args=(child, state, fs, config, greedy, actions, second))  # not
+    # daemonic: it forks the solver worker itself.
     # the worker's garbage collector must leave the inherited heap alone (no copy-on-write storm): frozen for the
     # fork, or the collector paused (kai_opt.gcpause, as run_cycle does), which the worker inherits. Not both:
     # freezing inside a pause would move the cycle's uncollected garbage to the oldest generation on unfreeze,
@@ -94,7 +99,7 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     if freeze:
         gc.freeze()
     try:
-        proc.start()  # forks the solver worker itself
+        proc.start()
     finally:
         if freeze:
             gc.unfreeze()
@@ -121,16 +126,44 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     if error is not None:
         raise RuntimeError(f"the CP-SAT worker failed: {error}")
     if plan is None:
-        return _keep(greedy, SolverInfo(), start, f"hard watchdog: the {budget:g}s budget ran out while {phase}",
+        plan = _keep(greedy, SolverInfo(), start, f"hard watchdog: the {budget:g}s budget ran out while {phase}",
                      "FALLBACK_GREEDY")
+    if second is not None and plan.solver is not None and plan.solver.hint != "fgd":
+        plan = _second_at_the_end(state, fs, greedy, plan, second, start + budget)
     return plan
 
 
+def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, second: SecondHint,
+                       deadline: float) -> Plan:
+    """The FGD-scored greedy plan instead of the worker's when it arrives before the deadline, is acceptable
+    against the KAI-scored plan (second_hint_note) and beats the worker's plan lexicographically."""
+    alt = second.take(deadline - time.perf_counter())
+    if alt is None:
+        return plan
+    note = second_hint_note(state, fs, greedy, alt)
+    if not note or not _beats(plan_score(state, fs, alt), plan_score(state, fs, plan)):
+        return plan
+    info = dataclasses.replace(plan.solver, hint="fgd", status="GREEDY_KEPT" if plan.solver.status in (
+        "OPTIMAL", "FEASIBLE", "GREEDY_KEPT") else "FALLBACK_GREEDY")
+    info.note = (f"the greedy plan with FGD scoring (computed beside, in {second.seconds:.2f}s) beats the plan of "
+                 f"the model ({plan.solver.status}: {plan.solver.note}): {note}")
+    alt.solver = info
+    alt.engine = "cpsat"
+    alt.phases = plan.phases  # the cycle's own phases (the KAI-scored greedy's); this plan was computed beside
+    return alt
+
+
+def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
+    """More priority-weighted work placed, or as much for a smaller eviction cost (the primary objective)."""
+    eps = 1e-9
+    return ours[0] > theirs[0] + eps or (abs(ours[0] - theirs[0]) <= eps and ours[1] < theirs[1] - eps)
+
+
 def _plan_child(conn, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
-                actions: tuple[str, ...] | None) -> None:
+                actions: tuple[str, ...] | None, second: SecondHint | None) -> None:
     try:
         plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
-                           progress=lambda what: conn.send(("phase", what)))
+                           progress=lambda what: conn.send(("phase", what)), second=second)
         conn.send(("plan", plan))
     except Exception:  # reported to the parent, which raises it
         conn.send(("error", traceback.format_exc(limit=-3)))
@@ -139,19 +172,19 @@ def _plan_child(conn, state: ClusterState, fs: FairShare, config: Config, greedy
 
 
 def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
-                actions: tuple[str, ...] | None = None, progress=None) -> Plan:
+                actions: tuple[str, ...] | None = None, progress=None, second: SecondHint | None = None) -> Plan:
     def phase(what: str) -> None:
         if progress is not None:
             progress(what)
 
     start = time.perf_counter()
     budget = config.solver.time_budget_s
-    greedy, via = _fgd_hint(state, fs, config, greedy, actions, phase)
+    greedy, via = _starting_plan(state, fs, config, greedy, actions, second, phase)
     phase("building the scope (pending groups, victims, candidate nodes)")
     sess, scope = model_scope(state, fs, config, greedy, actions)
     if via:
         scope.notes.insert(0, via)
-    info = SolverInfo()
+    info = SolverInfo(hint="fgd" if via else "kai")
     if actions is not None and "allocate" not in actions:
         return _keep(greedy, info, start, "the model decides whole cycles (allocate included); this run asked "
                      f"only for {', '.join(actions)}", "GREEDY_KEPT")
@@ -210,7 +243,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     # chosen only when it beats the greedy plan on the primary objective, lexicographically: more priority-weighted
     # work placed, or as much for a smaller eviction cost; a tie keeps the greedy (KAI-compatible) plan
     eps = 1e-9
-    better = ours[0] > theirs[0] + eps or (abs(ours[0] - theirs[0]) <= eps and ours[1] < theirs[1] - eps)
+    better = _beats(ours, theirs)
     tie = abs(ours[0] - theirs[0]) <= eps and abs(ours[1] - theirs[1]) <= eps
     notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
     if better:
@@ -231,41 +264,39 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     return greedy
 
 
-FGD_HINT_SHARE = 0.25  # the second greedy run only when its expected time is at most this share of the budget
-# (at half, gangs-1000-s1 spent 2 s of a 5 s budget on a second greedy plan that was no better, and the model
-# then had no time left: fallback where it had placed 6 GPUs more):
-FGD_ALLOCATE_COST = 4.0  # FGD scoring makes allocate up to 3.3x slower (fractions-1000-s1: 3.8 s vs 1.1 s; the
-# other actions about as fast as KAI-scored), so expected = 4 x allocate + the rest of the first greedy cycle
+def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
+                   actions: tuple[str, ...] | None, second: SecondHint | None, phase) -> tuple[Plan, str]:
+    """The plan the model starts from (scope, keep, hint, fallback): the KAI-scored greedy plan, or the FGD-scored
+    one when second_hint_note accepts it. With wall time only if the plan computed beside (`second`) is ready now;
+    deterministic mode computes it here. Returns the plan and a note ('' when the KAI-scored plan stays)."""
+    if not wanted(config, actions):
+        return greedy, ""
+    if second is not None:
+        alt = second.take() if second.ready() else None
+    elif config.solver.deterministic:
+        phase("the greedy engine with FGD scoring (a second hint)")
+        alt = compute(state, fs, config, actions)
+    else:
+        return greedy, ""
+    note = second_hint_note(state, fs, greedy, alt) if alt is not None else ""
+    if not note:
+        return greedy, ""
+    alt.solver = greedy.solver
+    alt.phases = greedy.phases  # the cycle's own phases (the KAI-scored greedy's)
+    return alt, "started from " + note
 
 
-def _fgd_hint(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, actions: tuple[str, ...] | None,
-              phase) -> tuple[Plan, str]:
-    """The plan to start from: the KAI-scored greedy plan, or the greedy plan with FGD scoring when it is at least
-    as KAI-compatible and better (every group the KAI-scored plan places placed with as many pods, more work
-    placed by plan_score, no higher eviction cost, the checker passed). fractions-1000-s1: 2,417.7 GPUs placed
-    instead of 2,404.9, where the model alone found nothing better. Returns the plan and a note ('' when the
-    KAI-scored plan stays)."""
-    sv = config.solver
-    if not sv.fgd_hint or config.placement.gpu == Strategy.fgd or (actions is not None and "allocate" not in actions):
-        return greedy, ""
-    took = greedy.solver.wall_s if greedy.solver is not None else math.inf
-    allocate = greedy.phases.get("allocate", took)
-    if took + (FGD_ALLOCATE_COST - 1) * allocate > FGD_HINT_SHARE * sv.time_budget_s:
-        return greedy, ""
-    phase("the greedy engine with FGD scoring (a second hint)")
-    alt_config = config.model_copy(update={"placement": Placement(gpu=Strategy.fgd, cpu=Strategy.fgd)})
-    alt = greedy_plan(state, fs, alt_config, actions)
-    try:
-        check_plan(state, alt, fs, alt_config)
-    except PlanViolation:
-        return greedy, ""
+def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan) -> str:
+    """Why the FGD-scored plan `alt` may stand in for the KAI-scored `greedy` ('' when it may not): it places every
+    group `greedy` places with as many pods (KAI's queue order keeps its say), scores higher by plan_score and evicts
+    no more. fractions-1000-s1: 2,417.7 GPUs placed instead of 2,404.9, where the model alone found nothing better;
+    on fractions-300-s0 FGD scoring dropped 3 KAI-placed groups, and the KAI-scored plan stays."""
     counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
     ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, greedy)
     if any(alt_counts[g] < k for g, k in counts.items()) or ours[0] <= theirs[0] + 1e-9 or ours[1] > theirs[1] + 1e-9:
-        return greedy, ""
-    alt.solver = greedy.solver
-    return alt, (f"started from the greedy plan with FGD scoring (value {ours[0]:g} vs {theirs[0]:g} KAI-scored, "
-                 f"the same groups and {len(set(alt_counts) - set(counts))} more)")
+        return ""
+    return (f"the greedy plan with FGD scoring (value {ours[0]:g} vs {theirs[0]:g} KAI-scored, the same groups and "
+            f"{len(set(alt_counts) - set(counts))} more)")
 
 
 def _keep(greedy: Plan, info: SolverInfo, start: float, why: str, status: str) -> Plan:

@@ -1,0 +1,121 @@
+"""The second hint: the greedy cycle with FGD scoring (`placement: {gpu: fgd, cpu: fgd}`), a starting plan for the
+model and a candidate for the cycle's plan when it is as KAI-compatible as the KAI-scored plan and better.
+
+With wall time it runs in a forked process of its own from the start of the cycle, at a lower CPU priority, beside
+the KAI-scored greedy cycle (which uses one core) and the model build (one core): it takes nothing from the CP-SAT
+budget. The CP-SAT worker starts from it if it is ready when the worker builds its scope; otherwise the engine
+weighs it against the worker's plan at the end, until the budget's deadline. Deterministic mode computes it in
+the process, before the model (reproducible).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from kai_opt.checker import PlanViolation, check_plan
+from kai_opt.config import Config, Placement, Strategy
+from kai_opt.fairshare import FairShare
+from kai_opt.plan import Plan
+from kai_opt.state import ClusterState
+
+NICE = 10  # the process yields to the CP-SAT workers (2 cores: about a tenth of a core while both search)
+
+
+def fgd_config(config: Config) -> Config:
+    return config.model_copy(update={"placement": Placement(gpu=Strategy.fgd, cpu=Strategy.fgd)})
+
+
+def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
+    """Whether this cycle computes a second hint: the option is on, the cycle places (allocate), and the first
+    greedy plan is not FGD-scored already."""
+    return (config.solver.fgd_hint and config.placement.gpu != Strategy.fgd
+            and (actions is None or "allocate" in actions))
+
+
+def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None) -> Plan | None:
+    """The FGD-scored greedy plan, or None if it fails the checker (it is then never used)."""
+    from kai_opt.engine import greedy_plan
+
+    alt_config = fgd_config(config)
+    plan = greedy_plan(state, fs, alt_config, actions)
+    try:
+        check_plan(state, plan, fs, alt_config)
+    except PlanViolation:
+        return None
+    return plan
+
+
+def _child(conn: Connection, state: ClusterState, fs: FairShare, config: Config,
+           actions: tuple[str, ...] | None) -> None:
+    try:
+        os.nice(NICE)
+        t = time.perf_counter()
+        plan = compute(state, fs, config, actions)
+        conn.send(("plan", plan, time.perf_counter() - t))
+    except Exception:  # the hint is optional: report, never fail the cycle
+        conn.send(("error", traceback.format_exc(limit=-3), 0.0))
+    finally:
+        conn.close()
+
+
+class SecondHint:
+    """The FGD-scored greedy plan being computed in a forked process. The CP-SAT worker (forked later) inherits
+    the reading end and may `take` it; the engine's process then learns that from the worker's plan
+    (`SolverInfo.hint`) and only `close`s."""
+
+    def __init__(self, proc: mp.process.BaseProcess, conn: Connection) -> None:
+        self._proc = proc
+        self._conn = conn
+        self._pid = os.getpid()  # the process that forked it (only that one may kill or join it)
+        self.taken = False
+        self.seconds: float | None = None  # how long the computation took (once taken)
+        self.error: str | None = None
+
+    @classmethod
+    def start(cls, state: ClusterState, fs: FairShare, config: Config,
+              actions: tuple[str, ...] | None) -> SecondHint | None:
+        """Fork the computation (wall-time mode only; None when not wanted or without fork)."""
+        if (config.solver.deterministic or not wanted(config, actions)
+                or "fork" not in mp.get_all_start_methods()):
+            return None
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(child, state, fs, config, actions), daemon=True)
+        proc.start()
+        child.close()
+        return cls(proc, parent)
+
+    def ready(self) -> bool:
+        """The plan (or its failure) has arrived and nobody took it yet."""
+        return not self.taken and self._conn.poll(0)
+
+    def take(self, timeout: float = 0.0) -> Plan | None:
+        """The plan, waiting up to `timeout` seconds; None when it is not there in time, failed, or was taken."""
+        if self.taken:
+            return None
+        try:
+            if not self._conn.poll(max(0.0, timeout)):
+                return None
+            kind, payload, seconds = self._conn.recv()
+        except (EOFError, OSError):  # the process died, or another process took the plan
+            self.taken = True
+            return None
+        self.taken = True
+        self.seconds = seconds
+        if kind == "error":
+            self.error = payload
+            return None
+        return payload
+
+    def close(self) -> None:
+        """Stop the computation if it still runs (only in the process that started it)."""
+        if os.getpid() != self._pid:
+            return
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(1.0)
+        self._conn.close()

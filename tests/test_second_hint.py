@@ -1,0 +1,66 @@
+"""The second hint with wall time: the FGD-scored greedy plan computed in a process beside the cycle, used as the
+model's starting plan when ready, or weighed against the worker's plan at the end."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from kai_opt.bench.instances import Instance
+from kai_opt.checker import check_plan
+from kai_opt.config import Engine, parse_config
+from kai_opt.engine import run_cycle
+from kai_opt.formulation import second_hint, solve
+from kai_opt.formulation.solve import plan_score
+from kai_opt.state import build_state
+
+WALL = {"deterministic": False, "time_budget_s": 3, "seed": 0}
+
+
+def _state():
+    return build_state(Instance("fragmentation", 200, 0).snapshot())  # FGD scoring dodges some of its traps
+
+
+def test_the_plan_is_never_worse_than_the_fgd_plan_computed_beside() -> None:
+    st = _state()
+    config = parse_config({"engine": "cpsat", "solver": WALL})
+    kai, fs = run_cycle(st, config, engine=Engine.greedy)
+    fgd = second_hint.compute(st, fs, config, None)
+    assert fgd is not None and plan_score(st, fs, fgd)[0] > plan_score(st, fs, kai)[0]
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    assert plan.solver is not None and plan.solver.hint in ("kai", "fgd")
+    assert plan_score(st, fs, plan)[0] >= plan_score(st, fs, fgd)[0]
+    assert not mp.active_children()  # the process beside is gone with the cycle
+
+
+def test_the_fgd_plan_wins_at_the_end_when_the_model_finds_nothing(monkeypatch) -> None:
+    st = _state()
+    config = parse_config({"engine": "cpsat", "solver": WALL})
+    kai, fs = run_cycle(st, config, engine=Engine.greedy)
+    # the worker (forked after these patches) neither takes the plan computed beside nor gets a solution
+    monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)
+    monkeypatch.setattr(solve, "run_with_watchdog", lambda *a, **k: None)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    assert plan.solver.hint == "fgd" and plan.solver.status == "FALLBACK_GREEDY"
+    assert "computed beside" in plan.solver.note
+    assert plan_score(st, fs, plan)[0] > plan_score(st, fs, kai)[0]
+    placed = [{int(st.pod_pg[p.pod]) for p in x.placements if not p.moved} for x in (kai, plan)]
+    assert placed[0] <= placed[1]  # every group the KAI-scored plan places
+
+
+def test_without_the_option_nothing_runs_beside(monkeypatch) -> None:
+    st = _state()
+    config = parse_config({"engine": "cpsat", "solver": {**WALL, "fgd_hint": False}})
+    started = []
+    real = second_hint.SecondHint.start.__func__
+
+    def spy(cls, *a, **k):
+        out = real(cls, *a, **k)
+        started.append(out)
+        return out
+
+    monkeypatch.setattr(second_hint.SecondHint, "start", classmethod(spy))
+    plan, fs = run_cycle(st, config, engine=Engine.cpsat)
+    assert started == [None] and plan.solver.hint == "kai"
+    check_plan(st, plan, fs, config)
