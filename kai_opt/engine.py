@@ -87,6 +87,8 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         second = SecondHint.start(state, fs, config, actions)
     try:
         plan = greedy_plan(state, fs, config, actions, progress)
+        if second is not None and not second.keep_going(time.perf_counter() - t0, config.solver.time_budget_s):
+            second = None
         say("checking the greedy plan")
         check_plan(state, plan, fs, config)
         if engine == Engine.cpsat:
