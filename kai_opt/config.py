@@ -138,7 +138,8 @@ class Runtime(_Model):
 
 
 class Config(_Model):
-    engine: Engine = Field(Engine.greedy, description="greedy (KAI-like heuristics) or cpsat (optimization)")
+    engine: Engine = Field(Engine.cpsat, description="cpsat (optimization, hinted by and falling back to the greedy "
+                           "plan) or greedy (KAI-like heuristics only)")
     scheduler_names: tuple[str, ...] = Field(("kai-opt",), min_length=1, description="pods with these "
                                              "schedulerNames are scheduled by kai-opt")
     default_queue: str = Field("default-queue", description="queue of workloads that name none")

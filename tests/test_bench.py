@@ -15,7 +15,7 @@ from builders import node, pod, podgroup, queue, snapshot, state
 from kai_opt.bench import baselines, bound, metrics, report, runner
 from kai_opt.bench.instances import QUICK_SIZE, families
 from kai_opt.cli.main import main
-from kai_opt.config import Config
+from kai_opt.config import Config, parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.plan import Plan
@@ -170,8 +170,10 @@ def test_bound_is_above_greedy_and_baselines_on_a_mixed_instance() -> None:
     st = state(objs)
     fs = compute_fair_share(st)
     b = bound.lp_bound(st, fs)
-    plan, _ = run_cycle(st, Config())
-    got: list[Any] = [plan_summary(st, plan)["gpus_allocated_after"]]
+    got: list[Any] = []
+    for engine in ("greedy", "cpsat"):
+        plan, _ = run_cycle(st, parse_config({"engine": engine, "solver": {"deterministic": True}}))
+        got.append(plan_summary(st, plan)["gpus_allocated_after"])
     for name in baselines.BASELINES:
         p = baselines.baseline_plan(st, fs, name)
         baselines.check(st, p, fs, Config())

@@ -15,7 +15,7 @@ import pytest
 from builders import node, pod, podgroup, queue, state
 
 from kai_opt.cli.main import main
-from kai_opt.config import Config, parse_config
+from kai_opt.config import Config, Engine, parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.explain import explain, make_context
 from kai_opt.explain.pending import explain_pending
@@ -35,14 +35,17 @@ KAI_CASES = Path("/work/shared/scenarios/kai")
 KAI_DIFFERENCES = ("insufficient GPUs wording", "topology larger than every domain", "newline / error joining")
 
 
+GREEDY = Config(engine=Engine.greedy)  # explain's semantics on the KAI-like plan (the CP-SAT engine: below)
+
+
 def plan_of(objs, config: Config | None = None):
     st = state(objs)
-    plan, fs = run_cycle(st, config or Config())
+    plan, fs = run_cycle(st, config or GREEDY)
     return st, plan, fs
 
 
 def ex(objs, config: Config | None = None, **target):
-    return explain(state(objs), config or Config(), **target)
+    return explain(state(objs), config or GREEDY, **target)
 
 
 def option(out: dict, change: str) -> dict:
@@ -64,7 +67,7 @@ def test_node_level_reasons_are_the_plans_in_kube_scheduler_form() -> None:
             node("c", gpus=2, labels={"pool": "y"}), node("d", gpus=8, labels={"pool": "y"}, ready=False),
             queue("q", gpu=(16, 1, -1)), podgroup("s", "q"), pod("s-0", group="s", gpus=4, nodeSelector={"pool": "y"})]
     st, plan, fs = plan_of(objs)
-    out = explain(st, Config(), podgroup="default/s", plan=plan, fs=fs)
+    out = explain(st, GREEDY, podgroup="default/s", plan=plan, fs=fs)
     reasons = out["pending"]["reasons"]
     verbatim = plan.pending[st.pg_index["default/s"]]
     assert [(r["code"], r["message"]) for r in reasons] == [(r.code, r.message) for r in verbatim]
@@ -177,7 +180,7 @@ def test_victims_protected_by_min_runtime_and_the_pods_to_evict() -> None:
     objs = _reclaim_objs(started_min_ago=1, over_spec={"reclaimMinRuntime": "10m"})
     st, plan, fs = plan_of(objs)
     assert not plan.evictions  # the engine may not take them
-    out = explain(st, Config(), podgroup="default/s", plan=plan, fs=fs)
+    out = explain(st, GREEDY, podgroup="default/s", plan=plan, fs=fs)
     rec = out["pending"]["victims"]["reclaim"]
     assert rec["min_runtime"]["groups"] == 4 and rec["min_runtime"]["gpus"] == 8
     assert rec["eligible"]["groups"] == 0
@@ -258,8 +261,8 @@ def test_every_pending_reason_is_the_plans_verbatim(example) -> None:
     from kai_opt.loaders import load_snapshot
 
     st = build_state(load_snapshot(example))
-    plan, fs = run_cycle(st, Config())
-    ctx = make_context(st, Config(), plan=plan, fs=fs)
+    plan, fs = run_cycle(st, GREEDY)
+    ctx = make_context(st, GREEDY, plan=plan, fs=fs)
     for g, reasons in plan.pending.items():
         got = explain_pending(ctx, g, solve=False)["reasons"]
         assert got == [{"code": r.code, "message": r.message, **({"details": r.details} if r.details else {})}
@@ -315,7 +318,7 @@ def test_queue_fair_share_step_by_step_and_its_pending_work() -> None:
     objs += [podgroup("x", "a1", min_member=2)] + [pod(f"x-{i}", group="x", gpus=2) for i in range(2)]
     objs += [podgroup("y", "a2", min_member=4)] + [pod(f"y-{i}", group="y", gpus=2) for i in range(4)]
     st, plan, fs = plan_of(objs)
-    out = explain(st, Config(), queue="a2", plan=plan, fs=fs)
+    out = explain(st, GREEDY, queue="a2", plan=plan, fs=fs)
     gpu = out["resources"]["gpu"]
     assert out["path"] == ["dept", "a2"] and out["consistent_with_cycle"]
     assert gpu["fair_share"] == pytest.approx(float(fs.fair_share[st.q_index["a2"], 0]))
@@ -358,13 +361,14 @@ def test_cli_table_and_json(capsys) -> None:
 
 def test_explains_a_saved_plan(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
-        main(["solve", "models/examples/topology.yaml", "-o", "json"])
+        main(["solve", "models/examples/topology.yaml", "-o", "json", "-e", "greedy"])  # the same plan twice
     path = tmp_path / "plan.json"
     path.write_text(capsys.readouterr().out)
     outs = []
     for extra in ([], ["--plan", str(path)]):
         with pytest.raises(SystemExit) as done:
-            main(["explain", "models/examples/topology.yaml", "--podgroup", "team-b/eval", "-o", "json", *extra])
+            main(["explain", "models/examples/topology.yaml", "--podgroup", "team-b/eval", "-o", "json", "-e", "greedy",
+                  *extra])
         assert done.value.code == 0
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0]["pending"]["reasons"] == outs[1]["pending"]["reasons"]
@@ -402,7 +406,7 @@ def _case_cycle(case):
     from kai_opt.conformance import ACTION_NAMES, case_config
     from kai_opt.simulate import PipelinedAs, apply_plan
 
-    cfg = case_config(case, Config())
+    cfg = case_config(case, GREEDY)
     actions = tuple(ACTION_NAMES[a] for a in case.actions)
     snap = case.snapshot
     until = case.rounds.until_match if (case.mode == "integration" and case.rounds) else 1

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ lives at the repository root
 
-from kai_opt.config import Config
+from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.loaders import load_snapshot
 from kai_opt.snapshot import RawObject
@@ -122,5 +122,5 @@ def test_scale_small(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "seed"), CASES)
 def test_family_cycle(name: str, seed: int) -> None:
     """The greedy engine plans every family (the plan checker runs inside run_cycle)."""
-    plan, _ = run_cycle(state(name, seed), Config())
+    plan, _ = run_cycle(state(name, seed), Config(engine=Engine.greedy))
     assert plan.placements or plan.pending

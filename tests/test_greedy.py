@@ -8,15 +8,17 @@ import pytest
 from builders import NOW, node, pod, podgroup, queue, snapshot, state
 
 from kai_opt.cli.main import main
-from kai_opt.config import Config, parse_config
+from kai_opt.config import Config, Engine, parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.snapshot import RawObject
 from kai_opt.state import build_state
 
+GREEDY = Config(engine=Engine.greedy)
+
 
 def plan_of(objs, config: Config | None = None, actions=None):
     st = state(objs)
-    plan, _ = run_cycle(st, config or Config(), actions=actions)
+    plan, _ = run_cycle(st, config or GREEDY, actions=actions)
     return st, plan
 
 
@@ -209,7 +211,7 @@ def test_unknown_queue_is_a_pending_reason_not_an_error() -> None:
 
 def test_solve_json_shape(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["solve", "models/examples/quickstart.yaml", "-o", "json"])
+        main(["solve", "models/examples/quickstart.yaml", "-o", "json", "-e", "greedy"])
     assert done.value.code == 0
     data = json.loads(capsys.readouterr().out)
     assert {"engine", "solver", "binds", "pipelines", "evictions", "pending", "summary"} <= set(data)
@@ -218,9 +220,20 @@ def test_solve_json_shape(tmp_path, capsys) -> None:
         assert {"pod", "podgroup", "node", "gpu_devices"} <= set(b)
 
 
+def test_solve_uses_cpsat_by_default(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["solve", "models/examples/quickstart.yaml", "-o", "json"])
+    assert done.value.code == 0
+    data = json.loads(capsys.readouterr().out)
+    solver = data["solver"]
+    assert data["engine"] == "cpsat" and solver["hint"] in ("kai", "fgd")
+    assert solver["status"] in ("OPTIMAL", "FEASIBLE", "GREEDY_KEPT", "FALLBACK_GREEDY") and solver["note"]
+    assert data["binds"] or data["pipelines"]
+
+
 def test_solve_table_says_where_a_consolidated_pod_goes(capsys) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["solve", "models/examples/topology.yaml"])
+        main(["solve", "models/examples/topology.yaml", "-e", "greedy"])
     assert done.value.code == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "consolidate" in line)
@@ -230,6 +243,7 @@ def test_solve_table_says_where_a_consolidated_pod_goes(capsys) -> None:
 def test_a_cycle_is_deterministic() -> None:
     objs = _reclaim_objs()
     snap = snapshot(objs)
-    a, _ = run_cycle(build_state(snap), Config())
-    b, _ = run_cycle(build_state(snap), Config())
-    assert a.placements == b.placements and a.evictions == b.evictions
+    for config in (GREEDY, parse_config({"engine": "cpsat", "solver": {"deterministic": True}})):
+        a, _ = run_cycle(build_state(snap), config)
+        b, _ = run_cycle(build_state(snap), config)
+        assert a.placements == b.placements and a.evictions == b.evictions

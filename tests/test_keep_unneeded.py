@@ -10,10 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from strategies import clusters
 
 import kai_opt.heuristics.victims as victims
-from kai_opt.config import Config
+from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.plan import Plan
 from kai_opt.state import build_state
+
+GREEDY = Config(engine=Engine.greedy)
 
 
 def _parts(plan: Plan) -> tuple:
@@ -33,10 +35,10 @@ def _both(state, monkeypatch: pytest.MonkeyPatch) -> tuple[tuple, tuple, int]:
 
     with monkeypatch.context() as m:
         m.setattr(victims, "_decided", counting)
-        fast = _parts(run_cycle(state, Config())[0])
+        fast = _parts(run_cycle(state, GREEDY)[0])
     with monkeypatch.context() as m:
         m.setattr(victims, "_decided", lambda *a, **k: {})  # every chunk walked, only the final victims checked
-        plain = _parts(run_cycle(state, Config())[0])
+        plain = _parts(run_cycle(state, GREEDY)[0])
     return fast, plain, sum(calls)
 
 

@@ -13,7 +13,7 @@ from kai_opt.heuristics.fragmentation import FragModel, typical_shapes
 
 def plan_of(objs, strategy: str):
     st = state(objs)
-    cfg = parse_config({"placement": {"gpu": strategy}, "actions": {"consolidate": False}})
+    cfg = parse_config({"engine": "greedy", "placement": {"gpu": strategy}, "actions": {"consolidate": False}})
     plan, _ = run_cycle(st, cfg)
     return st, plan
 

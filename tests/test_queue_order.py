@@ -65,10 +65,10 @@ def test_best_equals_the_rule_by_rule_scan(data) -> None:
 
 
 def _plan_parts(state) -> tuple:
-    from kai_opt.config import Config
+    from kai_opt.config import Config, Engine
     from kai_opt.engine import run_cycle
 
-    plan = run_cycle(state, Config())[0]
+    plan = run_cycle(state, Config(engine=Engine.greedy))[0]
     return ([(p.pod, p.node, tuple(p.devices), p.pipelined) for p in plan.placements],
             [(e.pod, e.reason, e.beneficiary) for e in plan.evictions],
             {g: [(r.code, r.message) for r in rs] for g, rs in plan.pending.items()})

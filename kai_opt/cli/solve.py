@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from kai_opt.cli.app import OutputWithYaml, app
@@ -47,7 +48,10 @@ def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
     c = console()
     s = data["summary"]
     solver = data["solver"]
-    c.print(f"[bold]engine[/] {plan.engine}  status {solver['status']}  {solver.get('wall_s', 0):.3f}s")
+    gap = f"  gap {solver['gap']:.2%}" if solver.get("gap") is not None else ""
+    c.print(f"[bold]engine[/] {plan.engine}  status {solver['status']}{gap}  {solver.get('wall_s', 0):.3f}s")
+    if solver.get("note"):  # why the CP-SAT engine returned what it did (chosen, kept, fallback)
+        c.print(f"[dim]{escape(solver['note'])}[/]")
     c.print(f"GPUs allocated {fmt_num(s['gpus_allocated_before'])} -> {fmt_num(s['gpus_allocated_after'])} "
             f"of {fmt_num(s['gpus_total'])}; fragmentation {fmt_num(s['fragmentation_before'])} -> "
             f"{fmt_num(s['fragmentation_after'])}")

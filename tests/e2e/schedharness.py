@@ -35,7 +35,8 @@ FAST_RUNTIME: dict[str, Any] = {
 
 def fast_config(period: float = 0.2, **runtime: Any) -> Config:
     rt = {**FAST_RUNTIME, **runtime}
-    return parse_config({"schedule_period_s": period, "runtime": rt})
+    return parse_config({"engine": "greedy", "schedule_period_s": period, "runtime": rt})  # the CP-SAT engine
+    # in a cluster: test_run_cpsat.py
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kai_opt.config import Config, parse_config
+from kai_opt.config import parse_config
 from kai_opt.engine import run_cycle
 from kai_opt.k8s.client import object_path, request
 from kai_opt.k8s.dump import dump_cluster
@@ -25,6 +25,7 @@ from .schedharness import (
     create,
     devices,
     events,
+    fast_config,
     fresh,
     get_podgroup,
     namespace,
@@ -88,7 +89,7 @@ def test_gang_that_cannot_fit_binds_nothing_and_reports_the_plans_reason(fresh: 
         dumped = dump_cluster(api)
         snap = Snapshot.from_objects(objects_from_documents([Document(dumped, "dump", 1)]))
         state = build_state(snap)
-        plan, _ = run_cycle(state, Config())
+        plan, _ = run_cycle(state, fast_config())  # the engine the harness's scheduler runs
         expected = plan.pending[state.pg_index[f"{NS}/big"]]
         assert "0/2 nodes are available" in expected[0].message
         with scheduler(fresh):
@@ -114,7 +115,8 @@ def test_gang_that_cannot_fit_binds_nothing_and_reports_the_plans_reason(fresh: 
 
 
 def test_a_running_gang_that_loses_a_pod_is_marked_stale_then_evicted_whole(fresh: LocalCluster) -> None:
-    config = parse_config({"schedule_period_s": 0.2, "stale_gang_grace_s": 1.0, "runtime": FAST_RUNTIME})
+    config = parse_config({"engine": "greedy", "schedule_period_s": 0.2, "stale_gang_grace_s": 1.0,
+                           "runtime": FAST_RUNTIME})
     with fresh.api_client() as api:
         create(api, [namespace(), node("n1", 8), queue("team"), podgroup("g", 4, "team"),
                      *[pod(f"g-{i}", gpus=1, group="g") for i in range(4)]])
