@@ -45,6 +45,16 @@ def test_without_keeping_greedy_groups_on_adversarial_families(family: str) -> N
     assert_valid_and_not_worse(build_state(Instance(family, 30, 0).snapshot()), FREE)
 
 
+@pytest.mark.parametrize(("instance", "window"), [(("gangs", 100, 1), 1), (("openb", 100, 0), 20),
+                                                  (("contention", 100, 0), 5)])
+def test_a_window_of_the_highest_ranked_work_stays_valid(instance: tuple, window: int) -> None:
+    """solver.max_model_pods: groups beyond the window are left to the greedy fill, except those the greedy's
+    replayed evictions were made for (these instances had reclaim and preempt victims without their beneficiary)."""
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 1, "seed": 0,
+                                                         "max_model_pods": window}})
+    assert_valid_and_not_worse(build_state(Instance(*instance).snapshot()), config)
+
+
 def assert_valid_and_not_worse(state: ClusterState, config: Config = CONFIG) -> None:
     greedy, fs = run_cycle(state, config, engine=Engine.greedy)
     plan, _ = run_cycle(state, config, engine=Engine.cpsat)

@@ -129,6 +129,11 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     shapes: list[Shape] = []
     excluded: list[int] = []
     budget = max_pods
+    # groups the greedy's replayed evictions were made for (apply_consolidation): the decode session has those
+    # evictions whatever the model says, so these groups are always in the model (and held), window or not; left
+    # to the greedy fill they could stay pending, their victims evicted for nothing (the checker caught it at
+    # 10,000 nodes with a 300-pod window)
+    replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
     greedy_nodes: dict[int, set[int]] = {}
     for pl in greedy.placements:
         if not pl.moved:
@@ -140,7 +145,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         if sub_domain[g] or any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pend.tolist()):
             excluded.append(g)  # the model has no pod affinity, and topology domains per group only
             continue
-        if len(pend) > budget:
+        if len(pend) > budget and g not in replayed_for:
             excluded.append(g)
             continue
         budget -= len(pend)
@@ -187,7 +192,6 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                 v.beneficiaries.append(j)
                 v.reason_for[j] = e.reason
     placed_count = placed_per_group(st, greedy)
-    replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
             if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}
     # candidate nodes per shape: as many as a budget of (shape, node) pairs allows, at least per_shape_nodes. Wider
