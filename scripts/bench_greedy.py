@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TARGET_S, TARGET_MB, TARGET_NODES = 1.0, 2048.0, 10_000
+TARGET_S, TARGET_MB, TARGET_NODES = 1.0, 2048.0, 10_000  # the greedy engine's (issue 4)
+CPSAT_GAP, CPSAT_MB = 0.01, 4096.0  # the CP-SAT engine's at that size (issue 6): OPTIMAL or gap <= 1% within the
+# --time-budget, every cycle, and the process tree's peak (PSS) within 4 GB; otherwise the statuses and notes say why
 PHASES = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
 
 
@@ -127,6 +129,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         res["pending_groups"] = len(plan.pending)
         if plan.solver is not None:
             res.setdefault("status", []).append(plan.solver.status)
+            res.setdefault("gap", []).append(plan.solver.gap)
+            res.setdefault("notes", []).append(plan.solver.note or "")
             ph["solver_wall"] = float(plan.solver.wall_s or 0.0)
     res["p50"] = {k: statistics.median(c[k] for c in cycles) for k in cycles[0]}
     totals = sorted(c["total"] for c in cycles)
@@ -190,11 +194,23 @@ def main() -> int:
                   f"engine {args.engine}; solver status {statuses}; CP-SAT wall p50 {p.get('solver_wall', 0.0):.3f} s")
         print(f"{'':>6} peak memory of the process and its children (CP-SAT worker, second hint), PSS sampled "
               f"every 0.2 s: {r['tree_pss_mb']:.0f} MB")
+        if args.engine != "greedy":
+            for note, k in Counter(r.get("notes", [])).most_common(3):
+                print(f"{'':>6} {k} x: {note[:300]}")
         if n >= TARGET_NODES:
             measured = True
-            if p["total"] > TARGET_S or r["peak_mb"] > TARGET_MB:
-                ok = False
-    print(f"target at {TARGET_NODES} nodes: cycle <= {TARGET_S:.0f} s, peak <= {TARGET_MB:.0f} MB: "
+            if args.engine == "greedy":
+                ok &= p["total"] <= TARGET_S and r["peak_mb"] <= TARGET_MB
+            else:
+                solved = all(s == "OPTIMAL" or (s == "FEASIBLE" and g is not None and g <= CPSAT_GAP)
+                             for s, g in zip(r.get("status", []), r.get("gap", []), strict=True))
+                ok &= solved and r["tree_pss_mb"] <= CPSAT_MB
+    if args.engine == "greedy":
+        target = f"cycle <= {TARGET_S:.0f} s, peak <= {TARGET_MB:.0f} MB"
+    else:
+        target = (f"status OPTIMAL or gap <= {CPSAT_GAP:.0%} in every cycle within the {args.time_budget:g} s "
+                  f"budget, process tree peak <= {CPSAT_MB:.0f} MB")
+    print(f"target at {TARGET_NODES} nodes: {target}: "
           f"{('met' if ok else 'NOT met') if measured else 'not measured (no size that large)'}")
     return 0 if ok else 1
 
