@@ -64,3 +64,18 @@ def test_without_the_option_nothing_runs_beside(monkeypatch) -> None:
     plan, fs = run_cycle(st, config, engine=Engine.cpsat)
     assert started == [None] and plan.solver.hint == "kai"
     check_plan(st, plan, fs, config)
+
+
+def test_a_failing_second_hint_is_reported_and_the_cycle_goes_on(monkeypatch) -> None:
+    st = _state()
+    config = parse_config({"engine": "cpsat", "solver": WALL})
+
+    def broken(*_a, **_k):
+        raise RuntimeError("FGD scoring broke")
+
+    monkeypatch.setattr(second_hint, "compute", broken)  # the process beside is forked after this
+    monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)  # left for the end of the cycle
+    plan, fs = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    assert plan.solver.hint == "kai" and "second hint failed" in plan.solver.note
+    assert "FGD scoring broke" in plan.solver.note

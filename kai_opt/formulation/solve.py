@@ -139,6 +139,8 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: P
     against the KAI-scored plan (second_hint_note) and beats the worker's plan lexicographically."""
     alt = second.take(deadline - time.perf_counter())
     if alt is None:
+        if second.error:  # an optional hint: the cycle goes on, the note says what went wrong
+            plan.solver.note = f"{plan.solver.note}; the FGD-scored second hint failed: {second.error.strip()[-300:]}"
         return plan
     note = second_hint_note(state, fs, greedy, alt)
     if not note or not _beats(plan_score(state, fs, alt), plan_score(state, fs, plan)):
