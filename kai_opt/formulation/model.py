@@ -42,6 +42,16 @@ def _down(x: np.ndarray) -> np.ndarray:
     return np.floor(np.asarray(x) * np.array(QSCALE) + EPS).astype(np.int64)
 
 
+def lsum(exprs: list) -> cp_model.LinearExprT:
+    """Sum of model expressions in one call (Python's sum builds a chain of partial sums)."""
+    return cp_model.LinearExpr.sum(exprs) if exprs else 0
+
+
+def wsum(exprs: list, coeffs: list[int]) -> cp_model.LinearExprT:
+    """Weighted sum of model expressions in one call."""
+    return cp_model.LinearExpr.weighted_sum(exprs, coeffs) if exprs else 0
+
+
 @dataclass
 class Built:
     model: cp_model.CpModel
@@ -90,7 +100,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
     b.move = [m.new_int_var(0, len(mv.pods), f"move[{st.pods[mv.pods[0]].name}~{len(mv.pods)},"
                                              f"{st.node_names[mv.node]}]") for mv in scope.movers]
     if scope.movers:
-        served = sum(b.gang[j] for j in scope.move_for)  # groups consolidation may serve that are placed
+        served = lsum([b.gang[j] for j in scope.move_for])  # groups consolidation may serve that are placed
         # moves only while one is: one literal for it, so each mover's bound has two terms (with the sum in each,
         # fractions-1000-s1's 1,478 movers x 1,500 groups made 1.8M terms and most of the model's build time)
         b.serving = m.new_bool_var("consolidation_serves")
@@ -105,7 +115,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
                     moved_group[mv.group] = m.new_bool_var(f"moved[{st.pg_keys[mv.group]}]")
                 m.add(x <= len(mv.pods) * moved_group[mv.group])
             b.moved_group = moved_group
-            m.add(sum(moved_group.values()) <= limit * served)
+            m.add(lsum(list(moved_group.values())) <= limit * served)
 
     # -- placements per (pool, node); per shape the pods placed ------------------------------------------------
     totals: dict[int, cp_model.LinearExpr] = {}
@@ -116,31 +126,29 @@ def build_model(sess: Session, scope: Scope) -> Built:
                                     else f"~+{len(pool.shapes) + len(pool.movers) - 1}")
         most = sum(len(shapes[k].pods) for k in pool.shapes) + sum(len(scope.movers[c].pods) for c in pool.movers)
         terms = []
-        for n in pool.nodes.tolist():
-            cap = node_room.cap(p0, n)
-            if cap <= 0:
-                continue
-            v = m.new_int_var(0, min(cap, most), f"place[{label},{st.node_names[n]}]")
+        caps = node_room.caps(p0, pool.nodes)
+        for n, cap in zip(pool.nodes[caps > 0].tolist(), np.minimum(caps[caps > 0], most).tolist(), strict=True):
+            v = m.new_int_var(0, cap, f"place[{label},{st.node_names[n]}]")
             b.place[(pi, n)] = v
             terms.append(v)
         for k in pool.shapes:
             b.pool_of[k] = pi
         if len(pool.shapes) == 1 and not pool.movers:
-            totals[pool.shapes[0]] = sum(terms) if terms else 0
+            totals[pool.shapes[0]] = lsum(terms)
         else:
             for k in pool.shapes:
                 b.placed[k] = m.new_int_var(0, len(shapes[k].pods), f"placed[{st.pods[shapes[k].pods[0]].name}~]")
                 totals[k] = b.placed[k]
-            m.add(sum(terms) == sum(b.placed[k] for k in pool.shapes) + sum(b.move[c] for c in pool.movers))
+            m.add(lsum(terms) == lsum([b.placed[k] for k in pool.shapes] + [b.move[c] for c in pool.movers]))
         for k in pool.shapes:
             m.add(totals[k] <= len(shapes[k].pods) * b.gang[group_of_shape[k]])
     for i, g in enumerate(groups):
-        group_total = sum(totals[s] for s in g.shapes)
+        group_total = lsum([totals[s] for s in g.shapes])
         m.add(group_total >= g.need * b.gang[i])
         if g.need == 0:
             m.add(group_total >= b.gang[i])  # an elastic group "placed" means at least one more pod
         for sg, need in g.sub_need.items():
-            sub_total = sum(totals[s] for s in g.shapes if shapes[s].subgroup == sg)
+            sub_total = lsum([totals[s] for s in g.shapes if shapes[s].subgroup == sg])
             if need > 0:
                 m.add(sub_total >= need * b.gang[i])
         if g.fixed_domain == -2:
@@ -157,8 +165,8 @@ def build_model(sess: Session, scope: Scope) -> Built:
         ep = m.new_bool_var(f"evict_pre[{label}]")
         er = m.new_bool_var(f"evict_rec[{label}]")
         m.add(ep + er <= 1)
-        m.add(ep <= sum(b.gang[j] for j in pre) if pre else ep == 0)  # only for an allowed, placed preemptor
-        m.add(er <= sum(b.gang[j] for j in rec) if rec else er == 0)  # only for an allowed, placed reclaimer
+        m.add(ep <= lsum([b.gang[j] for j in pre]) if pre else ep == 0)  # only for an allowed, placed preemptor
+        m.add(er <= lsum([b.gang[j] for j in rec]) if rec else er == 0)  # only for an allowed, placed reclaimer
         b.evict_pre.append(ep)
         b.evict_rec.append(er)
     evicted = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
@@ -191,16 +199,22 @@ def build_model(sess: Session, scope: Scope) -> Built:
     # a victim holding a GPU share frees part of a device: only the device-level constraints count that right
     share_nodes |= {n for n, items in released.items() if any(is_share(st, p) for _, p, _k in items)}
     for n, items in on_node.items():
+        rel = released[n]
+        # per resource: placed - released <= free now, one weighted sum per row (the coefficients in bulk)
+        exprs = [v for _p, v in items] + [x for x, _p, _k in rel]
+        pods = np.array([p for p, _v in items] + [p for _x, p, _k in rel], dtype=np.int64)
+        sign = np.concatenate((np.ones(len(items), dtype=np.int64), -np.ones(len(rel), dtype=np.int64)))
+        reqs = st.pod_req[pods].astype(np.int64) * sign[:, None]
         for c in cols:
-            use = sum(v * int(st.pod_req[p, c]) for p, v in items)
-            free = int(future[n, c]) + sum(x * int(st.pod_req[p, c]) for x, p, _k in released[n])
-            m.add(use <= free)
-        whole_use = sum(v * int(st.pod_gpu_whole[p]) for p, v in items if st.pod_gpu_whole[p])
+            m.add(wsum(exprs, reqs[:, c].tolist()) <= int(future[n, c]))
+        wpods = [(p, v) for p, v in items if st.pod_gpu_whole[p]]
+        whole_use = wsum([v for _p, v in wpods], [int(st.pod_gpu_whole[p]) for p, _v in wpods])
         if n in share_nodes:
-            _device_constraints(sess, b, n, items, released[n], whole_use)
-        else:
-            whole_free = int(sess.whole_future[n]) + sum(x * int(st.pod_gpu_whole[p]) for x, p, _k in released[n])
-            m.add(whole_use <= whole_free)
+            _device_constraints(sess, b, n, items, rel, whole_use)
+        elif wpods:  # (without whole-GPU pods placed here there is nothing to bound)
+            wrel = [(x, p) for x, p, _k in rel if st.pod_gpu_whole[p]]
+            m.add(whole_use - wsum([x for x, _p in wrel], [int(st.pod_gpu_whole[p]) for _x, p in wrel])
+                  <= int(sess.whole_future[n]))
 
     # -- topology ---------------------------------------------------------------------------------------------
     for i, g in enumerate(groups):
@@ -225,7 +239,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
             for s, n in keys:
                 m.add(b.place[(b.pool_of[s], n)] <= len(shapes[s].pods) * x)
         if choices:
-            m.add(sum(choices) == b.gang[i])
+            m.add(lsum(choices) == b.gang[i])
         else:
             m.add(b.gang[i] == 0)
 
@@ -245,7 +259,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
                    or (500 if st.pod_gpu_mem[p0] else 0)) + 10  # GPUs placed, and 10 per pod (CPU-only counts)
             b.value_terms[s] = w * per
             value_terms.append(totals[s] * (w * per))
-    b.value = sum(value_terms) if value_terms else 0
+    b.value = lsum(value_terms)
     cost = []
     for vi, v in enumerate(victims):
         p = v.pods
@@ -254,59 +268,62 @@ def build_model(sess: Session, scope: Scope) -> Built:
     for mv, x in zip(scope.movers, b.move, strict=True):  # a move costs as its eviction would
         p = mv.pods[0]
         cost.append(x * ((int(st.pod_req[p, R_GPU]) + 10) * 4 ** level[int(st.pg_priority[mv.group])]))
-    b.eviction_cost = sum(cost) if cost else 0
+    b.eviction_cost = lsum(cost)
     pack = []
     alloc_gpu = st.node_alloc[:, R_GPU]
     for (pi, n), v in b.place.items():
         if alloc_gpu[n] > 0 and st.pod_req[scope.pools[pi].pod, R_GPU] > 0:
             used = int(10 * (alloc_gpu[n] - future[n, R_GPU]) // alloc_gpu[n])  # 0..10: fuller nodes first
             pack.append(v * used)
-    b.packing = sum(pack) if pack else 0
+    b.packing = lsum(pack)
     return b
 
 
 class _NodeRoom:
-    """Per node, what could ever be free in this cycle (every candidate victim evicted), computed once."""
+    """Per node, what could ever be free in this cycle (every candidate victim evicted and every mover gone),
+    as arrays over all nodes and devices, so a pool's caps over its candidate nodes are one vector operation."""
 
     def __init__(self, sess: Session, victims: list, movers: list) -> None:
         self.sess = sess
-        self.extra: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(sess.alloc.shape[1], dtype=np.int64))
-        self.dev_extra: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         st = sess.state
-        for q in [q for v in victims for q in v.pods] + [q for mv in movers for q in mv.pods]:
-            n = int(sess.node[q])
-            self.extra[n] = self.extra[n] + st.pod_req[q]
-            per = st.pod_gpu_per_device(q, n)
-            for d in sess.pod_devices(q):
-                self.dev_extra[n][int(d)] += per
-        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.room = (sess.alloc - sess.held).astype(np.int64)
+        self.dev_free = (DEV - sess.dev_held).astype(np.int64)
+        leaving = [q for v in victims for q in v.pods] + [q for mv in movers for q in mv.pods]
+        if leaving:
+            pods = np.array(leaving, dtype=np.int64)
+            np.add.at(self.room, sess.node[pods], st.pod_req[pods].astype(np.int64))
+            for q in leaving:
+                per = st.pod_gpu_per_device(q, int(sess.node[q]))
+                for d in sess.pod_devices(q):
+                    self.dev_free[int(d)] += per
+        self.starts = np.asarray(sess.dev_start, dtype=np.int64)
+        self._whole = self._per_node(self.dev_free >= DEV)
 
-    def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        if n not in self.cache:
-            sess = self.sess
-            room = (sess.alloc[n] - sess.held[n]).astype(np.int64)
-            a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-            dev_free = (DEV - sess.dev_held[a:b]).astype(np.int64)
-            if n in self.extra:
-                room = room + self.extra[n]
-                for d, per in self.dev_extra[n].items():
-                    dev_free[d - a] += per
-            self.cache[n] = (room, dev_free)
-        return self.cache[n]
+    def _per_node(self, per_device: np.ndarray) -> np.ndarray:
+        """Sum of a per-device quantity over each node's devices."""
+        cs = np.concatenate(([0], np.cumsum(per_device, dtype=np.int64)))
+        return cs[self.starts[1:]] - cs[self.starts[:-1]]
 
-    def cap(self, p: int, n: int) -> int:
-        """How many pods like p node n could ever hold in this cycle."""
+    def caps(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """How many pods like p each of `nodes` could ever hold in this cycle."""
         st = self.sess.state
-        req = st.pod_req[p]
-        room, dev_free = self.room(n)
-        caps = [room[c] // req[c] for c in range(len(req)) if c != R_GPU and req[c] > 0]
-        cap = int(min(caps)) if caps else 10_000
+        req = st.pod_req[p].astype(np.int64)
+        cols = [c for c in range(len(req)) if c != R_GPU and req[c] > 0]
+        cap = np.full(len(nodes), 10_000, dtype=np.int64)
+        for c in cols:
+            cap = np.minimum(cap, self.room[nodes, c] // req[c])
         if st.pod_gpu_whole[p]:
-            cap = min(cap, int((dev_free >= DEV).sum()) // int(st.pod_gpu_whole[p]))
-        elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
-            per = st.pod_gpu_per_device(p, n)
-            cap = min(cap, int((dev_free // max(per, 1)).sum()) // max(1, int(st.pod_gpu_ndev[p])))
-        return max(0, int(cap))
+            cap = np.minimum(cap, self._whole[nodes] // int(st.pod_gpu_whole[p]))
+        elif st.pod_gpu_frac[p]:
+            per = int(st.pod_gpu_frac[p])
+            cap = np.minimum(cap, self._per_node(self.dev_free // per)[nodes] // max(1, int(st.pod_gpu_ndev[p])))
+        elif st.pod_gpu_mem[p]:  # milli-GPU per device depends on the node's GPU memory
+            ndev = max(1, int(st.pod_gpu_ndev[p]))
+            for i, n in enumerate(nodes.tolist()):
+                per = max(st.pod_gpu_per_device(p, n), 1)
+                free = self.dev_free[self.starts[n]:self.starts[n + 1]]
+                cap[i] = min(int(cap[i]), int((free // per).sum()) // ndev)
+        return np.maximum(cap, 0)
 
 
 def is_share(st, p: int) -> bool:
@@ -335,7 +352,7 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     per_pool_dev: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)
     for d in range(a, z):
         held = int(sess.dev_held[d])
-        gain = sum(x * per for x, per, _k in per_victim_dev[d])
+        gain = wsum([x for x, _per, _k in per_victim_dev[d]], [per for _x, per, _k in per_victim_dev[d]])
         most_free = DEV - held + sum(per * k for _x, per, k in per_victim_dev[d])  # every victim on it gone
         if most_free <= 0:
             continue  # full whatever the model decides: no variables for it
@@ -356,13 +373,13 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
             per_pool_dev[size].append(u)
             shares_here.append(u * per)
         if shares_here:
-            m.add(sum(shares_here) <= (DEV - held) + gain)
+            m.add(lsum(shares_here) - gain <= DEV - held)
     for size, vs in pools.items():  # a pod of n devices counts on n distinct devices: no device holds more of
-        m.add(sum(per_pool_dev[size]) == size[1] * sum(vs))  # them than there are pods (then a round-robin
+        m.add(lsum(per_pool_dev[size]) == size[1] * lsum(vs))  # them than there are pods (then a round-robin
         if size[1] > 1:  # hands each pod distinct devices, see decode)
             for u in per_pool_dev[size]:
-                m.add(u <= sum(vs))
-    m.add(whole_use <= sum(whole_devs))
+                m.add(u <= lsum(vs))
+    m.add(whole_use <= lsum(whole_devs))
 
 
 def share_size(st, p: int, n: int) -> tuple[int, int]:
@@ -398,10 +415,10 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
         if (q, r) not in evicted_sum:
             units = [(vi, int(v[r])) for vi, v in evicted_q[q] if int(v[r])]
             if len(units) <= 1:
-                evicted_sum[(q, r)] = sum(evicted[vi] * c for vi, c in units)
+                evicted_sum[(q, r)] = wsum([evicted[vi] for vi, _c in units], [c for _vi, c in units])
             else:
                 x = m.new_int_var(0, sum(c for _, c in units), f"evicted[{st.q_names[q]},{r}]")
-                m.add(x == sum(evicted[vi] * c for vi, c in units))
+                m.add(x == wsum([evicted[vi] for vi, _c in units], [c for _vi, c in units]))
                 b.evicted_sums.append((x, units))
                 evicted_sum[(q, r)] = x
         return evicted_sum[(q, r)]
@@ -413,14 +430,16 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
             lim = fs.limit[q, r]
             if lim != UNLIMITED:
                 bound = max(int(np.floor(lim * scale[r] + EPS)), int(alloc[q, r]))
-                net = sum(e * int(v[r]) for e, v, _ in placed_q[q]) - evicted_amount(q, r)
+                net = (wsum([e for e, _v, _ in placed_q[q]], [int(v[r]) for _e, v, _ in placed_q[q]])
+                       - evicted_amount(q, r))
                 m.add(int(alloc[q, r]) + net <= bound)
     for q in sorted(placed_np_q):
         for r in range(3):
             des = fs.deserved[q, r]
             if des != UNLIMITED:
                 bound = max(int(np.floor(des * scale[r] + EPS)), int(alloc_np[q, r]))
-                m.add(int(alloc_np[q, r]) + sum(e * int(v[r]) for e, v, _ in placed_np_q[q]) <= bound)
+                m.add(wsum([e for e, _v, _ in placed_np_q[q]], [int(v[r]) for _e, v, _ in placed_np_q[q]])
+                      <= bound - int(alloc_np[q, r]))
     # reclaim, victim side (KAI checks each chunk against the victim queue's allocation at that point): the model
     # evicts only units the greedy evicted for the same rule (build_scope), so any subset of them leaves every
     # victim queue at least as high as the greedy's checks saw it; no aggregate constraint is needed here
@@ -440,7 +459,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
     for vi, v in enumerate(victims):
         js = [j for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
         if js:
-            m.add(b.evict_rec[vi] <= sum(uses[j] for j in js))
+            m.add(b.evict_rec[vi] <= lsum([uses[j] for j in js]))
     mult = sess.cfg.reclaim_saturation_multiplier
     placed_g: dict[int, list] = defaultdict(list)  # group -> [(expr, qreq vector, most pods)]
     for i, g in enumerate(groups):
@@ -466,7 +485,8 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 most += prev_most
                 if terms:
                     acc = m.new_int_var(0, most, f"ranked_work[{st.q_names[q]},{r},{st.pg_keys[groups[j].group]}]")
-                    m.add(acc == (prev if prev is not None else 0) + sum(totals[e] * c for e, c in terms))
+                    m.add(acc == (prev if prev is not None else 0) + wsum([totals[e] for e, _c in terms],
+                                                                          [c for _e, c in terms]))
                     b.derived.append((acc, prev, terms))
                     prev = acc
                 running[key] = (prev, most)
