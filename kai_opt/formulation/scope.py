@@ -275,6 +275,13 @@ def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[lis
 
 
 MOVE_BUDGET = 3_000  # running pods one model may move, at most (on the nodes with the most free GPUs first)
+MOVES_PER_SECOND = 600  # and at most this many per second of the time budget: each mover costs variables on its
+# node's devices, and the model must be built, solved and decoded within the budget (see docs/DESIGN-NOTES.md)
+
+
+def move_budget(cfg) -> int:
+    """Running pods one model may move under this configuration's time budget."""
+    return min(MOVE_BUDGET, int(MOVES_PER_SECOND * cfg.solver.time_budget_s))
 # moves only in clusters up to this size: at 100 and 1,000 nodes they pay (topology-1000: +40 / +72 GPUs in 5 s),
 # at 5,000 and 10,000 (the scale instance) the larger model found nothing in 10-15 s where the one without moves
 # placed more than the greedy plan (5,000: +5 GPUs in 10 s; 10,000: model build 7.9 s instead of 2.5 s, then no
@@ -294,7 +301,7 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
     rank = np.full(st.n_nodes, -1, dtype=np.int64)
     rank[nodes] = np.arange(len(nodes))
     pods = movable[rank[sess.node[movable]] >= 0]
-    pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:MOVE_BUDGET]
+    pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:move_budget(sess.cfg)]
     own = {k for gs in scope.groups if gs.topology >= 0 and gs.required_level >= 0 for k in gs.shapes}
     by_key = {pool_key(sess, pool.pod): i for i, pool in enumerate(scope.pools) if pool.shapes[0] not in own}
     classes: dict[tuple, Mover] = {}
