@@ -33,6 +33,13 @@ from kai_opt.state import R_GPU, PodStatus
 # improvement over the greedy plan found at 0.6 s instead of 4.5 s; gangs-1000-s1: no solution at all in 8 s, not
 # even the hint, with 40,000). 5,000 lost value on fragmentation-100 (1,487k vs 1,529k tier-1).
 PAIR_BUDGET = 10_000
+PAIRS_PER_SECOND = 3_000  # and at most this many per second of the time budget (a pair is a variable, and on a
+# node where shares go, one per device and share size): what one model can build, solve and decode in time
+
+
+def pair_budget(cfg) -> int:
+    """(pool, candidate node) pairs of one model under this configuration's time budget."""
+    return min(PAIR_BUDGET, int(PAIRS_PER_SECOND * cfg.solver.time_budget_s))
 
 
 @dataclass
@@ -119,6 +126,9 @@ def _shape_key(sess: Session, p: int) -> tuple:
 
 
 def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, per_shape_nodes: int = 24) -> Scope:
+    """What the model covers. Pending groups outside it (the window, pod affinity, a sub-group's required
+    topology) keep the greedy plan's decisions: they are applied to `sess` here (apply_fixed), so the model sees
+    the room they leave, and the decoder applies the same."""
     st = sess.state
     notes: list[str] = []
     ready = acts.pending_groups()
@@ -127,28 +137,23 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     ready.sort(key=lambda g: (order.get(g, math.inf), -int(st.pg_priority[g]), st.pg_keys[g]))
     groups: list[GroupScope] = []
     shapes: list[Shape] = []
-    excluded: list[int] = []
-    budget = max_pods
     # groups the greedy's replayed evictions were made for (apply_consolidation): the decode session has those
-    # evictions whatever the model says, so these groups are always in the model (and held), window or not; left
-    # to the greedy fill they could stay pending, their victims evicted for nothing (the checker caught it at
-    # 10,000 nodes with a 300-pod window)
+    # evictions whatever the model says, so these groups are always in the model (and held), window or not
     replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
     greedy_nodes: dict[int, set[int]] = {}
     for pl in greedy.placements:
         if not pl.moved:
             greedy_nodes.setdefault(pl.pod, set()).add(pl.node)
     sub_domain = subgroup_domains(st)
-    for g in ready:
+    pending_pods = {g: st.group_pods(g)[pending_mask(sess, st.group_pods(g))] for g in ready}
+    eligible = [g for g in ready if not sub_domain[g] and not any(
+        st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
+    window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods))
+    excluded = [g for g in ready if g not in window]
+    apply_fixed(sess, greedy, excluded)
+    for g in (g for g in ready if g in window):
         pods = st.group_pods(g)
         pend = pods[pending_mask(sess, pods)]
-        if sub_domain[g] or any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pend.tolist()):
-            excluded.append(g)  # the model has no pod affinity, and topology domains per group only
-            continue
-        if len(pend) > budget and g not in replayed_for:
-            excluded.append(g)
-            continue
-        budget -= len(pend)
         shape = group_shape(sess, g)
         active = np.isin(sess.status[pods], ACTIVE)
         need = max(0, int(st.pg_min_member[g]) - int(active.sum()))
@@ -175,7 +180,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                                  int(st.pg_preferred_level[g]), fixed))
     if excluded:
         notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity, a sub-group's "
-                     f"required topology or the {max_pods}-pod window); the greedy plan decides them")
+                     f"required topology or the {max_pods}-pod window) keep the greedy plan's decisions")
     victims = _victims(sess, groups, {e.pod for e in greedy.evictions})
     # improve on the greedy plan, never against it: what it places stays placed (maybe elsewhere), and only pods it
     # evicts may be evicted (fewer is better). The greedy's consolidation moves are part of the session already
@@ -198,7 +203,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     # is what lets the model re-arrange the greedy's placements (fragmentation-100: 797 GPUs with every node a
     # candidate, 707 = the greedy's with 24)
     pools = shape_pools(sess, groups, shapes)
-    cap = max(per_shape_nodes, PAIR_BUDGET // max(1, len(pools)))
+    cap = max(per_shape_nodes, pair_budget(sess.cfg) // max(1, len(pools)))
     move_for, movable = _movable(sess, groups, greedy)
     roomy = np.zeros(st.n_nodes, dtype=bool)
     _candidate_nodes(sess, acts, pools, greedy_nodes, victims, cap, shapes, movable, roomy)
@@ -211,6 +216,55 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for)
     _add_movers(sess, acts, scope, movable[roomy[sess.node[movable]]], per_shape_nodes)
     return scope
+
+
+WINDOW_PODS_PER_SECOND = 1_000  # pending pods one model decides per second of the time budget (the rest keep
+# the greedy plan's decisions): scope, model, solve and decode grow with them (see docs/DESIGN-NOTES.md)
+
+
+def window_pods(cfg) -> int:
+    """Pending pods one model may decide under this configuration (solver.max_model_pods caps it)."""
+    return max(1, min(cfg.solver.max_model_pods, int(WINDOW_PODS_PER_SECOND * cfg.solver.time_budget_s)))
+
+
+def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter[int], always: set[int],
+            max_pods: int) -> list[int]:
+    """The groups the model decides, in queue order, within `max_pods` pending pods. When everything fits, all
+    of them. Otherwise where a better plan can come from: first the groups the greedy plan leaves pending
+    (highest-ranked first), then the last groups the greedy placed (they hold the room the others could use), then
+    the rest in queue order; the groups in `always` count first."""
+    size = {g: len(pending[g]) for g in eligible}
+    if sum(size.values()) <= max_pods:
+        return eligible
+    chosen: list[int] = [g for g in eligible if g in always]
+    left = max_pods - sum(size[g] for g in chosen)
+    unplaced = [g for g in eligible if g not in placed and g not in always]
+    placed_late = [g for g in reversed(eligible) if g in placed and g not in always]
+    for part, share in ((unplaced, left // 2), (placed_late, left), (eligible, left)):
+        room = min(share, left)
+        for g in part:
+            if g in chosen or size[g] > room:
+                continue
+            chosen.append(g)
+            room -= size[g]
+            left -= size[g]
+    rank = {g: i for i, g in enumerate(eligible)}
+    return sorted(set(chosen), key=rank.__getitem__)
+
+
+def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
+    """Apply the greedy plan's decisions for pending `groups` (those outside the model) to a session of the cycle:
+    the evictions made for them, then their placements, as the greedy made them."""
+    if not groups:
+        return
+    st = sess.state
+    outside = set(groups)
+    # (a pod replayed already, e.g. by apply_consolidation, is no longer bound)
+    _evict_in_runs(sess, [e for e in greedy.evictions
+                          if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND])
+    sess.place_many([(pl.pod, pl.node, tuple(int(st.dev_start[pl.node]) + d for d in pl.devices), pl.pipelined)
+                     for pl in greedy.placements if not pl.moved and int(st.pod_pg[pl.pod]) in outside
+                     and int(sess.status[pl.pod]) == PodStatus.PENDING])
 
 
 def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:
@@ -347,13 +401,24 @@ def replayed_evictions(st, greedy: Plan) -> list:
     return [e for e in greedy.evictions if int(st.pod_pg[e.pod]) in groups]
 
 
+def _evict_in_runs(sess: Session, evictions: list) -> None:
+    """Evict in the plan's order, consecutive evictions with one reason and beneficiary in one call."""
+    i = 0
+    while i < len(evictions):
+        j = i
+        while j < len(evictions) and (evictions[j].reason, evictions[j].beneficiary) == (
+                evictions[i].reason, evictions[i].beneficiary):
+            j += 1
+        sess.evict_many([e.pod for e in evictions[i:j]], evictions[i].reason, evictions[i].beneficiary)
+        i = j
+
+
 def apply_consolidation(sess: Session, greedy: Plan) -> None:
     """Replay the greedy plan's moves (consolidation, and victims of reclaim or preempt that were re-placed) and
     their evictions on a fresh session: the model and the decoder start from there, so the room the moves made is
     there for the model too, and the groups they made room for stay placed (Scope.keep)."""
     st = sess.state
-    for e in replayed_evictions(st, greedy):
-        sess.evict(e.pod, e.reason, e.beneficiary)
+    _evict_in_runs(sess, replayed_evictions(st, greedy))
     for pl in greedy.placements:
         if pl.moved:
             base = int(st.dev_start[pl.node])

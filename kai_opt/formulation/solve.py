@@ -20,7 +20,13 @@ from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.runner import run_with_watchdog
-from kai_opt.formulation.scope import Scope, apply_consolidation, build_scope, placed_per_group
+from kai_opt.formulation.scope import (
+    Scope,
+    apply_consolidation,
+    build_scope,
+    placed_per_group,
+    window_pods,
+)
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
@@ -28,33 +34,34 @@ from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState
 
 DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, and at least DECODE_PER_POD per
-# pending pod in the model and movable pod: decode + check took 0.2 s for 508 + 1,438 such pods (topology-1000),
-# 0.7 s for 3,863 + 2,798 (fractions-1000), 2.3 s for ~10,000 (the 10,000-node scale instance, where 15% of a
-# 15 s budget was too little and the watchdog killed a finished solve while checking)
+# pending and movable pod in the model plus CHECK_PER_DECISION per decision of the plan (the checker and the scores
+# walk the whole plan, the model's part and the greedy's outside it): measured in docs/DESIGN-NOTES.md
 DECODE_PER_POD = 0.00025
+CHECK_PER_DECISION = 0.000025
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
 
 
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
     """(work placed, eviction cost) with the model's weights: GPUs placed (and 10 per pod) times 4^priority level,
     doubled for queues within their fair share; evictions by GPUs and pods times 4^victim priority level."""
-    prios = sorted({int(x) for x in state.pg_priority.tolist()})  # one scale for every plan of the cycle
-    level = {p: i for i, p in enumerate(prios)}
+    prios = np.unique(state.pg_priority)  # one scale for every plan of the cycle
+    below_q = np.all(fs.allocated <= fs.fair_share + 1e-9, axis=1)
+    pods = np.array([pl.pod for pl in plan.placements if not pl.moved], dtype=np.int64)
     value = 0.0
-    for pl in plan.placements:
-        if pl.moved:
-            continue
-        p = pl.pod
-        g = int(state.pod_pg[p])
-        q = int(state.pg_queue[g])
-        below = bool(np.all(fs.allocated[q] <= fs.fair_share[q] + 1e-9))
-        per = (int(state.pod_gpu_whole[p]) * DEV or int(state.pod_gpu_frac[p]) * int(state.pod_gpu_ndev[p])
-               or (500 if state.pod_gpu_mem[p] else 0)) + 10
-        value += 4 ** level[int(state.pg_priority[g])] * (2 if below else 1) * per
+    if len(pods):
+        g = state.pod_pg[pods]
+        level = np.searchsorted(prios, state.pg_priority[g])
+        whole = state.pod_gpu_whole[pods].astype(np.int64) * DEV
+        frac = state.pod_gpu_frac[pods].astype(np.int64) * state.pod_gpu_ndev[pods].astype(np.int64)
+        mem = np.where(state.pod_gpu_mem[pods] > 0, 500, 0)
+        per = np.where(whole > 0, whole, np.where(frac > 0, frac, mem)) + 10
+        weight = np.power(4.0, level) * np.where(below_q[state.pg_queue[g]], 2.0, 1.0)
+        value = float(np.sum(weight * per))  # exact: integers well below 2^53
+    victims = np.array([e.pod for e in plan.evictions], dtype=np.int64)
     cost = 0.0
-    for e in plan.evictions:
-        g = int(state.pod_pg[e.pod])
-        cost += (float(state.pod_req[e.pod, 2]) + 10) * 4 ** level[int(state.pg_priority[g])]
+    if len(victims):
+        level = np.searchsorted(prios, state.pg_priority[state.pod_pg[victims]])
+        cost = float(np.sum((state.pod_req[victims, 2].astype(np.float64) + 10) * np.power(4.0, level)))
     return value, cost
 
 
@@ -64,7 +71,7 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
     sess = Session(state, fs, config)
     apply_consolidation(sess, greedy)
     acts = Actions(sess)
-    scope = build_scope(sess, acts, greedy, max_pods=config.solver.max_model_pods)
+    scope = build_scope(sess, acts, greedy, max_pods=window_pods(config))
     if actions is not None:
         if "preempt" not in actions:
             for v in scope.victims:
@@ -199,7 +206,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     phase(f"solving ({len(built.model.proto.variables)} variables, {len(built.model.proto.constraints)} constraints)")
     info.build_s = time.perf_counter() - start
     pods = sum(len(s.pods) for s in scope.shapes) + sum(len(mv.pods) for mv in scope.movers)
-    left = budget - max(budget * DECODE_RESERVE, DECODE_PER_POD * pods) - info.build_s
+    decisions = len(greedy.placements) + len(greedy.evictions)
+    left = budget - max(budget * DECODE_RESERVE, DECODE_PER_POD * pods + CHECK_PER_DECISION * decisions) \
+        - info.build_s
     if left <= 0.01 and not config.solver.deterministic:
         return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "
                      f"{budget:g}s budget", "FALLBACK_GREEDY")
@@ -216,16 +225,16 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
                 if result.bound and not math.isinf(result.bound) else None)
     phase("decoding")
     t = time.perf_counter()
-    dsess = Session(state, fs, config)
-    apply_consolidation(dsess, greedy)
+    # the model's session is the cycle start with the greedy's replayed moves and its decisions outside the model
+    # applied (model_scope), untouched since: the solution goes on top of it. What the model decides stays as it
+    # decides (no greedy pass refills the room it left: it decided that room, within its candidates)
+    dsess = sess
     dacts = Actions(dsess)
     try:
         decode(dsess, dacts, scope, built, result.values)
     except DecodeError as exc:
         info.decode_s = time.perf_counter() - t
         return _keep(greedy, info, start, f"decode failed: {exc}", "FALLBACK_GREEDY")
-    if actions is None or "allocate" in actions:
-        dacts.allocate()  # fill what the model did not cover with the greedy pass
     if (actions is None and config.actions.stale_gang) or (actions is not None and "stale_gang" in actions):
         dacts.stale_gangs()  # a rule, not an optimisation
     plan = plan_from_session(dsess, dacts.reasons, "cpsat")

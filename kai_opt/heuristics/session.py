@@ -268,6 +268,68 @@ class Session:
                             claimed, dev_claimed))
         self._touch(n)
 
+    def place_many(self, items: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        """place() for each (pod, node, devices, pipelined), in order: runs of binds in one vectorised step (the
+        same ops in the log, the ledger's float sums added in op order), pipelined pods one by one (they claim
+        releasing room in turn)."""
+        i = 0
+        while i < len(items):
+            if items[i][3]:
+                p, n, devices, _ = items[i]
+                self.place(p, n, devices, pipelined=True)
+                i += 1
+                continue
+            j = i
+            while j < len(items) and not items[j][3]:
+                j += 1
+            self._bind_run(items[i:j])
+            i = j
+
+    def _bind_run(self, run: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        st = self.state
+        pods = np.array([it[0] for it in run], dtype=np.int64)
+        nodes = np.array([it[1] for it in run], dtype=np.int64)
+        amounts = st.pod_req[pods].copy()
+        per_dev = np.zeros(len(run), dtype=np.int64)
+        for k, (p, n, devices, _) in enumerate(run):
+            if st.pod_gpu_mem[p]:
+                amounts[k, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
+            if devices:
+                per_dev[k] = self.gpu_per_device(p, n)
+        np.add.at(self.held, nodes, amounts)
+        devs = [d for it in run for d in it[2]]
+        if devs:
+            np.add.at(self.dev_held, np.array(devs, dtype=np.int64),
+                      np.repeat(per_dev, [len(it[2]) for it in run]))
+        qas = self.queue_request(pods, nodes)
+        queues = self.queue_of_pod[pods]
+        np_flags = np.array([not self.is_preemptible(int(p)) for p in pods], dtype=bool)
+        rows, amts, rows_np, amts_np = [], [], [], []
+        for k in range(len(run)):
+            q = int(queues[k])
+            if q < 0:
+                continue
+            anc = self.ledger.ancestors[q]
+            rows.extend(anc)
+            amts.extend([k] * len(anc))
+            if np_flags[k]:
+                rows_np.extend(anc)
+                amts_np.extend([k] * len(anc))
+        if rows:
+            np.add.at(self.ledger.allocated, np.array(rows, dtype=np.int64), qas[np.array(amts, dtype=np.int64)])
+        if rows_np:
+            np.add.at(self.ledger.allocated_np, np.array(rows_np, dtype=np.int64),
+                      qas[np.array(amts_np, dtype=np.int64)])
+        for k, (p, n, devices, _) in enumerate(run):
+            prev = int(self.status[p])
+            self.status[p] = ALLOCATED
+            self.node[p] = n
+            self.devices[p] = devices
+            self.placements[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), False)
+            self._log(_Op("place", p, n, devices, prev, amounts[k], int(per_dev[k]), qas[k], bool(np_flags[k]),
+                          None, ()))
+        self._touch_many(nodes.tolist())
+
     def evict(self, p: int, reason: str, beneficiary: int) -> None:
         self.evict_many([p], reason, beneficiary)
 

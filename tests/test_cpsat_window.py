@@ -1,0 +1,77 @@
+"""The CP-SAT window: when the pending work exceeds what one model may decide under the budget, the pending groups
+outside the model keep the greedy plan's decisions exactly (applied before the model, so it sees the room they
+leave), and the window holds the work a better plan can come from."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kai_opt.config import Config
+from kai_opt.engine import greedy_plan
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.formulation import scope as scope_mod
+from kai_opt.formulation.solve import _cpsat_plan, model_scope
+from kai_opt.state import build_state
+
+
+def _scale_state():
+    from models.generators import as_snapshot, scale
+
+    return build_state(as_snapshot(scale(300, 3000, 300, 0)))
+
+
+def _cfg(max_pods: int) -> Config:
+    return Config.model_validate({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 2.0,
+                                                                "max_model_pods": max_pods, "fgd_hint": False}})
+
+
+def test_groups_outside_the_window_keep_the_greedy_decisions() -> None:
+    state = _scale_state()
+    cfg = _cfg(60)
+    fs = compute_fair_share(state)
+    greedy = greedy_plan(state, fs, cfg)
+    sess, scope = model_scope(state, fs, cfg, greedy)
+    outside = set(scope.excluded)
+    inside = {gs.group for gs in scope.groups}
+    assert outside and inside and not outside & inside
+    assert sum(len(s.pods) for s in scope.shapes) <= 60
+    want = {pl.pod: (pl.node, tuple(pl.devices), pl.pipelined) for pl in greedy.placements
+            if not pl.moved and int(state.pod_pg[pl.pod]) in outside}
+    assert want  # the greedy placed some of the work outside the window
+    got = {p: (pl.node, tuple(pl.devices), pl.pipelined) for p, pl in sess.placements.items()
+           if int(state.pod_pg[p]) in outside}
+    assert got == want
+    evicted_for_outside = {e.pod for e in greedy.evictions if e.beneficiary in outside}
+    assert set(sess.evictions) >= evicted_for_outside
+
+
+def test_a_windowed_plan_passes_the_checker_and_keeps_the_rest_of_the_greedy_plan() -> None:
+    state = _scale_state()
+    cfg = _cfg(60)
+    fs = compute_fair_share(state)
+    greedy = greedy_plan(state, fs, cfg)
+    plan = _cpsat_plan(state, fs, cfg, greedy=greedy)
+    assert plan.solver is not None
+    assert "checker" not in plan.solver.note and "decode failed" not in plan.solver.note
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE", "GREEDY_KEPT")
+    placed = {int(state.pod_pg[pl.pod]) for pl in greedy.placements if not pl.moved}
+    now = {int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved}
+    assert placed <= now  # every group the greedy placed is still placed
+
+
+def test_the_window_takes_what_the_greedy_left_pending_first() -> None:
+    eligible = list(range(10))  # queue order
+    pending = {g: np.arange(10) for g in eligible}
+    placed = {g: 10 for g in range(6)}  # the greedy placed 0..5, left 6..9 pending
+    chosen = scope_mod._window(eligible, pending, placed, set(), 40)  # type: ignore[arg-type]
+    assert chosen == [4, 5, 6, 7]  # two it left pending (half the window), then the last two it placed
+    assert scope_mod._window(eligible, pending, placed, set(), 1000) == eligible  # everything fits: everything
+    assert 0 in scope_mod._window(eligible, pending, placed, {0}, 20)  # the groups that must be in, are
+
+
+def test_the_window_scales_with_the_budget() -> None:
+    small = Config.model_validate({"solver": {"time_budget_s": 1.0}})
+    large = Config.model_validate({"solver": {"time_budget_s": 30.0}})
+    assert scope_mod.window_pods(small) < scope_mod.window_pods(large) == large.solver.max_model_pods
+    assert scope_mod.pair_budget(small) < scope_mod.pair_budget(large)
+    assert scope_mod.move_budget(small) < scope_mod.move_budget(large)

@@ -1,0 +1,57 @@
+"""Session.place_many (the bulk path the CP-SAT window uses to apply the greedy plan's decisions outside the model)
+leaves the session exactly as place() called pod by pod: resources, devices, queue ledger (float sums equal to the
+bit), statuses, placements and the op log."""
+
+from __future__ import annotations
+
+import numpy as np
+from builders import snapshot
+from hypothesis import HealthCheck, given, settings
+from strategies import clusters
+
+from kai_opt.config import Config, Engine
+from kai_opt.engine import run_cycle
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.heuristics.session import Session
+from kai_opt.state import build_state
+
+GREEDY = Config(engine=Engine.greedy)
+
+
+def _items(state, plan) -> list[tuple[int, int, tuple[int, ...], bool]]:
+    return [(pl.pod, pl.node, tuple(int(state.dev_start[pl.node]) + d for d in pl.devices), pl.pipelined)
+            for pl in plan.placements if not pl.moved]
+
+
+def _view(sess: Session) -> tuple:
+    return (sess.held.tolist(), sess.dev_held.tolist(), sess.rel.tolist(), sess.dev_rel.tolist(),
+            sess.dev_piped.tolist(), sess.ledger.allocated.tobytes(), sess.ledger.allocated_np.tobytes(),
+            sess.status.tolist(), sess.node.tolist(), dict(sess.devices), dict(sess.placements),
+            [(op.kind, op.pod, op.node, op.devices, op.prev_status, np.asarray(op.amount).tolist(), op.dev_amount,
+              np.asarray(op.queue_amount).tolist(), op.non_preemptible) for op in sess.log])
+
+
+def _both(state) -> tuple[tuple, tuple, int]:
+    plan, _ = run_cycle(state, GREEDY)
+    fs = compute_fair_share(state)
+    items = _items(state, plan)
+    one, bulk = Session(state, fs, GREEDY), Session(state, fs, GREEDY)
+    for p, n, devices, pipelined in items:
+        one.place(p, n, devices, pipelined=pipelined)
+    bulk.place_many(items)
+    return _view(one), _view(bulk), len(items)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(objs=clusters(max_nodes=8, max_jobs=12))
+def test_place_many_equals_place_one_by_one_on_random_clusters(objs: list) -> None:
+    one, bulk, _ = _both(build_state(snapshot(objs)))
+    assert bulk == one
+
+
+def test_place_many_equals_place_one_by_one_on_a_scale_instance() -> None:
+    from models.generators import as_snapshot, scale
+
+    one, bulk, placed = _both(build_state(as_snapshot(scale(300, 3000, 300, 0))))
+    assert placed > 100
+    assert bulk == one
