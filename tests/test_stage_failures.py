@@ -6,6 +6,8 @@ process runs before it is forked (the fork inherits the patch)."""
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
+import multiprocessing.connection
 import os
 import signal
 import time
@@ -49,6 +51,14 @@ def hangs(*_a: Any, **_k: Any) -> Any:
     time.sleep(60)
 
 
+def exits(*_a: Any, **_k: Any) -> Any:
+    os._exit(3)  # no message, no traceback: a hard exit
+
+
+def out_of_memory(*_a: Any, **_k: Any) -> Any:
+    raise MemoryError
+
+
 def _placed(plan: Plan) -> list[tuple[int, int, tuple[int, ...], bool, bool]]:
     return sorted((p.pod, p.node, p.devices, p.pipelined, p.moved) for p in plan.placements)
 
@@ -80,7 +90,9 @@ def test_the_fault_free_cycle_chooses_the_cpsat_plan(state: ClusterState) -> Non
 
 # -- the CP-SAT worker (scope, model, hint: patched here into the model build) --------------------------------------
 @pytest.mark.parametrize(("fault", "kind", "said"), [(raises, "exception", "RuntimeError: injected fault"),
+                                                     (out_of_memory, "exception", "MemoryError"),
                                                      (killed, "crash", "killed by SIGKILL"),
+                                                     (exits, "crash", "exit code 3"),
                                                      (hangs, "timeout", "hard watchdog")])
 def test_a_failing_cpsat_worker_leaves_the_greedy_plan(state: ClusterState, monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture, fault: Callable[..., Any],
@@ -90,6 +102,23 @@ def test_a_failing_cpsat_worker_leaves_the_greedy_plan(state: ClusterState, monk
         plan = _greedy_kept(state, _config(), "cpsat", kind)
     assert said in plan.solver.note and "building the model" in plan.solver.note
     assert any(f"optional stage cpsat failed ({kind})" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_broken_pipe_from_the_cpsat_worker_is_a_crash(state: ClusterState, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(mp.connection.Connection, "recv", broken)  # the cycle's end of the worker's pipe
+    plan = _greedy_kept(state, _config(), "cpsat", "crash")
+    assert "BrokenPipeError" in plan.solver.note
+
+
+def test_the_cycle_survives_a_cpsat_stage_that_raises_in_the_cycles_process(
+        state: ClusterState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The net in run_cycle: an exception from the CP-SAT stage's own process (not its worker) is a failure too."""
+    monkeypatch.setattr(solve, "cpsat_plan", raises)
+    plan = _greedy_kept(state, _config(), "cpsat", "exception")
+    assert "RuntimeError: injected fault" in plan.solver.note
 
 
 def test_a_failing_cpsat_stage_in_process_leaves_the_greedy_plan(state: ClusterState,
@@ -155,6 +184,18 @@ def test_a_cpsat_plan_failing_the_checker_leaves_the_greedy_plan(state: ClusterS
 
 
 # -- the FGD second hint ---------------------------------------------------------------------------------------------
+def test_weighing_the_second_hint_at_the_end_may_fail_too(state: ClusterState,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the cycle's process, after the worker: the worker's plan stays, the second hint's failure is counted."""
+    monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)  # the worker leaves it to the end
+    monkeypatch.setattr(solve, "second_hint_note", raises)
+    config = _config(fgd_hint=True)
+    plan, fs = run_cycle(state, config)
+    assert plan.solver.failures == [("second_hint", "exception")], plan.solver
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE") and "injected fault" in plan.solver.note
+    check_plan(state, plan, fs, config)
+
+
 def _rejects_fgd(*_a: Any, **_k: Any) -> None:
     raise PlanViolation(["injected violation"])
 

@@ -7,9 +7,9 @@ import signal
 
 def exit_reason(code: int | None) -> str:
     """How a process that sent nothing ended: its signal (SIGKILL is also the kernel's out-of-memory killer) or
-    exit code; None: it closed its end of the pipe and still runs."""
+    exit code; None: it still runs (its end of the pipe closed, or the pipe broke)."""
     if code is None:
-        return "it closed its pipe and did not exit"
+        return "still running with its pipe closed or broken"
     if code < 0:
         try:
             name = signal.Signals(-code).name

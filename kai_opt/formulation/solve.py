@@ -125,8 +125,8 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
             break
         try:
             kind, payload = parent.recv()
-        except (EOFError, OSError):  # it died without a plan: a signal, out of memory, a broken pipe
-            failure = ("crash", "")
+        except (EOFError, OSError) as exc:  # it died without a plan: a signal, out of memory, a broken pipe
+            failure = ("crash", "" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}; ")
             break
         except Exception as exc:  # a message that does not unpickle
             failure = ("exception", f"unreadable message from the CP-SAT worker while {phase}: "
@@ -143,7 +143,8 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
         break
     if failure is not None and failure[0] == "crash":
         proc.join(1.0)  # its exit status says how it died (read before a kill of ours could change it)
-        failure = ("crash", f"the CP-SAT worker died without a plan ({exit_reason(proc.exitcode)}) while {phase}")
+        failure = ("crash", f"no plan from the CP-SAT worker ({failure[1]}{exit_reason(proc.exitcode)}) while "
+                            f"{phase}")
     if proc.is_alive():
         proc.kill()
     proc.join(1.0)
