@@ -140,6 +140,39 @@ def test_a_failing_solver_worker_leaves_the_greedy_plan(state: ClusterState, mon
     assert said in plan.solver.note
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux (prctl, /proc)")
+def test_the_solver_worker_dies_with_a_killed_cpsat_worker(state: ClusterState, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Any) -> None:
+    """The CP-SAT worker killed while its solver sub-worker solves: a crash of the stage, and no orphan solver."""
+    pid_file = tmp_path / "solver.pid"
+
+    def kills_its_parent(*_a: Any, **_k: Any) -> Any:  # in the solver worker
+        pid_file.write_text(str(os.getpid()))
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
+
+    monkeypatch.setattr(runner, "solve_lexicographic", kills_its_parent)
+    try:
+        plan = _greedy_kept(state, _config(), "cpsat", "crash")
+        assert "while solving" in plan.solver.note
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), "the solver worker outlived the CP-SAT worker"
+    finally:
+        if pid_file.exists() and _running(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_a_solver_worker_dying_after_tier_1_keeps_its_solution(state: ClusterState,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiers 2-3 only polish: the tier-1 solution sent before the crash goes on; the crash is still counted."""

@@ -7,10 +7,13 @@ back the status, bounds and every variable's value; if it overruns, the parent k
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import math
 import multiprocessing as mp
+import os
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -166,7 +169,25 @@ def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> So
                        float(solver.value(built.value)), time.perf_counter() - start)
 
 
-def _child(conn, built: Built, cfg: Solver, seconds: float) -> None:
+def _die_with(parent_pid: int) -> None:
+    """Linux: this solver worker is killed when the process that forked it dies (the CP-SAT worker, killed by its
+    hard watchdog or the out-of-memory killer), instead of solving on as an orphan beside the next cycle (an
+    uninterruptible presolve can take many budgets). Elsewhere, or if that fails, it is left as it was."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # it died before the request took effect
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _child(conn, built: Built, cfg: Solver, seconds: float, parent_pid: int) -> None:
+    _die_with(parent_pid)
     try:
         solve = solve_lexicographic if cfg.objective.mode == "lexicographic" else solve_weighted
         conn.send(("final", solve(built, cfg, seconds, report=lambda r: conn.send(("partial", r)))))
@@ -184,7 +205,7 @@ def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 
     out of memory) gives a result with `failure` set, keeping the tier-1 solution if it sent one."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, built, cfg, seconds), daemon=True)
+    proc = ctx.Process(target=_child, args=(child, built, cfg, seconds, os.getpid()), daemon=True)
     gc.freeze()  # no copy-on-write of the inherited heap by the worker's garbage collector
     try:
         proc.start()
