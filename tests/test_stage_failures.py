@@ -130,6 +130,15 @@ def test_a_failing_cpsat_stage_in_process_leaves_the_greedy_plan(state: ClusterS
     assert "injected fault" in plan.solver.note
 
 
+def test_a_failing_second_hint_in_process_is_named_as_such(state: ClusterState,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic mode computes the FGD-scored plan inside the CP-SAT stage: its exception is the second hint's
+    (the stage's phase says so), and the greedy plan stays."""
+    monkeypatch.setattr(solve, "compute", raises)
+    plan = _greedy_kept(state, _config(deterministic=True, fgd_hint=True), "second_hint", "exception")
+    assert "FGD scoring" in plan.solver.note and "injected fault" in plan.solver.note
+
+
 # -- the solver sub-worker -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("fault", "kind", "said"), [(raises, "exception", "RuntimeError: injected fault"),
                                                      (killed, "crash", "killed by SIGKILL"),
