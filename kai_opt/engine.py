@@ -6,6 +6,7 @@ the plan. Engines never apply anything; sinks (CLI, simulate, the in-cluster bin
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,8 @@ from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Eviction, Placement, Plan, Reason, SolverInfo
 from kai_opt.state import ClusterState, PodStatus
+
+log = logging.getLogger("kai_opt.solver")
 
 ACTION_ORDER = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
 
@@ -95,7 +98,14 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
             from kai_opt.formulation.solve import cpsat_plan
 
-            plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second)
+            try:
+                plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second)
+            except Exception as exc:  # an optional stage never loses the cycle (cpsat_plan names what it knows
+                # of; this is the net for the rest): the greedy plan, checked above, stays
+                log.exception("the CP-SAT stage raised; the cycle goes on with the greedy plan")
+                plan.engine = "cpsat"
+                plan.solver = SolverInfo(status="FALLBACK_GREEDY", wall_s=plan.solver.wall_s)
+                plan.solver.add_failure("cpsat", "exception", f"{type(exc).__name__}: {exc}"[:300])
     finally:
         if second is not None:
             second.close()

@@ -8,6 +8,17 @@ from typing import Any
 from kai_opt.state import ClusterState
 
 EVICTION_REASONS = ("reclaim", "preempt", "consolidate", "stale-gang")
+# An optional stage of a cycle that failed, and how: the cycle goes on with the verified greedy plan, the failure
+# counted in SolverInfo.failures (kai_opt_solver_failures_total{stage,kind} in a cluster) and named in the note.
+FAILURE_STAGES = ("cpsat", "decode", "second_hint")  # the CP-SAT worker (scope, model, hint, solve, the check of
+# its plan) and its solver sub-worker; decoding the solution; the FGD-scored greedy plan computed beside
+FAILURE_KINDS = ("exception", "crash", "timeout", "violation")  # raised; died without a message (signal, out of
+# memory, broken pipe); killed by a hard watchdog; its plan failed the checker
+
+
+def failure_note(stage: str, kind: str, detail: str) -> str:
+    """The words a plan's note uses for a failed stage: the stage and kind first, then what happened."""
+    return f"{stage} {kind}: {detail}"
 
 
 @dataclass(frozen=True)
@@ -47,9 +58,17 @@ class SolverInfo:
     decode_s: float = 0.0
     note: str | None = None
     hint: str | None = None  # CP-SAT: the greedy plan it started from or kept, kai (KAI-scored) or fgd (FGD-scored)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (stage, kind) of each optional stage that
+    # failed this cycle (FAILURE_STAGES, FAILURE_KINDS); the note says what happened
+
+    def add_failure(self, stage: str, kind: str, detail: str) -> None:
+        """Count a failed optional stage and name it at the end of the note (the plan itself stays)."""
+        self.failures.append((stage, kind))
+        said = failure_note(stage, kind, detail)
+        self.note = f"{self.note}; {said}" if self.note else said
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        return {k: v for k, v in self.__dict__.items() if v is not None and v != []}
 
 
 @dataclass

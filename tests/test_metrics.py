@@ -100,3 +100,14 @@ def test_endpoint_serves_metrics_and_probes() -> None:
             m.serve(0)
     finally:
         m.stop()
+
+
+def test_solver_failures_are_counted_by_stage_and_kind() -> None:
+    m = SchedulerMetrics()
+    m.solver_failure("cpsat", "crash")
+    m.solver_failure("cpsat", "crash")
+    m.solver_failure("second_hint", "timeout")
+    s = samples(m.text())
+    assert s[("kai_opt_solver_failures_total", (("kind", "crash"), ("stage", "cpsat")))] == 2
+    assert s[("kai_opt_solver_failures_total", (("kind", "timeout"), ("stage", "second_hint")))] == 1
+    assert ("kai_opt_solver_failures_total", (("kind", "crash"), ("stage", "decode"))) not in s

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
 from kai_opt.fairshare import FairShare
+from kai_opt.formulation.failures import exit_reason
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
 
@@ -40,7 +41,7 @@ def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
 
 
 def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None) -> Plan | None:
-    """The FGD-scored greedy plan, or None if it fails the checker (it is then never used)."""
+    """The FGD-scored greedy plan, or None if it fails the checker (it is then never used; None means only that)."""
     from kai_opt.engine import greedy_plan
 
     alt_config = fgd_config(config)
@@ -58,7 +59,10 @@ def _child(conn: Connection, state: ClusterState, fs: FairShare, config: Config,
         os.nice(NICE)
         t = time.perf_counter()
         plan = compute(state, fs, config, actions)
-        conn.send(("plan", plan, time.perf_counter() - t))
+        if plan is None:
+            conn.send(("violation", "the FGD-scored greedy plan failed the checker", time.perf_counter() - t))
+        else:
+            conn.send(("plan", plan, time.perf_counter() - t))
     except Exception:  # the hint is optional: report, never fail the cycle
         conn.send(("error", traceback.format_exc(limit=-3), 0.0))
     finally:
@@ -70,13 +74,15 @@ class SecondHint:
     the reading end and may `take` it; the engine's process then learns that from the worker's plan
     (`SolverInfo.hint`) and only `close`s."""
 
-    def __init__(self, proc: mp.process.BaseProcess, conn: Connection) -> None:
+    def __init__(self, proc: mp.process.BaseProcess | None, conn: Connection | None) -> None:
         self._proc = proc
         self._conn = conn
         self._pid = os.getpid()  # the process that forked it (only that one may kill or join it)
-        self.taken = False
+        self.taken = proc is None  # (None: it could not start, see `failure`)
         self.seconds: float | None = None  # how long the computation took (once taken)
-        self.error: str | None = None
+        self.failure: tuple[str, str] | None = None  # (kind, what happened) once it is known to have failed:
+        # exception, violation (its plan failed the checker), crash (died without a message; seen by the process
+        # that started it, which alone can read its exit status). A timeout is the caller's to judge.
 
     @classmethod
     def start(cls, state: ClusterState, fs: FairShare, config: Config,
@@ -88,7 +94,14 @@ class SecondHint:
         ctx = mp.get_context("fork")
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_child, args=(child, state, fs, config, actions), daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except OSError as exc:  # no fork (out of memory, process limit): the cycle goes on without the hint
+            parent.close()
+            child.close()
+            failed = cls(None, None)
+            failed.failure = ("exception", f"the FGD-scored second hint could not start: {exc}")
+            return failed
         child.close()
         return cls(proc, parent)
 
@@ -102,11 +115,12 @@ class SecondHint:
 
     def ready(self) -> bool:
         """The plan (or its failure) has arrived and nobody took it yet."""
-        return not self.taken and self._conn.poll(0)
+        return not self.taken and self._conn is not None and self._conn.poll(0)
 
     def take(self, timeout: float = 0.0) -> Plan | None:
-        """The plan, waiting up to `timeout` seconds; None when it is not there in time, failed, or was taken."""
-        if self.taken:
+        """The plan, waiting up to `timeout` seconds; None when it is not there in time, failed (`failure`), or
+        was taken."""
+        if self.taken or self._conn is None:
             return None
         try:
             if not self._conn.poll(max(0.0, timeout)):
@@ -114,17 +128,32 @@ class SecondHint:
             kind, payload, seconds = self._conn.recv()
         except (EOFError, OSError):  # the process died, or another process took the plan
             self.taken = True
+            self.failure = self._died()
             return None
         self.taken = True
         self.seconds = seconds
         if kind == "error":
-            self.error = payload
+            self.failure = ("exception", "the FGD-scored second hint failed: " + payload.strip()[-300:])
+            return None
+        if kind == "violation":
+            self.failure = ("violation", payload)
             return None
         return payload
 
+    def _died(self) -> tuple[str, str] | None:
+        """Why the pipe ended without a message for us: a crash when the process did not exit cleanly, else
+        another process took its message (None). Only the process that started it can tell."""
+        if os.getpid() != self._pid or self._proc is None:
+            return None
+        self._proc.join(0.5)
+        code = self._proc.exitcode
+        if code == 0:
+            return None
+        return "crash", f"the FGD-scored second hint died without a plan ({exit_reason(code)})"
+
     def close(self) -> None:
         """Stop the computation if it still runs (only in the process that started it)."""
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or self._proc is None or self._conn is None:
             return
         if self._proc.is_alive():
             self._proc.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import math
 import multiprocessing as mp
 import time
@@ -17,6 +18,7 @@ from kai_opt.config import Config
 from kai_opt.engine import plan_from_session
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.decode import DecodeError, decode
+from kai_opt.formulation.failures import exit_reason, last_line
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.runner import run_with_watchdog
@@ -30,8 +32,10 @@ from kai_opt.formulation.scope import (
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import DEV, Session
-from kai_opt.plan import Plan, SolverInfo
+from kai_opt.plan import Plan, SolverInfo, failure_note
 from kai_opt.state import ClusterState
+
+log = logging.getLogger("kai_opt.solver")
 
 DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, and at least DECODE_PER_POD per
 # pending and movable pod in the model plus CHECK_PER_DECISION per decision of the plan (the checker and the scores
@@ -89,10 +93,13 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     of it (scope, model, hint, solve, decode, check) runs in a forked worker the parent kills when the budget is
     over: model building is not interruptible from inside either. Deterministic mode runs in-process.
     `second`: the FGD-scored greedy plan being computed beside (second_hint); the worker starts from it when it is
-    ready in time, else it is weighed against the worker's plan until the deadline."""
-    if config.solver.deterministic or "fork" not in mp.get_all_start_methods():
-        return _cpsat_plan(state, fs, config, greedy=greedy, actions=actions)
+    ready in time, else it is weighed against the worker's plan until the deadline.
+    Every stage here is optional: whatever fails (raises, dies, overruns; kai_opt.plan.FAILURE_KINDS) leaves the
+    verified greedy plan `greedy`, FALLBACK_GREEDY, the failure in `SolverInfo.failures` and the note, and a log
+    line; this never raises for it."""
     start = time.perf_counter()
+    if config.solver.deterministic or "fork" not in mp.get_all_start_methods():
+        return _in_process(state, fs, config, greedy, actions, start)
     budget = config.solver.time_budget_s
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
@@ -107,37 +114,104 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
         gc.freeze()
     try:
         proc.start()
+    except OSError as exc:  # no fork (out of memory, process limit)
+        parent.close()
+        child.close()
+        plan = _fail(greedy, start, "cpsat", "exception", f"the CP-SAT worker could not start: {exc}")
+        return _reported(_at_the_end(state, fs, greedy, plan, second, start + budget))
     finally:
         if freeze:
             gc.unfreeze()
     child.close()
     deadline = start + budget + HARD_GRACE
-    phase, plan, error = "starting", None, None
+    phase, plan, failure, trace = "starting", None, None, None
     while True:
         left = deadline - time.perf_counter()
-        if left <= 0 or not parent.poll(left):
+        if left <= 0 or not parent.poll(left):  # the hard watchdog
+            failure = ("timeout", f"hard watchdog: the {budget:g}s budget ran out while {phase}")
             break
         try:
             kind, payload = parent.recv()
-        except EOFError:
+        except (EOFError, OSError) as exc:  # it died without a plan: a signal, out of memory, a broken pipe
+            failure = ("crash", "" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}; ")
+            break
+        except Exception as exc:  # a message that does not unpickle
+            failure = ("exception", f"unreadable message from the CP-SAT worker while {phase}: "
+                                    f"{type(exc).__name__}: {exc}")
             break
         if kind == "phase":
             phase = payload
             continue
-        plan, error = (payload, None) if kind == "plan" else (None, payload)
+        if kind == "plan":
+            plan = payload
+        else:
+            trace = payload
+            failure = ("exception", f"the CP-SAT worker raised while {phase}: {last_line(payload)}")
         break
+    if failure is not None and failure[0] == "crash":
+        proc.join(1.0)  # its exit status says how it died (read before a kill of ours could change it)
+        failure = ("crash", f"no plan from the CP-SAT worker ({failure[1]}{exit_reason(proc.exitcode)}) while "
+                            f"{phase}")
     if proc.is_alive():
         proc.kill()
     proc.join(1.0)
     parent.close()
-    if error is not None:
-        raise RuntimeError(f"the CP-SAT worker failed: {error}")
-    if plan is None:
-        plan = _keep(greedy, SolverInfo(), start, f"hard watchdog: the {budget:g}s budget ran out while {phase}",
-                     "FALLBACK_GREEDY")
+    if failure is not None:
+        plan = _fail(greedy, start, _stage_of(phase), *failure)
     if second is not None and plan.solver is not None and plan.solver.hint != "fgd":
-        plan = _second_at_the_end(state, fs, greedy, plan, second, start + budget)
+        plan = _at_the_end(state, fs, greedy, plan, second, start + budget)
+    return _reported(plan, trace)
+
+
+def _in_process(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, actions: tuple[str, ...] | None,
+                start: float) -> Plan:
+    """Deterministic mode (or no fork): the same stages in this process; an exception is a failed stage too."""
+    phase = ["starting"]
+    try:
+        plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
+                           progress=lambda what: phase.__setitem__(0, what))
+    except Exception:
+        trace = traceback.format_exc()
+        plan = _fail(greedy, start, _stage_of(phase[0]), "exception", f"raised while {phase[0]}: "
+                     f"{last_line(trace)}")
+        return _reported(plan, trace)
+    return _reported(plan)
+
+
+def _stage_of(phase: str) -> str:
+    """The stage (kai_opt.plan.FAILURE_STAGES) a worker's phase belongs to: decoding is 'decode', the FGD-scored
+    greedy plan (computed in the worker in deterministic mode) 'second_hint', the rest 'cpsat'."""
+    if phase.startswith("decod"):
+        return "decode"
+    return "second_hint" if "FGD scoring" in phase else "cpsat"
+
+
+def _fail(greedy: Plan, start: float, stage: str, kind: str, detail: str) -> Plan:
+    """The verified greedy plan for a failed stage: FALLBACK_GREEDY, the failure counted and named in the note."""
+    info = SolverInfo(failures=[(stage, kind)])
+    return _keep(greedy, info, start, failure_note(stage, kind, detail), "FALLBACK_GREEDY")
+
+
+def _reported(plan: Plan, trace: str | None = None) -> Plan:
+    """One log line per failed stage of the plan (the parent's log: a forked worker's would be lost with it)."""
+    for stage, kind in plan.solver.failures:
+        log.warning("optional stage %s failed (%s); the cycle goes on with plan %s (%s): %s%s", stage, kind,
+                    plan.solver.status, plan.solver.hint or "kai", plan.solver.note,
+                    f"\n{trace.rstrip()}" if trace and kind == "exception" else "")
     return plan
+
+
+def _at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, second: SecondHint | None,
+                deadline: float) -> Plan:
+    """_second_at_the_end, itself an optional stage: what goes wrong there is the second hint's failure."""
+    if second is None:
+        return plan
+    try:
+        return _second_at_the_end(state, fs, greedy, plan, second, deadline)
+    except Exception:
+        plan.solver.add_failure("second_hint", "exception", "weighing the FGD-scored plan at the end raised "
+                                f"{last_line(traceback.format_exc())}")
+        return plan
 
 
 def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, second: SecondHint,
@@ -145,9 +219,11 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: P
     """The FGD-scored greedy plan instead of the worker's when it arrives before the deadline, is acceptable
     against the KAI-scored plan (second_hint_note) and beats the worker's plan lexicographically."""
     alt = second.take(deadline - time.perf_counter())
-    if alt is None:
-        if second.error:  # an optional hint: the cycle goes on, the note says what went wrong
-            plan.solver.note = f"{plan.solver.note}; the FGD-scored second hint failed: {second.error.strip()[-300:]}"
+    if alt is None:  # an optional hint: the cycle goes on, the note says what went wrong
+        failure = second.failure or (None if second.taken else
+                                     ("timeout", "the FGD-scored second hint was not ready by the deadline"))
+        if failure is not None:
+            plan.solver.add_failure("second_hint", *failure)
         return plan
     note = second_hint_note(state, fs, greedy, alt)
     if not note or not _beats(plan_score(state, fs, alt), plan_score(state, fs, plan)):
@@ -170,11 +246,15 @@ def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
 
 def _plan_child(conn, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
                 actions: tuple[str, ...] | None, second: SecondHint | None) -> None:
+    """The CP-SAT worker: its phases as it goes, then its plan or its traceback (the parent keeps the greedy plan);
+    if it dies instead, the parent reads the end of the pipe."""
     try:
         plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
                            progress=lambda what: conn.send(("phase", what)), second=second)
+        if second is not None and second.failure is not None:  # it failed when taken here, as the starting plan
+            plan.solver.add_failure("second_hint", *second.failure)
         conn.send(("plan", plan))
-    except Exception:  # reported to the parent, which raises it
+    except Exception:  # reported to the parent, which keeps the greedy plan
         conn.send(("error", traceback.format_exc(limit=-3)))
     finally:
         conn.close()
@@ -215,7 +295,15 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     result = run_with_watchdog(built, config.solver, max(left, 0.05))
     info.solve_s = time.perf_counter() - start - info.build_s
     if result is None:
-        return _keep(greedy, info, start, "the watchdog stopped the solver (time budget)", "FALLBACK_GREEDY")
+        info.failures.append(("cpsat", "timeout"))
+        return _keep(greedy, info, start, failure_note("cpsat", "timeout", "the watchdog stopped the solver (time "
+                                                       "budget)"), "FALLBACK_GREEDY")
+    if result.failure and not result.values:
+        info.failures.append(("cpsat", result.failure))
+        return _keep(greedy, info, start, failure_note("cpsat", result.failure, result.note), "FALLBACK_GREEDY")
+    if result.failure:  # the solver worker failed after sending its tier-1 solution, which goes on
+        info.failures.append(("cpsat", result.failure))
+        scope.notes.append(failure_note("cpsat", result.failure, f"{result.note} (after its tier-1 solution)"))
     if not result.values:
         return _keep(greedy, info, start, f"no solution ({result.status}{': ' + result.note if result.note else ''})",
                      "FALLBACK_GREEDY")
@@ -234,7 +322,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         decode(dsess, dacts, scope, built, result.values)
     except DecodeError as exc:
         info.decode_s = time.perf_counter() - t
-        return _keep(greedy, info, start, f"decode failed: {exc}", "FALLBACK_GREEDY")
+        info.failures.append(("decode", "exception"))
+        return _keep(greedy, info, start, failure_note("decode", "exception", f"decode failed: {exc}"),
+                     "FALLBACK_GREEDY")
     if (actions is None and config.actions.stale_gang) or (actions is not None and "stale_gang" in actions):
         dacts.stale_gangs()  # a rule, not an optimisation
     plan = plan_from_session(dsess, dacts.reasons, "cpsat")
@@ -246,8 +336,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     try:
         check_plan(state, plan, fs, config)
     except PlanViolation as exc:
-        return _keep(greedy, info, start, f"the CP-SAT plan failed the checker: {exc.problems[0]}",
-                     "FALLBACK_GREEDY")
+        info.failures.append(("cpsat", "violation"))
+        return _keep(greedy, info, start, failure_note("cpsat", "violation", "the CP-SAT plan failed the checker: "
+                                                       f"{exc.problems[0]}"), "FALLBACK_GREEDY")
     ours, theirs = plan_score(state, fs, plan), plan_score(state, fs, greedy)
     info.status = result.status
     info.wall_s = time.perf_counter() - start

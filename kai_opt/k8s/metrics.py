@@ -3,6 +3,8 @@ them together with the `/healthz` (liveness) and `/readyz` (readiness) probes.
 
 Series: `kai_opt_cycle_phase_seconds{phase}` (histogram: snapshot, fair_share, solve, apply, total),
 `kai_opt_solver_status_total{status}`, `kai_opt_solver_gap` (relative gap of the last solve; NaN when unknown),
+`kai_opt_solver_failures_total{stage,kind}` (optional stages that failed while the cycle went on with the greedy
+plan: kai_opt.plan.FAILURE_STAGES x FAILURE_KINDS),
 `kai_opt_pods_bound_total`, `kai_opt_pods_evicted_total{reason}`, `kai_opt_bind_latency_seconds` (histogram),
 `kai_opt_bind_failures_total{reason}`, `kai_opt_queue_fair_share{queue,resource}`, `kai_opt_queue_allocated{...}`,
 `kai_opt_queue_requested{...}`, `kai_opt_leader` (1 while this replica leads), `kai_opt_ready`.
@@ -37,6 +39,9 @@ class SchedulerMetrics:
                                 ["phase"], buckets=_PHASE_BUCKETS, registry=r)
         self._solver_status = Counter("kai_opt_solver_status", "Solves by outcome (optimal, feasible, "
                                       "fallback, ...)", ["status"], registry=r)
+        self._solver_failures = Counter("kai_opt_solver_failures", "Optional stages of a cycle that failed (the "
+                                        "cycle went on with the greedy plan), by stage and kind", ["stage", "kind"],
+                                        registry=r)
         self._solver_gap = Gauge("kai_opt_solver_gap", "Relative optimality gap of the last solve (NaN: unknown)",
                                  registry=r)
         self._bound = Counter("kai_opt_pods_bound", "Pods bound to a node", registry=r)
@@ -67,6 +72,11 @@ class SchedulerMetrics:
         """Record a solve's outcome and relative gap (None: not known, e.g. the greedy plan was used)."""
         self._solver_status.labels(status=status).inc()
         self._solver_gap.set(math.nan if gap is None else gap)
+
+    def solver_failure(self, stage: str, kind: str) -> None:
+        """Count an optional stage (cpsat, decode, second_hint) that failed (exception, crash, timeout, violation)
+        in a cycle that went on without it."""
+        self._solver_failures.labels(stage=stage, kind=kind).inc()
 
     def bound(self, n: int = 1) -> None:
         self._bound.inc(n)

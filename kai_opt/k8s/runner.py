@@ -2,7 +2,10 @@
 evictor + binder -> status, every `schedule_period_s`, on the leader replica only.
 
 A cycle never stops because of one bad object (the snapshot is lenient; bad objects get Events) and never crashes
-the loop: an unexpected error is logged and the next cycle starts afresh from the cache. Binds, evictions and
+the loop: an unexpected error is logged and the next cycle starts afresh from the cache. An optional stage that
+fails (the CP-SAT worker, decoder or second hint: SolverInfo.failures) costs nothing but itself: the verified greedy
+plan is applied and the failures counted (kai_opt_solver_failures_total{stage,kind}); only a greedy plan that fails
+the checker stops a cycle, which then applies nothing and is reported as failed. Binds, evictions and
 status writes are asynchronous; the cache's assumptions make the next cycle see them at once. The cycle's status
 (PodGroup and Queue status, stale-gang and last-start annotations, Events, queue metrics) is worked out after the
 cycle on a worker of its own from the cycle's snapshot, state and plan (immutable), the latest cycle's winning when
@@ -95,6 +98,7 @@ class CycleReport:
     rejected: int = 0
     solver: str = ""
     phases: dict[str, float] = field(default_factory=dict)
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (stage, kind): optional stages that failed
     error: str | None = None
 
     def line(self) -> str:
@@ -104,7 +108,8 @@ class CycleReport:
         extra = f", {self.rejected} rejected objects" if self.rejected else ""
         return (f"cycle {self.number}: {self.pods} pods ({self.pending_pods} pending) on {self.nodes} nodes{extra}"
                 f" | bind {self.binds}, pipeline {self.pipelined}, evict {self.evictions}, pending groups "
-                f"{self.pending_groups} | {ms} | {self.solver}")
+                f"{self.pending_groups} | {ms} | {self.solver}"
+                + "".join(f", {stage} {kind}" for stage, kind in self.failures))
 
 
 class Runner:
@@ -280,9 +285,12 @@ class Runner:
             report.evictions, report.pending_groups = len(plan.evictions), len(plan.pending)
             report.rejected = len(snap.rejected)
             report.solver = plan.solver.status + (f" gap {plan.solver.gap:.3g}" if plan.solver.gap else "")
+            report.failures = list(plan.solver.failures)
             for name, seconds in phases.items():
                 self.metrics.cycle_phase(name, seconds)
             self.metrics.solver(plan.solver.status, plan.solver.gap)
+            for stage, kind in plan.solver.failures:  # optional stages that failed; the plan was applied anyway
+                self.metrics.solver_failure(stage, kind)
         except Exception as exc:  # the loop goes on; the next cycle starts from the cache again
             log.exception("cycle %d failed", self.cycles)
             report.error = " ".join(str(exc).split())[:300] or type(exc).__name__
