@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("kai-opt: interrupted", file=sys.stderr)
         sys.exit(130)
-    if isinstance(code, int) and code:
-        sys.exit(code)
+    sys.exit(code if isinstance(code, int) else 0)  # as click's standalone mode: always through SystemExit
 
 
 if __name__ == "__main__":
