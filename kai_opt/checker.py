@@ -11,7 +11,8 @@ It recomputes everything from the ClusterState and the plan alone (it shares no 
   least its minimum or goes whole; victims preemptible,
   not younger than their min runtime, and for preempt of lower priority in the same queue; consolidated pods
   re-placed in the same plan (another node, or other devices of the same node);
-- placements only for our pending, ungated pods; evictions only for our running pods; no pod twice.
+- placements only for our pending, ungated pods; evictions only for our running pods; no pod twice;
+- a gpu-memory pod only on a node with a GPU-memory label whose devices hold its request (KAI's rule).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
     placed: dict[int, tuple[int, tuple[int, ...], bool]] = {}
     moved: dict[int, tuple[int, tuple[int, ...]]] = {}
     for pl in plan.placements:
+        if state.pod_gpu_mem[pl.pod]:
+            why = _gpu_memory_problem(state, pl.pod, pl.node)
+            if why:
+                problems.append(f"pod {names[pl.pod]} {'re-' if pl.moved else ''}placed on "
+                                f"{state.node_names[pl.node]}: {why}")
         if pl.moved:
             if pl.pod in moved:
                 problems.append(f"pod {names[pl.pod]} re-placed twice")
@@ -220,6 +226,17 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
             problems.append(f"pod {names[p]} reclaimed for a podgroup of its own queue")
     if problems:
         raise PlanViolation(problems)
+
+
+def _gpu_memory_problem(state: ClusterState, p: int, n: int) -> str | None:
+    """Why gpu-memory pod p may not go onto node n: the node's GPU memory is not labelled, or one device has less
+    memory than the pod asks per device."""
+    if not state.node_gpu_mem_known[n]:
+        return "a gpu-memory request on a node without a GPU-memory label"
+    if int(state.pod_gpu_mem[p]) > int(state.node_gpu_mem_mib[n]):
+        return (f"gpu-memory {int(state.pod_gpu_mem[p])} MiB per device, more than one device's "
+                f"{int(state.node_gpu_mem_mib[n])} MiB")
+    return None
 
 
 def _devices_needed(state: ClusterState, p: int) -> int:

@@ -4,14 +4,20 @@ What a cluster would do with a plan: binds become Running on their node (with th
 pipelined pods wait nominated onto their node (or go back to Pending, as KAI's test harness does), evicted pods
 leave their node and come back Pending (their controller recreates them) unless their workload is being deleted,
 and pods that were already being released are gone.
+
+A simulation stops early once the cluster has settled: a cycle changed nothing and no later cycle of the run could
+(see `settled`), since every further cycle would repeat the same empty plan.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import numpy as np
 
 from kai_opt.api import Pod, PodPhase
 from kai_opt.api.meta import ObjectMeta
@@ -21,6 +27,8 @@ from kai_opt.plan import Plan
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import ClusterState, PodStatus, build_state
 from kai_opt.validation import plan_summary
+
+MAX_CYCLES = 10_000  # `kai-opt simulate --cycles` above this is a usage error
 
 
 class PipelinedAs(StrEnum):
@@ -123,14 +131,66 @@ class SimulationResult:
     cycles: list[CycleReport] = field(default_factory=list)
     final: Snapshot | None = None
     stable: bool = False  # the last cycle changed nothing
+    settled_after: int | None = None  # the cycle after which nothing could change any more (the run stopped)
+
+
+def settled(state: ClusterState, plan: Plan, config: Config, until: float) -> bool:
+    """True when this cycle's plan is empty, applying it changes nothing (no pipelined pod waits to bind, no pod is
+    being released) and no time rule lets a cycle up to time `until` act differently: no min-runtime protection of
+    a running group ends while work is pending, no stale gang's grace period ends."""
+    if plan.placements or plan.evictions:
+        return False
+    status = state.pod_status
+    if ((status == PodStatus.PIPELINED) | (status == PodStatus.RELEASING)).any():
+        return False
+    at = next_time_rule(state, config)
+    return at is None or at > until
+
+
+def next_time_rule(state: ClusterState, config: Config) -> float | None:
+    """The earliest time after `state.now` at which a time rule changes: a stale gang's grace period ends, or (with
+    pending work of ours) a running preemptible group's preempt or reclaim min runtime ends (it may become a victim
+    then; non-preemptible work never is). None: no such time."""
+    times: list[float] = []
+    stale = state.pg_stale_since + config.stale_gang_grace_s
+    times += stale[~np.isnan(stale) & (stale >= state.now)].tolist()  # evicted once now > since + grace
+    if ((state.pod_status == PodStatus.PENDING) & state.pod_ours).any():
+        for per_queue, default in ((state.q_preempt_min_runtime, config.preempt_min_runtime_s),
+                                   (state.q_reclaim_min_runtime, config.reclaim_min_runtime_s)):
+            for g in np.flatnonzero(state.pg_preemptible).tolist():
+                start = _group_start(state, g)
+                if start is None:
+                    continue
+                q = int(state.pg_queue[g])
+                limit = float(per_queue[q]) if q >= 0 and not math.isnan(per_queue[q]) else default
+                if limit > 0 and start + limit > state.now:  # protected while its runtime < limit
+                    times.append(start + limit)
+    return min(times) if times else None
+
+
+def _group_start(state: ClusterState, g: int) -> float | None:
+    """When group g's min runtime counts from (its last start, else its first running pod's start); None when it
+    has no running pod."""
+    pods = state.group_pods(g)
+    running = pods[state.pod_status[pods] == PodStatus.BOUND]
+    if not len(running):
+        return None
+    if not math.isnan(state.pg_last_start[g]):
+        return float(state.pg_last_start[g])
+    starts = state.pod_start[running]
+    starts = starts[~np.isnan(starts)]
+    return float(starts.min()) if len(starts) else None
 
 
 def simulate(snapshot: Snapshot, config: Config, cycles: int, *, now: float | None = None,
-             period_s: float | None = None, progress: Callable[[str], None] | None = None) -> SimulationResult:
-    """`progress`, when given, is told the cycle and its phase as they go."""
+             period_s: float | None = None, progress: Callable[[str], None] | None = None,
+             stop_when_settled: bool = True) -> SimulationResult:
+    """`progress`, when given, is told the cycle and its phase as they go. With `stop_when_settled`, the run ends
+    after the first cycle that leaves the cluster settled (`settled`); `result.settled_after` names it."""
     result = SimulationResult()
     t = now if now is not None else (snapshot.now if snapshot.now is not None else time.time())
     step = period_s if period_s is not None else config.schedule_period_s
+    last = t + step * (cycles - 1)  # the time of the run's last cycle
     for c in range(cycles):
         state = build_state(snapshot, now=t, default_queue=config.default_queue)
         start = time.perf_counter()
@@ -140,7 +200,10 @@ def simulate(snapshot: Snapshot, config: Config, cycles: int, *, now: float | No
         result.cycles.append(CycleReport(c + 1, plan_summary(state, plan), wall))
         changed = bool(plan.placements or plan.evictions)
         snapshot = apply_plan(snapshot, state, plan, now=t)
-        t += step
         result.stable = not changed
+        if stop_when_settled and settled(state, plan, config, last):
+            result.settled_after = c + 1
+            break
+        t += step
     result.final = snapshot
     return result

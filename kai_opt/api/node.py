@@ -12,7 +12,8 @@ from kai_opt.units import GPU_RESOURCE, QuantityError, to_internal
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per device (GPU feature discovery)
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-DEFAULT_GPU_MEMORY_MIB = 81920  # used when a GPU node lacks the memory label (gpu-memory requests need it)
+DEFAULT_GPU_MEMORY_MIB = 81920  # accounting only, for a GPU node without the memory label: gpu-memory requests
+# are never placed on such a node (see Node.gpu_memory_known)
 
 
 class Taint(BaseModel):
@@ -64,6 +65,16 @@ class Node(BaseModel):
             return int(raw) if raw else DEFAULT_GPU_MEMORY_MIB
         except ValueError:
             return DEFAULT_GPU_MEMORY_MIB
+
+    @property
+    def gpu_memory_known(self) -> bool:
+        """The GPU-memory label holds a positive number of MiB. As KAI-Scheduler, only such a node takes a gpu-memory
+        request (without the label its GPU memory is unknown, "not synced" in KAI's words)."""
+        raw = self.meta.labels.get(GPU_MEMORY_LABEL, "")
+        try:
+            return int(raw) > 0
+        except ValueError:
+            return False
 
     @property
     def gpu_product(self) -> str:

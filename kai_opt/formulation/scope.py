@@ -514,6 +514,7 @@ def _candidate_nodes(sess: Session, acts: Actions, pools: list[Pool], greedy_nod
         p = pool.pod
         static = placer.static_mask(int(st.pod_sig[p]))
         cand = np.nonzero(static)[0]
+        cand = cand[placer.gpu_memory_ok(p, cand)]  # also where evictions or moves make room (KAI's gpu-memory rule)
         if len(cand) == 0:
             pool.nodes = cand
             continue

@@ -2,7 +2,8 @@
 
 Filter: node Ready and schedulable; node selector, required node affinity and taints (per node class); resources
 now (bind) or once releases finish (pipeline); GPU devices (whole free devices, or one device with room for a
-share); required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
+share; a gpu-memory share only on a node with a GPU-memory label and devices at least that large, as KAI);
+required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
 (a share joins an already shared device), availability (fits now rather than after releases), resource type
 (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread (most free) on the pod's main
 resource, or fgd (least growth of FGD's expected GPU fragmentation against the session's pod shapes, scored
@@ -20,6 +21,7 @@ from kai_opt.config import Strategy
 from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
 from kai_opt.heuristics.session import ACTIVE, DEV, Session
 from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS, PodStatus
+from kai_opt.state.gpu_memory import gpu_memory_fits
 from kai_opt.state.resources import short_name
 from kai_opt.state.segments import concat_ranges
 
@@ -100,7 +102,19 @@ class Placer:
                     a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
                     now_ok[i] &= int((DEV - sess.dev_held[a:b] - sess.dev_rel[a:b] >= per[i]).sum()) >= ndev
                     future_ok[i] &= int((DEV - sess.dev_held[a:b] >= per[i]).sum()) >= ndev
+        if st.pod_gpu_mem[p]:
+            known = self.gpu_memory_ok(p, candidates)
+            now_ok &= known
+            future_ok &= known
         return now_ok, future_ok
+
+    def gpu_memory_ok(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """Per node: a gpu-memory pod may go there (GPU-memory label set, a device holds the request); True for
+        other pods."""
+        st = self.sess.state
+        if not st.pod_gpu_mem[p]:
+            return np.ones(len(nodes), dtype=bool)
+        return gpu_memory_fits(st.node_gpu_mem_known[nodes], st.node_gpu_mem_mib[nodes], int(st.pod_gpu_mem[p]))
 
     def per_device(self, p: int, nodes: np.ndarray) -> np.ndarray:
         st = self.sess.state
@@ -336,8 +350,20 @@ class Placer:
                 if short:
                     reasons["Insufficient nvidia.com/gpu"] += short
             elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+                mem_ok = self.gpu_memory_ok(p, cand)
+                if not mem_ok.all():
+                    gpu = self.has_gpu[cand]
+                    unlabelled = int((gpu & ~st.node_gpu_mem_known[cand]).sum())
+                    if unlabelled:
+                        reasons["node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory "
+                                "request needs"] += unlabelled
+                    small = int((st.node_gpu_mem_known[cand] & ~mem_ok).sum())
+                    if small:
+                        reasons[f"node(s) had less GPU memory per device than the requested "
+                                f"{int(st.pod_gpu_mem[p])} MiB"] += small
+                    mem_ok |= ~gpu  # CPU-only nodes count as short of a GPU share below
                 per = self.per_device(p, cand)
-                short = int((sess.max_future[cand] < per).sum() + (~self.has_gpu[cand]).sum() * 0)
+                short = int(((sess.max_future[cand] < per) & mem_ok).sum())
                 if short:
                     reasons["Insufficient GPU share on any device"] += short
             _, future_ok = self.fit(p, cand)

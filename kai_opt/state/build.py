@@ -13,6 +13,7 @@ from kai_opt.api.queue import QUEUE_RESOURCES
 from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
 from kai_opt.state.gpu import assign_devices
+from kai_opt.state.gpu_memory import gpu_memory_warnings
 from kai_opt.state.resources import BASE_RESOURCES, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
 from kai_opt.units import GPU_RESOURCE, gpu_milli_from_fraction
 
@@ -66,6 +67,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
             node_alloc[i, col[r]] = v
     node_ok = np.array([n.ready and not n.unschedulable for n in snapshot.nodes], dtype=bool)
     node_gpu_mem = np.array([n.gpu_memory_mib if n.gpus else 0 for n in snapshot.nodes], dtype=np.int64)
+    node_gpu_mem_known = np.array([bool(n.gpus) and n.gpu_memory_known for n in snapshot.nodes], dtype=bool)
     gpus = node_alloc[:, R_GPU] // 1000 if N else np.zeros(0, dtype=np.int64)
     dev_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(gpus, out=dev_start[1:])
@@ -384,6 +386,11 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         for n in over[:20].tolist():
             warnings.append(f"Node {node_names[n]}: pods on it hold more than its allocatable")
 
+    by_mem = np.flatnonzero((pod_mem > 0) & pod_ours & (pod_status == PodStatus.PENDING))
+    if len(by_mem):
+        warnings.extend(gpu_memory_warnings([pods[i].key for i in by_mem.tolist()], pod_mem[by_mem],
+                                            node_gpu_mem_known, node_gpu_mem))
+
     # -- node classes: nodes that every pod signature treats alike ------------------------------------------------
     node_class = _node_classes(snapshot, sigs, topologies)
 
@@ -391,7 +398,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         now=now, resources=resources,
         node_names=node_names, node_alloc=node_alloc, node_used=node_used, node_releasing=node_rel,
         node_pipelined=node_pipe,
-        node_ok=node_ok, node_gpu_mem_mib=node_gpu_mem, node_labels=[n.labels for n in snapshot.nodes],
+        node_ok=node_ok, node_gpu_mem_mib=node_gpu_mem, node_gpu_mem_known=node_gpu_mem_known,
+        node_labels=[n.labels for n in snapshot.nodes],
         node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
         dev_start=dev_start, dev_used=dev_used, dev_releasing=dev_rel, dev_pipelined=dev_pipe,
         pods=pods, pod_status=pod_status, pod_ours=pod_ours, pod_node=pod_node, pod_req=pod_req,

@@ -91,7 +91,8 @@ class ClusterState:
     node_releasing: np.ndarray  # int64[N, R]: the part of node_used that releasing pods hold
     node_pipelined: np.ndarray  # int64[N, R]: claimed by pipelined pods once releases finish (not in node_used)
     node_ok: np.ndarray  # bool[N]: Ready and not cordoned
-    node_gpu_mem_mib: np.ndarray  # int64[N]
+    node_gpu_mem_mib: np.ndarray  # int64[N] MiB per device (0: no GPUs; a default when not labelled)
+    node_gpu_mem_known: np.ndarray  # bool[N]: GPUs with a GPU-memory label; only these take gpu-memory requests
     node_labels: list[dict[str, str]]
     node_taints: list[tuple[Taint, ...]]
     node_class: np.ndarray  # int32[N]: nodes alike for every pod signature (labels that matter + taints)
