@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kai_opt.errors import ConfigError
+from kai_opt.textfile import check_yaml_depth, read_text
 
 
 class Strategy(StrEnum):
@@ -167,12 +168,12 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config: {exc.strerror or exc}", source=str(p)) from exc
+    text = read_text(p, error=ConfigError, what="config")
+    check_yaml_depth(text, str(p), error=ConfigError)
     try:
         data = yaml.safe_load(text) or {}
+    except (ValueError, RecursionError) as exc:  # a constructor's: e.g. an integer of more than 4300 digits
+        raise ConfigError(f"invalid YAML: {exc}", source=str(p)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=str(p),

@@ -40,6 +40,8 @@ def _load(p: Path, scheduler_names: tuple[str, ...] | None, now: float | None) -
     if p.is_dir() and not files:
         raise InputError("directory holds no .yaml, .yml or .json files", source=str(p))
     docs = [d for f in files for d in read_documents(f)]
+    if not docs:  # an empty file, comments only, /dev/null: a mistake, never an empty cluster
+        raise InputError("holds no objects (empty, or comments only)", source=str(p))
     scenario_docs = [d for d in docs if isinstance(d.data, dict) and d.data.get("kind") == "Scenario"]
     if scenario_docs and (len(files) > 1 or len(docs) > 1):
         where = scenario_docs[0]
