@@ -27,6 +27,18 @@ KINDS: dict[str, type] = {
     "Topology": Topology,
 }
 
+# the one apiVersion per kind whose schema the models read; an object of another version (an old
+# scheduling.run.ai/v1 Queue, a v1alpha1 PodGroup) is never read as this one. Objects without apiVersion (typed
+# lists, KAI's snapshot ZIP) are read as these.
+API_VERSIONS: dict[str, str] = {
+    "Node": "v1",
+    "Pod": "v1",
+    "PodGroup": "scheduling.run.ai/v2alpha2",
+    "Queue": "scheduling.run.ai/v2",
+    "PriorityClass": "scheduling.k8s.io/v1",
+    "Topology": "kai.scheduler/v1alpha1",
+}
+
 DEFAULT_SCHEDULER_NAMES = ("kai-opt",)
 
 
@@ -97,6 +109,7 @@ class Snapshot:
         if scheduler_names:
             snap.scheduler_names = tuple(scheduler_names)
         buckets: dict[str, list[Any]] = {k: [] for k in KINDS}
+        skipped: list[tuple[RawObject, str]] = []
         for raw in objects:
             model = KINDS.get(raw.kind)
             if model is None:
@@ -108,6 +121,13 @@ class Snapshot:
                 if strict:
                     raise err
                 snap.rejected.append(Issue(raw.kind, "?", "Invalid", err.message))
+                continue
+            version = raw.obj.get("apiVersion")
+            if version is not None and version != API_VERSIONS[raw.kind]:
+                skipped.append((raw, str(version)))
+                snap.warnings.append(Issue(raw.kind, _name_of(raw.obj), "UnsupportedAPIVersion",
+                                           f"apiVersion {str(version)[:60]!r} is not read (kai-opt reads "
+                                           f"{API_VERSIONS[raw.kind]}); skipped"))
                 continue
             try:
                 key = raw.memo_key if memo is not None else None
@@ -123,6 +143,12 @@ class Snapshot:
                 if strict:
                     raise located from None
                 snap.rejected.append(Issue(raw.kind, _name_of(raw.obj), "Invalid", exc.render()))
+        if skipped and strict and not any(buckets.values()):  # nothing else usable: the skip is the answer
+            raw, version = skipped[0]
+            more = f" ({len(skipped) - 1} more like it)" if len(skipped) > 1 else ""
+            raise InputError(f"apiVersion {version[:60]!r} is not read (kai-opt reads {API_VERSIONS[raw.kind]}), "
+                             f"and nothing else is usable{more}", source=raw.source, line=raw.line,
+                             obj=f"{raw.kind} {_name_of(raw.obj)}".strip(), field="apiVersion")
         snap.nodes = buckets["Node"]
         snap.pods = buckets["Pod"]
         snap.podgroups = buckets["PodGroup"]

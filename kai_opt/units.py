@@ -85,6 +85,8 @@ def _text_to_internal(resource: str, value: str) -> int:
 
 
 def _to_internal(resource: str, value: str | int | float) -> int:
+    if not isinstance(value, str | int | float):  # a mapping or list where a quantity belongs
+        raise QuantityError(f"expected a quantity such as 8, 500m or 64Gi, got a {type(value).__name__}")
     q = parse_quantity(value)
     if q < 0:
         raise QuantityError(f"negative quantity {value!r}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kai_opt.errors import InputError
 from kai_opt.gcpause import FREEZE_MIN_OBJECTS, gc_paused
+from kai_opt.limits import check_counts
 from kai_opt.loaders.documents import read_documents
 from kai_opt.loaders.kubeobjects import objects_from_documents
 from kai_opt.snapshot import Snapshot
@@ -57,5 +58,11 @@ def _load(p: Path, scheduler_names: tuple[str, ...] | None, now: float | None) -
             from kai_opt.loaders.kaicase import load_case
 
             return load_case(p).snapshot
-    return Snapshot.from_objects(objects_from_documents(docs), scheduler_names=scheduler_names, now=now,
-                                 source=str(p))
+    objects = list(objects_from_documents(docs))
+    if not objects:
+        raise InputError("holds no objects (an empty list)", source=str(p))
+    kinds: dict[str, int] = {}
+    for o in objects:
+        kinds[o.kind] = kinds.get(o.kind, 0) + 1
+    check_counts(kinds, source=str(p))  # before any object is parsed
+    return Snapshot.from_objects(objects, scheduler_names=scheduler_names, now=now, source=str(p))
