@@ -400,3 +400,17 @@ def test_only_unreadable_versions_is_an_error(tmp_path: Path, capsys: pytest.Cap
     old = {**k_podgroup("g"), "apiVersion": "scheduling.run.ai/v1alpha1"}
     refused(capsys, write_yaml(tmp_path, [old]), "PodGroup default/g", "scheduling.run.ai/v1alpha1",
             "nothing else is usable")
+
+
+# -- inconsistent snapshots ---------------------------------------------------------------------------------------
+def test_node_over_capacity_before_the_plan_is_no_violation(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A node without status (no allocatable) that already runs a pod: the plan cannot be blamed for it (found by
+    the fuzzer: the checker stopped the cycle with a traceback)."""
+    bare = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}}
+    running = with_field(k_pod("r", "g"), "spec.nodeName", "n2")
+    running["status"] = {"phase": "Running"}
+    code, out, err = run(capsys, "solve", "-e", "greedy", "-o", "json",
+                         str(write_yaml(tmp_path, cluster(extra=[bare, running]))))
+    assert code == 0, err
+    assert json.loads(out)["binds"]
