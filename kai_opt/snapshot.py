@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
 from kai_opt.api.meta import ident
 from kai_opt.errors import InputError
@@ -133,7 +135,7 @@ class Snapshot:
                 key = raw.memo_key if memo is not None else None
                 parsed = memo.get(key) if key is not None and memo is not None else None
                 if parsed is None:
-                    parsed = model.from_k8s(raw.obj)
+                    parsed = _parse(model, raw)
                     if key is not None and memo is not None:
                         memo[key] = parsed
                 buckets[raw.kind].append(parsed)
@@ -263,6 +265,19 @@ class Snapshot:
         return {"nodes": len(self.nodes), "pods": len(self.pods), "podgroups": len(self.podgroups),
                 "queues": len(self.queues), "priorityclasses": len(self.priority_classes),
                 "topologies": len(self.topologies)}
+
+
+def _parse(model: Any, raw: RawObject) -> Any:
+    """`model.from_k8s`, with a pydantic error its checks did not foresee (e.g. a number where a name belongs) as
+    the one-line InputError naming the object and the model field."""
+    try:
+        return model.from_k8s(raw.obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or None
+        shown = repr(first.get("input"))
+        msg = f"{str(first['msg']).removeprefix('Value error, ')}, got {shown[:40]}"
+        raise InputError(msg, obj=ident(raw.kind, raw.obj), field=field) from None
 
 
 def _name_of(obj: dict[str, Any]) -> str:

@@ -414,3 +414,15 @@ def test_node_over_capacity_before_the_plan_is_no_violation(tmp_path: Path,
                          str(write_yaml(tmp_path, cluster(extra=[bare, running]))))
     assert code == 0, err
     assert json.loads(out)["binds"]
+
+
+@pytest.mark.parametrize(("role", "path", "value", "obj", "field"), [
+    ("pod", "metadata.namespace", -1, "Pod -1/p", "namespace"),
+    ("queue", "spec.parentQueue", 5, "Queue q", "parent"),
+    ("queue", "spec.displayName", {"a": 1}, "Queue q", "display_name"),
+    ("podgroup", "spec.subGroups", [{"name": "a", "parent": 7}], "PodGroup default/g", "parent"),
+])
+def test_wrong_types_the_parsers_did_not_foresee(tmp_path: Path, capsys: pytest.CaptureFixture[str], role: str,
+                                                 path: str, value: Any, obj: str, field: str) -> None:
+    base = {"pod": POD, "queue": QUEUE, "podgroup": PG}[role]
+    refused(capsys, write_yaml(tmp_path, cluster(**{role: with_field(base, path, value)})), obj, f"field {field}")
