@@ -10,20 +10,26 @@ from kai_opt.errors import KaiOptError
 _NOT_COMMANDS = {"app", "main", "render"}
 
 
-def _register() -> None:
-    """Import every command module of this package: each registers its command(s) on `app`."""
+def _register(argv: list[str] | None = None) -> None:
+    """Import the command modules of this package, each registers its command(s) on `app`: only those of the
+    command asked for (`solve` -> solve, `config` -> config_cmd, `bench` -> bench*), else (help, an unknown name)
+    all. Importing all costs about 2 s (SciPy, OR-Tools, pandas), far more than refusing a bad input takes."""
     import importlib
     import pkgutil
 
     import kai_opt.cli as pkg
 
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        if mod not in _NOT_COMMANDS and not mod.startswith("_"):
-            importlib.import_module(f"kai_opt.cli.{mod}")
+    modules = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                     if m.name not in _NOT_COMMANDS and not m.name.startswith("_"))
+    args = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args if not a.startswith("-")), None)
+    wanted = [m for m in modules if first is not None and (m == first or m.startswith(f"{first}_"))]
+    for mod in wanted or modules:
+        importlib.import_module(f"kai_opt.cli.{mod}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
+    _register(argv)
     try:
         app(args=argv, prog_name="kai-opt")
     except KaiOptError as exc:

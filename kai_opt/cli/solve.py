@@ -13,7 +13,6 @@ from rich.table import Table
 from kai_opt.cli.app import OutputWithYaml, app
 from kai_opt.cli.render import console, fmt_num, print_json, status_line
 from kai_opt.config import Engine, load_config
-from kai_opt.engine import run_cycle
 from kai_opt.loaders import load_snapshot
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState, build_state
@@ -28,6 +27,8 @@ def solve(
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
+    from kai_opt.engine import run_cycle  # OR-Tools and the heuristics: not needed to refuse a bad input
+
     cfg = load_config(config)
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
