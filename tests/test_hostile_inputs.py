@@ -396,6 +396,13 @@ def test_old_queue_version_is_skipped_with_a_warning(tmp_path: Path, capsys: pyt
     assert any("Queue legacy" in w and "scheduling.run.ai/v1" in w and "skipped" in w for w in data["warnings"])
 
 
+def test_solve_names_the_skipped_object_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = {**k_podgroup("old"), "apiVersion": "scheduling.run.ai/v1alpha1"}
+    code, out, err = run(capsys, "solve", "-e", "greedy", "-o", "json", str(write_yaml(tmp_path, cluster(extra=[old]))))
+    assert code == 0 and json.loads(out)["binds"]
+    assert err.startswith("kai-opt: warning: PodGroup default/old: UnsupportedAPIVersion") and err.count("\n") == 1
+
+
 def test_only_unreadable_versions_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = {**k_podgroup("g"), "apiVersion": "scheduling.run.ai/v1alpha1"}
     refused(capsys, write_yaml(tmp_path, [old]), "PodGroup default/g", "scheduling.run.ai/v1alpha1",

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kai_opt.cli.app import OutputWithYaml, app
-from kai_opt.cli.render import console, fmt_num, print_json, status_line
+from kai_opt.cli.render import console, fmt_num, print_json, status_line, warn_skipped
 from kai_opt.config import Engine, load_config
 from kai_opt.loaders import load_snapshot
 from kai_opt.plan import Plan
@@ -32,6 +32,7 @@ def solve(
     cfg = load_config(config)
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
+        warn_skipped(snap.warnings)
         say(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
         state = build_state(snap, default_queue=cfg.default_queue)
         plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: say(f"planning: {what}"))
