@@ -1,6 +1,7 @@
-"""Fuzzing the input formats (issue 19): valid documents, mutated in their values (types, ranges), structure and
-encoding, go through the CLI in-process. Each example either exits 2 with exactly one `kai-opt: error:` line on
-stderr, or exits 0 with a valid plan (or check result); never a traceback, and each within a time bound."""
+"""Fuzzing the input formats (issue 19): snapshots (kubectl YAML/JSON, KAI's ZIP), scenarios and configs. Valid
+documents, mutated in their values (types, ranges), structure and encoding, go through the CLI in-process. Each
+example either exits 2 with exactly one `kai-opt: error:` line on stderr, or exits 0 with a valid plan (or check
+result); never a traceback, and each within a time and memory bound."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import json
 import math
 import resource
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_hostile_inputs import patch_headers
 
 from kai_opt.cli.main import main
 
@@ -229,6 +232,38 @@ def test_fuzz_scenario(tmp_path_factory: Any, data: st.DataObject, fmt: str) -> 
         solve_ok(out)
 
 
+def kai_snapshot() -> dict[str, Any]:
+    """SNAPSHOT as KAI's snapshot.json holds it: lists per kind under rawObjects, no TypeMeta."""
+    keys = {"Node": "nodes", "Pod": "pods", "Queue": "queues", "PodGroup": "podGroups",
+            "PriorityClass": "priorityClasses", "Topology": "topologies"}
+    raw: dict[str, list[Any]] = {k: [] for k in keys.values()}
+    for obj in SNAPSHOT:
+        raw[keys[obj["kind"]]].append({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")})
+    return {"rawObjects": raw, "schedulerParams": {"SchedulerName": "kai-opt"}}
+
+
+@SETTINGS
+@given(data=st.data(), method=st.sampled_from([zipfile.ZIP_DEFLATED, zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED,
+                                               zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA]),
+       name=st.sampled_from(["snapshot.json", "snapshot.json", "dump/snapshot.json", "../../snapshot.json",
+                             "/abs/snapshot.json", "other.json"]),
+       header=st.sampled_from(["none", "none", "none", "encrypted", "deflate64", "smaller", "larger"]))
+def test_fuzz_kai_zip(tmp_path_factory: Any, data: st.DataObject, method: int, name: str, header: str) -> None:
+    path = tmp_path_factory.mktemp("zip") / "snapshot.zip"
+    raw = damage(serialise(mutate(kai_snapshot(), data), "json"), data)
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        zf.writestr(name, raw)
+    if header == "encrypted":
+        patch_headers(path, flags=0x1)
+    elif header == "deflate64":
+        patch_headers(path, method=9)
+    elif header in ("smaller", "larger"):
+        patch_headers(path, file_size=len(raw) // 2 if header == "smaller" else len(raw) * 1000 + 10**7)
+    code, out = check(["solve", "-e", "greedy", "-o", "json", str(path)])
+    if code == 0:
+        solve_ok(out)
+
+
 SCENARIO_FILE_NAME = "base-scenario.yaml"
 
 
@@ -257,5 +292,10 @@ def test_the_base_documents_are_valid(tmp_path: Path) -> None:
         code, out = check(["solve", "-e", "greedy", "-o", "json", str(tmp_path / name)])
         assert code == 0
         solve_ok(out)
+    with zipfile.ZipFile(tmp_path / "k.zip", "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("snapshot.json", serialise(kai_snapshot(), "json"))
+    code, out = check(["solve", "-e", "greedy", "-o", "json", str(tmp_path / "k.zip")])
+    assert code == 0
+    solve_ok(out)
     (tmp_path / "c.yaml").write_bytes(serialise(CONFIG, "yaml"))
     assert check(["config", "--check", str(tmp_path / "c.yaml")])[0] == 0

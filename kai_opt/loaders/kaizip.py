@@ -92,6 +92,15 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int, 
         raise InputError(f"member would expand {info.file_size / max(1, info.compress_size):,.0f}-fold, above "
                          f"the limit of {ratio} (a ZIP bomb? set KAI_OPT_MAX_ZIP_RATIO to raise it)", source=source)
     out = bytearray()
+    try:
+        _stream(zf, info, out, source)
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:  # e.g. a CRC that fails: the data is not what the
+        # header declares (size or content)
+        raise InputError(f"member does not match its header: {exc}", source=source) from exc
+    return out
+
+
+def _stream(zf: zipfile.ZipFile, info: zipfile.ZipInfo, out: bytearray, source: str) -> None:
     with zf.open(info) as f:
         while True:
             chunk = f.read(_CHUNK)
@@ -101,4 +110,3 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int, 
             if len(out) > info.file_size:
                 raise InputError(f"member is larger than the {info.file_size:,} bytes its header declares",
                                  source=source)
-    return out
