@@ -201,6 +201,15 @@ def test_size_is_bounded_before_reading(tmp_path: Path, capsys: pytest.CaptureFi
     assert "above the limit of 100" in err and "KAI_OPT_MAX_INPUT_BYTES" in err
 
 
+def test_directory_size_is_bounded_before_reading(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for i, obj in enumerate(cluster()):
+        write_yaml(tmp_path, [obj], name=f"{i}.yaml")
+    sizes = [f.stat().st_size for f in tmp_path.iterdir()]
+    monkeypatch.setenv("KAI_OPT_MAX_INPUT_BYTES", str(sum(sizes) - 1))  # every file is within the limit
+    refused(capsys, tmp_path, str(tmp_path), "directory holds", f"above the limit of {sum(sizes) - 1:,}")
+
+
 def test_a_bad_ceiling_setting_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAI_OPT_MAX_NODES", "lots")

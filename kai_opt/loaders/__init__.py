@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kai_opt.errors import InputError
 from kai_opt.gcpause import FREEZE_MIN_OBJECTS, gc_paused
-from kai_opt.limits import check_counts
+from kai_opt.limits import ceiling, check_counts
 from kai_opt.loaders.documents import read_documents
 from kai_opt.loaders.kubeobjects import objects_from_documents
 from kai_opt.snapshot import Snapshot
@@ -40,6 +40,11 @@ def _load(p: Path, scheduler_names: tuple[str, ...] | None, now: float | None) -
         if p.is_dir() else [p]
     if p.is_dir() and not files:
         raise InputError("directory holds no .yaml, .yml or .json files", source=str(p))
+    if p.is_dir():
+        total, limit = sum(f.stat().st_size for f in files), ceiling("MAX_INPUT_BYTES")
+        if total > limit:  # each file is bounded when read; a directory is bounded as a whole, before reading
+            raise InputError(f"directory holds {total:,} bytes of .yaml/.yml/.json files, above the limit of "
+                             f"{limit:,} (set KAI_OPT_MAX_INPUT_BYTES to raise it)", source=str(p))
     docs = [d for f in files for d in read_documents(f)]
     if not docs:  # an empty file, comments only, /dev/null: a mistake, never an empty cluster
         raise InputError("holds no objects (empty, or comments only)", source=str(p))
