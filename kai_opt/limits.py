@@ -22,13 +22,15 @@ DEFAULTS: dict[str, int] = {
     "MAX_NODES": 50_000,
     "MAX_PODS": 1_000_000,
     "MAX_QUEUES": 10_000,
+    "MAX_GPU_DEVICES": 1_000_000,  # GPU devices of all nodes (the state has a slot per device): 50,000 x 16 fit
     "MAX_PODGROUPS": 1_000_000,
     "MAX_INPUT_BYTES": 2 << 30,  # a file, or a ZIP member once decompressed: ~2 KB per pod at 1,000,000 pods
     "MAX_DOCUMENTS": 2_000_000,  # YAML documents in one file (one per object at most)
     "MAX_DEPTH": 100,  # nesting of mappings and lists; a Kubernetes object needs about 15
     "MAX_ZIP_RATIO": 200,  # decompressed / compressed size of a ZIP member; JSON snapshots compress ~10-30x
 }
-_KIND_CEILING = {"Node": "MAX_NODES", "Pod": "MAX_PODS", "Queue": "MAX_QUEUES", "PodGroup": "MAX_PODGROUPS"}
+_KIND_CEILING = {"Node": "MAX_NODES", "Pod": "MAX_PODS", "Queue": "MAX_QUEUES", "PodGroup": "MAX_PODGROUPS",
+                 "GPU devices": "MAX_GPU_DEVICES"}
 
 
 def ceiling(name: str) -> int:
@@ -53,7 +55,8 @@ def over_ceiling(counts: dict[str, int]) -> tuple[str, str] | None:
             continue
         limit = ceiling(name)
         if n > limit:
-            return kind, f"{n:,} {kind} objects, above the ceiling of {limit:,} (set KAI_OPT_{name} to raise it)"
+            what = kind if kind.endswith("s") else f"{kind} objects"
+            return kind, f"{n:,} {what}, above the ceiling of {limit:,} (set KAI_OPT_{name} to raise it)"
     return None
 
 

@@ -367,6 +367,15 @@ def test_scenario_over_the_ceiling_is_refused_before_allocating(tmp_path: Path, 
     refused(capsys, path, f"{path}:", "Scenario", needle, command="solve")
 
 
+def test_gpu_device_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAI_OPT_MAX_GPU_DEVICES", "12")
+    path = write_yaml(tmp_path, cluster(extra=[k_node("n2")]))  # 2 nodes x 8 GPUs
+    refused(capsys, path, str(path), "16 GPU devices, above the ceiling of 12", "KAI_OPT_MAX_GPU_DEVICES")
+    path = write_scenario(tmp_path, {"nodePools": [POOL]})
+    refused(capsys, path, f"{path}:", "Scenario", "asks for 16 GPU devices, above the ceiling of 12")
+
+
 def test_scenario_queue_ceiling(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAI_OPT_MAX_QUEUES", "2")

@@ -26,7 +26,10 @@ def load_snapshot(path: str | Path, *, scheduler_names: tuple[str, ...] | None =
     The cyclic GC is paused while the file is read and parsed, and a big snapshot is frozen out of its reach
     afterwards (kai_opt.gcpause): about half of a 10,000-node load was spent in collections that found nothing."""
     with gc_paused(freeze_above=FREEZE_MIN_OBJECTS):
-        return _load(Path(path), scheduler_names, now)
+        snap = _load(Path(path), scheduler_names, now)
+    # the state allocates a slot per GPU device: bounded before it is built
+    check_counts({"GPU devices": sum(n.gpus for n in snap.nodes)}, source=snap.source or str(path))
+    return snap
 
 
 def _load(p: Path, scheduler_names: tuple[str, ...] | None, now: float | None) -> Snapshot:

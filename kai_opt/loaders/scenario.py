@@ -517,8 +517,10 @@ class Scenario(_Model):
 
     def _check_ceilings(self) -> None:
         """Refuse a scenario that would create more objects than a ceiling (kai_opt.limits), before any is made."""
-        sections = {"Node": "nodePools", "Pod": "jobs", "PodGroup": "jobs", "Queue": "queues"}
+        sections = {"Node": "nodePools", "GPU devices": "nodePools", "Pod": "jobs", "PodGroup": "jobs",
+                    "Queue": "queues"}
         counts = {"Node": sum(p.count for p in self.node_pools),
+                  "GPU devices": sum(p.count * p.template.gpus for p in self.node_pools),
                   "Pod": sum(j.total_replicas for j in self.jobs),
                   "PodGroup": len(self.jobs),
                   "Queue": len(self.flat_queues())}
