@@ -451,3 +451,18 @@ def test_wrong_types_the_parsers_did_not_foresee(tmp_path: Path, capsys: pytest.
                                                  path: str, value: Any, obj: str, field: str) -> None:
     base = {"pod": POD, "queue": QUEUE, "podgroup": PG}[role]
     refused(capsys, write_yaml(tmp_path, cluster(**{role: with_field(base, path, value)})), obj, f"field {field}")
+
+
+CASE = Path("/work/shared/scenarios/kai/integration/"
+            "087-reclaim-fractional-train-by-fractional-gpu-job-reclaim-all-f.yaml")
+
+
+@pytest.mark.skipif(not CASE.is_file(), reason=f"no behaviour case at {CASE}")
+@pytest.mark.parametrize(("old", "new", "needle"), [("gpus: 2", "gpus: 99999999999", "above 1024 GPU devices"),
+                                                    ("deserved: 1", "deserved: .nan", "must be a finite number")])
+def test_behaviour_case_that_does_not_load_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str,
+                                                       new: str, needle: str) -> None:
+    """Conformance reports such a case as skipped; read as a snapshot it was an empty cluster (exit 0)."""
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE.read_text().replace(old, new, 1))
+    refused(capsys, path, str(path), needle, command="solve")
