@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kai_opt.errors import ConfigError
 from kai_opt.limits import INT32_MAX, MAX_DURATION_S
-from kai_opt.textfile import check_yaml_depth, read_text
+from kai_opt.textfile import check_yaml_aliases, check_yaml_depth, read_text
 
 
 class Strategy(StrEnum):
@@ -181,6 +181,7 @@ def load_config(path: str | Path | None) -> Config:
     check_yaml_depth(text, str(p), error=ConfigError)
     try:
         data = yaml.safe_load(text) or {}
+        check_yaml_aliases(text, data, str(p), error=ConfigError)
     except (ValueError, RecursionError) as exc:  # a constructor's: e.g. an integer of more than 4300 digits
         raise ConfigError(f"invalid YAML: {exc}", source=str(p)) from None
     except yaml.YAMLError as exc:

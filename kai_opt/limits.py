@@ -28,6 +28,7 @@ DEFAULTS: dict[str, int] = {
     "MAX_DOCUMENTS": 2_000_000,  # YAML documents in one file (one per object at most)
     "MAX_DEPTH": 100,  # nesting of mappings and lists; a Kubernetes object needs about 15
     "MAX_ZIP_RATIO": 200,  # decompressed / compressed size of a ZIP member; JSON snapshots compress ~10-30x
+    "MAX_ALIAS_RATIO": 100,  # nodes of a YAML document with its aliases expanded / without (billion laughs)
 }
 _KIND_CEILING = {"Node": "MAX_NODES", "Pod": "MAX_PODS", "Queue": "MAX_QUEUES", "PodGroup": "MAX_PODGROUPS",
                  "GPU devices": "MAX_GPU_DEVICES"}

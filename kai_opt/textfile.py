@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -105,3 +106,36 @@ def check_yaml_depth(text: str, source: str, *, error: type[InputError] = InputE
         return  # the parser reports it with its line
     finally:
         loader.dispose()
+
+
+# -- aliases: the loader shares an aliased object, but every reader walks it once per reference --------------------
+_ALIAS = re.compile(r"(?:^|[\s\[{,])\*[^\s,\]}]", re.M)  # a YAML alias (or text that looks like one)
+
+
+def check_yaml_aliases(text: str, data: Any, source: str, *, line: int | None = None,
+                       error: type[InputError] = InputError) -> None:
+    """Refuse a document whose aliases expand it more than MAX_ALIAS_RATIO-fold (47 KB of aliases were a
+    billion objects: a "billion laughs")."""
+    if not _ALIAS.search(text):
+        return
+    ratio = ceiling("MAX_ALIAS_RATIO")
+    expanded: dict[int, int] = {}
+    unique = 0
+
+    def size(o: Any) -> int:
+        nonlocal unique
+        if not isinstance(o, dict | list):
+            return 1
+        known = expanded.get(id(o))
+        if known is not None:
+            return known
+        items = list(o.values()) if isinstance(o, dict) else o
+        unique += 1 + len(items)
+        n = 1 + sum(size(v) for v in items)  # depth is bounded (check_yaml_depth), so is this recursion
+        expanded[id(o)] = n
+        return n
+
+    total = size(data)
+    if total > ratio * max(unique, 1) + 10_000:
+        raise error(f"YAML aliases expand the document {total / max(unique, 1):,.0f}-fold, above the limit of "
+                    f"{ratio} (set KAI_OPT_MAX_ALIAS_RATIO to raise it)", source=source, line=line)

@@ -179,6 +179,44 @@ def test_deep_config_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "nested deeper" in err
 
 
+def laughs(key: str, leaf: str, width: int = 1000, levels: int = 3) -> str:
+    """A "billion laughs": each level is a list of `width` aliases of the one below."""
+    lines = [f"l0: &l0 [{', '.join([leaf] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\n{key}: *l{levels - 1}\n"
+
+
+@pytest.mark.parametrize(("head", "key", "leaf", "command"), [
+    ("kind: List\n", "items", "{kind: ConfigMap, metadata: {name: c}}", "show"),  # hung, 780 MB after 20 s
+    ("apiVersion: kai-opt/v1\nkind: Scenario\n", "jobs", "{name: j, queue: q}", "show"),
+    ("", "scheduler_names", "kai-opt", "config"),
+])
+def test_yaml_aliases_are_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str], head: str, key: str,
+                                  leaf: str, command: str) -> None:
+    path = tmp_path / "laughs.yaml"
+    path.write_text(head + laughs(key, leaf))
+    args = ("config", "--check", str(path)) if command == "config" else (command, str(path))
+    err = one_line_error(capsys, *args)
+    assert str(path) in err and "YAML aliases expand the document" in err and "KAI_OPT_MAX_ALIAS_RATIO" in err
+
+
+def test_a_few_yaml_aliases_are_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = "".join(f"""
+- apiVersion: v1
+  kind: Pod
+  metadata: {{name: p{i}, annotations: {{pod-group-name: g}}}}
+  spec:
+    schedulerName: kai-opt
+    containers:
+    - name: c
+      resources: {'&res {requests: {cpu: "1"}}' if i == 0 else '*res'}""" for i in range(3))
+    path = tmp_path / "aliases.yaml"
+    path.write_text(yaml.safe_dump_all(cluster(pod=None), sort_keys=False) + "---\nkind: List\nitems:" + pods + "\n")
+    code, out, err = run(capsys, "show", "-o", "json", str(path))
+    assert code == 0, err
+    assert json.loads(out)["pods"]["pending"] == 3
+
+
 def test_document_count_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAI_OPT_MAX_DOCUMENTS", "3")

@@ -11,7 +11,7 @@ import yaml
 
 from kai_opt.errors import InputError
 from kai_opt.limits import ceiling
-from kai_opt.textfile import check_yaml_depth, read_text
+from kai_opt.textfile import check_yaml_aliases, check_yaml_depth, read_text
 
 try:  # the C loader is ~10x faster on large dumps
     _Loader: type = yaml.CSafeLoader
@@ -65,6 +65,8 @@ def parse_documents(text: str, source: str) -> list[Document]:
                 docs.append(Document(loader.construct_document(node), source, node.start_mark.line + 1))
         finally:
             loader.dispose()
+        for d in docs:
+            check_yaml_aliases(text, d.data, d.source, line=d.line)
     except (ValueError, RecursionError) as exc:  # a constructor's: e.g. an integer of more than 4300 digits
         raise InputError(f"invalid YAML: {exc}", source=source) from None
     except yaml.YAMLError as exc:
