@@ -25,7 +25,7 @@ from kai_opt.cli.main import main
 
 EXAMPLE_WALL_S = 10.0  # one example; a small cluster takes well under a second
 PEAK_RSS_MB = 2048  # the test process, after every example
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=80, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 NOW = "2026-01-01T00:00:00Z"
@@ -125,7 +125,8 @@ def mutate(doc: Any, data: st.DataObject) -> Any:
     doc = copy.deepcopy(doc)
     for _ in range(data.draw(st.integers(1, 3), label="mutations")):
         where = data.draw(st.sampled_from(paths(doc)), label="path")
-        op = data.draw(st.sampled_from(["replace", "replace", "replace", "delete", "wrap", "duplicate"]), label="op")
+        op = data.draw(st.sampled_from(["replace", "replace", "replace", "delete", "wrap", "duplicate", "share"]),
+                       label="op")
         if not where:
             if op == "wrap":
                 doc = [doc]
@@ -142,10 +143,12 @@ def mutate(doc: Any, data: st.DataObject) -> Any:
             del parent[key]
         elif op == "wrap":
             parent[key] = [parent[key]]
-        elif isinstance(parent, list):
-            parent.append(copy.deepcopy(parent[key]))
-        else:
-            parent[f"{key}x"] = copy.deepcopy(parent[key])
+        else:  # duplicate: a copy; share: the same object, which YAML writes as an anchor and aliases
+            twin = parent[key] if op == "share" else copy.deepcopy(parent[key])
+            if isinstance(parent, list):
+                parent.append(twin)
+            else:
+                parent[f"{key}x"] = twin
     return doc
 
 
