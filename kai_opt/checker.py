@@ -110,17 +110,19 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
         per = state.pod_gpu_per_device(p, n)
         for d in devs:
             dev_final[int(state.dev_start[n]) + d] += per
-    for label, used in (("now", now_used), ("after the plan", final)):
+    final_before = state.node_used - state.node_releasing + state.node_pipelined
+    dev_final_before = state.dev_used - state.dev_releasing + state.dev_pipelined
+    for label, used, before in (("now", now_used, state.node_used), ("after the plan", final, final_before)):
         over = np.argwhere(used > state.node_alloc)
         for n, r in over[:20].tolist():
-            if label == "now" and state.node_used[n, r] > state.node_alloc[n, r]:
+            if before[n, r] > state.node_alloc[n, r] and (label == "now" or used[n, r] <= before[n, r]):
                 continue  # was already over before the plan (inconsistent snapshot), not the plan's doing
             problems.append(f"node {state.node_names[n]} over capacity {label} in {state.resources[r]}: "
                             f"{int(used[n, r])} > {int(state.node_alloc[n, r])}")
-    for label, used, before in (("now", dev_now, state.dev_used), ("after the plan", dev_final, None)):
+    for label, used, before in (("now", dev_now, state.dev_used), ("after the plan", dev_final, dev_final_before)):
         for d in np.nonzero(used > DEV)[0][:20].tolist():
-            if before is not None and before[d] > DEV:
-                continue
+            if before[d] > DEV and (label == "now" or used[d] <= before[d]):
+                continue  # as for nodes
             n = int(np.searchsorted(state.dev_start, d, side="right") - 1)
             problems.append(f"GPU device {d - int(state.dev_start[n])} of {state.node_names[n]} over capacity "
                             f"{label}: {int(used[d])} milli-GPU")

@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kai_opt.errors import ConfigError
+from kai_opt.limits import INT32_MAX, MAX_DURATION_S
+from kai_opt.textfile import check_yaml_aliases, check_yaml_depth, read_text
 
 
 class Strategy(StrEnum):
@@ -30,7 +32,7 @@ class Engine(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
 
 class Actions(_Model):
@@ -74,8 +76,9 @@ class Solver(_Model):
     time_budget_s: float = Field(1.0, gt=0, le=3600, description="wall-clock budget of one cycle's solve")
     workers: int = Field(2, ge=1, le=64, description="CP-SAT search workers")
     deterministic: bool = Field(False, description="deterministic time limit, fixed seed, one worker (tests)")
-    seed: int = Field(0, ge=0, description="random seed of the solver")
-    max_model_pods: int = Field(20_000, ge=1, description="pending pods in one model; larger cycles use a window")
+    seed: int = Field(0, ge=0, le=INT32_MAX, description="random seed of the solver")
+    max_model_pods: int = Field(20_000, ge=1, le=INT32_MAX,
+                                description="pending pods in one model; larger cycles use a window")
     keep_greedy_groups: bool = Field(True, description="every group the greedy placed stays placed (KAI's queue "
                                      "order decides who goes first); false lets the model trade some for more "
                                      "priority-weighted GPUs")
@@ -145,18 +148,25 @@ class Config(_Model):
     default_queue: str = Field("default-queue", description="queue of workloads that name none")
     actions: Actions = Actions()
     placement: Placement = Placement()
-    max_consolidation_preemptees: int = Field(-1, ge=-1, description="victim jobs a consolidation may move "
+    max_consolidation_preemptees: int = Field(-1, ge=-1, le=INT32_MAX,
+                                              description="victim jobs a consolidation may move "
                                               "(-1 = unlimited, 0 = consolidation off)")
-    max_victim_scenarios: int = Field(8, ge=1, description="victim scenarios (evict the next victims, then try "
+    max_victim_scenarios: int = Field(8, ge=1, le=INT32_MAX,
+                                      description="victim scenarios (evict the next victims, then try "
                                       "to place) simulated per pending job and action")
-    max_victim_chunks: int = Field(500, ge=-1, description="victim chunks (a gang's core, or one elastic pod) one "
+    max_victim_chunks: int = Field(500, ge=-1, le=INT32_MAX,
+                                   description="victim chunks (a gang's core, or one elastic pod) one "
                                    "search may evict before it gives up (-1 = unlimited); bounds a cycle's time")
-    preempt_min_runtime_s: float = Field(0.0, ge=0, description="default when no queue in the tree sets "
+    preempt_min_runtime_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+                                         description="default when no queue in the tree sets "
                                          "preemptMinRuntime")
-    reclaim_min_runtime_s: float = Field(0.0, ge=0, description="default when no queue sets reclaimMinRuntime")
-    stale_gang_grace_s: float = Field(60.0, ge=0, description="how long a running gang may stay below "
+    reclaim_min_runtime_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
+                                         description="default when no queue sets reclaimMinRuntime")
+    stale_gang_grace_s: float = Field(60.0, ge=0, le=MAX_DURATION_S,
+                                      description="how long a running gang may stay below "
                                       "minMember before it is evicted")
-    reclaim_saturation_multiplier: float = Field(1.0, ge=1.0, description="reclaimer allocated x this must stay "
+    reclaim_saturation_multiplier: float = Field(1.0, ge=1.0, le=1e6,
+                                                 description="reclaimer allocated x this must stay "
                                                  "within fair share (larger = more conservative)")
     schedule_period_s: float = Field(1.0, gt=0, le=3600, description="in-cluster: seconds between cycles")
     solver: Solver = Solver()
@@ -167,12 +177,13 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config: {exc.strerror or exc}", source=str(p)) from exc
+    text = read_text(p, error=ConfigError, what="config")
+    check_yaml_depth(text, str(p), error=ConfigError)
     try:
         data = yaml.safe_load(text) or {}
+        check_yaml_aliases(text, data, str(p), error=ConfigError)
+    except (ValueError, RecursionError) as exc:  # a constructor's: e.g. an integer of more than 4300 digits
+        raise ConfigError(f"invalid YAML: {exc}", source=str(p)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise ConfigError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=str(p),

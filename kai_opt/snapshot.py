@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
 from kai_opt.api.meta import ident
 from kai_opt.errors import InputError
@@ -25,6 +27,18 @@ KINDS: dict[str, type] = {
     "Queue": Queue,
     "PriorityClass": PriorityClass,
     "Topology": Topology,
+}
+
+# the one apiVersion per kind whose schema the models read; an object of another version (an old
+# scheduling.run.ai/v1 Queue, a v1alpha1 PodGroup) is never read as this one. Objects without apiVersion (typed
+# lists, KAI's snapshot ZIP) are read as these.
+API_VERSIONS: dict[str, str] = {
+    "Node": "v1",
+    "Pod": "v1",
+    "PodGroup": "scheduling.run.ai/v2alpha2",
+    "Queue": "scheduling.run.ai/v2",
+    "PriorityClass": "scheduling.k8s.io/v1",
+    "Topology": "kai.scheduler/v1alpha1",
 }
 
 DEFAULT_SCHEDULER_NAMES = ("kai-opt",)
@@ -97,6 +111,7 @@ class Snapshot:
         if scheduler_names:
             snap.scheduler_names = tuple(scheduler_names)
         buckets: dict[str, list[Any]] = {k: [] for k in KINDS}
+        skipped: list[tuple[RawObject, str]] = []
         for raw in objects:
             model = KINDS.get(raw.kind)
             if model is None:
@@ -109,11 +124,18 @@ class Snapshot:
                     raise err
                 snap.rejected.append(Issue(raw.kind, "?", "Invalid", err.message))
                 continue
+            version = raw.obj.get("apiVersion")
+            if version is not None and version != API_VERSIONS[raw.kind]:
+                skipped.append((raw, str(version)))
+                snap.warnings.append(Issue(raw.kind, _name_of(raw.obj), "UnsupportedAPIVersion",
+                                           f"apiVersion {str(version)[:60]!r} is not read (kai-opt reads "
+                                           f"{API_VERSIONS[raw.kind]}); skipped"))
+                continue
             try:
                 key = raw.memo_key if memo is not None else None
                 parsed = memo.get(key) if key is not None and memo is not None else None
                 if parsed is None:
-                    parsed = model.from_k8s(raw.obj)
+                    parsed = _parse(model, raw)
                     if key is not None and memo is not None:
                         memo[key] = parsed
                 buckets[raw.kind].append(parsed)
@@ -123,6 +145,12 @@ class Snapshot:
                 if strict:
                     raise located from None
                 snap.rejected.append(Issue(raw.kind, _name_of(raw.obj), "Invalid", exc.render()))
+        if skipped and strict and not any(buckets.values()):  # nothing else usable: the skip is the answer
+            raw, version = skipped[0]
+            more = f" ({len(skipped) - 1} more like it)" if len(skipped) > 1 else ""
+            raise InputError(f"apiVersion {version[:60]!r} is not read (kai-opt reads {API_VERSIONS[raw.kind]}), "
+                             f"and nothing else is usable{more}", source=raw.source, line=raw.line,
+                             obj=f"{raw.kind} {_name_of(raw.obj)}".strip(), field="apiVersion")
         snap.nodes = buckets["Node"]
         snap.pods = buckets["Pod"]
         snap.podgroups = buckets["PodGroup"]
@@ -237,6 +265,19 @@ class Snapshot:
         return {"nodes": len(self.nodes), "pods": len(self.pods), "podgroups": len(self.podgroups),
                 "queues": len(self.queues), "priorityclasses": len(self.priority_classes),
                 "topologies": len(self.topologies)}
+
+
+def _parse(model: Any, raw: RawObject) -> Any:
+    """`model.from_k8s`, with a pydantic error its checks did not foresee (e.g. a number where a name belongs) as
+    the one-line InputError naming the object and the model field."""
+    try:
+        return model.from_k8s(raw.obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or None
+        shown = repr(first.get("input"))
+        msg = f"{str(first['msg']).removeprefix('Value error, ')}, got {shown[:40]}"
+        raise InputError(msg, obj=ident(raw.kind, raw.obj), field=field) from None
 
 
 def _name_of(obj: dict[str, Any]) -> str:

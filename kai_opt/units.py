@@ -15,6 +15,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 
+from kai_opt.limits import MAX_AMOUNT, MAX_GPUS_PER_NODE
+
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_MILLI = 1000  # milli-GPUs per device
 
@@ -45,15 +47,25 @@ def parse_quantity(value: str | int | float) -> Decimal:
     if not m:
         raise QuantityError(f"invalid quantity {value!r}")
     number, exponent, suffix = m.groups()
+    digits = exponent[1:].lstrip("+-").lstrip("0") if exponent else ""
+    if len(digits) > 3 or int(digits or 0) > _MAX_EXPONENT:  # checked before int() of the whole text
+        raise QuantityError(f"quantity {_short(text)} is out of range (exponent beyond {_MAX_EXPONENT})")
     try:
         base = Decimal(number)
         if exponent:
-            return base * (Decimal(10) ** int(exponent[1:]))
+            return base * (Decimal(10) ** (-int(digits or 0) if exponent[1] == "-" else int(digits or 0)))
         if suffix in _BIN:
             return base * _BIN[suffix]
         return base * _DEC[suffix or ""]
     except InvalidOperation as exc:  # pragma: no cover - regex already guards
         raise QuantityError(f"invalid quantity {value!r}") from exc
+
+
+_MAX_EXPONENT = 40  # 1e40 is far beyond any amount the state holds; Decimal's own limits are never reached
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def _ceil(d: Decimal) -> int:
@@ -73,14 +85,23 @@ def _text_to_internal(resource: str, value: str) -> int:
 
 
 def _to_internal(resource: str, value: str | int | float) -> int:
+    if not isinstance(value, str | int | float):  # a mapping or list where a quantity belongs
+        raise QuantityError(f"expected a quantity such as 8, 500m or 64Gi, got a {type(value).__name__}")
     q = parse_quantity(value)
     if q < 0:
         raise QuantityError(f"negative quantity {value!r}")
     if resource == "cpu":
-        return _ceil(q * 1000)
-    if resource == GPU_RESOURCE:
-        return _ceil(q * GPU_MILLI)
-    return _ceil(q)
+        amount = _ceil(q * 1000)
+    elif resource == GPU_RESOURCE:
+        amount = _ceil(q * GPU_MILLI)
+        if amount > MAX_GPUS_PER_NODE * GPU_MILLI:  # the state allocates one slot per device
+            raise QuantityError(f"quantity {_short(str(value))} is above {MAX_GPUS_PER_NODE} GPU devices")
+        return amount
+    else:
+        amount = _ceil(q)
+    if amount > MAX_AMOUNT:  # amounts are int64 and added up in float64: keep them exact
+        raise QuantityError(f"quantity {_short(str(value))} is too large (at most 2^53 internal units)")
+    return amount
 
 
 def gpu_milli_from_fraction(fraction: float) -> int:

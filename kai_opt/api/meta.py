@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
+from kai_opt.limits import MAX_EPOCH_S, MIN_EPOCH_S, number
 
 MODEL = ConfigDict(frozen=True, extra="forbid")
 
@@ -40,9 +41,15 @@ def as_list(value: Any, *, obj: str, field: str) -> list[Any]:
 
 
 def str_map(value: Any, *, obj: str, field: str) -> dict[str, str]:
+    """Labels, annotations, selectors: scalars become their text; a nested mapping or list is an error."""
     if value is None:
         return {}
-    return {str(k): "" if v is None else str(v) for k, v in as_dict(value, obj=obj, field=field).items()}
+    out: dict[str, str] = {}
+    for k, v in as_dict(value, obj=obj, field=field).items():
+        if isinstance(v, dict | list):
+            raise InputError(f"expected a string, got a {type(v).__name__}", obj=obj, field=f"{field}.{k}")
+        out[str(k)] = "" if v is None else v if type(v) is str else str(v)
+    return out
 
 
 def parse_time(value: Any, *, obj: str, field: str) -> float | None:
@@ -55,7 +62,7 @@ def parse_time(value: Any, *, obj: str, field: str) -> float | None:
         except ValueError as exc:
             raise InputError(f"invalid timestamp {value!r}", obj=obj, field=field) from exc
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return float(number(value, obj=obj, field=field, lo=MIN_EPOCH_S, hi=MAX_EPOCH_S))
     if isinstance(value, datetime):
         return _epoch(value)
     try:

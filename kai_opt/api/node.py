@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, as_list, ident
 from kai_opt.errors import InputError
+from kai_opt.limits import MAX_GPU_MEMORY_MIB, number
 from kai_opt.units import GPU_RESOURCE, QuantityError, to_internal
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # MiB per device (GPU feature discovery)
@@ -90,6 +91,13 @@ class Node(BaseModel):
         allocatable = parse_resource_list(status.get("allocatable"), obj=who, field="status.allocatable")
         if not allocatable:
             allocatable = dict(capacity)
+        mem_label = meta.labels.get(GPU_MEMORY_LABEL, "").strip()
+        if mem_label.lstrip("+-").isdigit():  # text that is no number keeps the default
+            where = f"metadata.labels.{GPU_MEMORY_LABEL}"
+            if len(mem_label) > 20:
+                raise InputError(f"must be between 1 and {MAX_GPU_MEMORY_MIB:,} MiB, got {len(mem_label)} digits",
+                                 obj=who, field=where)
+            number(int(mem_label), obj=who, field=where, lo=1, hi=MAX_GPU_MEMORY_MIB)
         gpu = allocatable.get(GPU_RESOURCE, 0)
         if gpu % 1000:
             raise InputError("GPU count must be a whole number", obj=who, field=f"status.allocatable.{GPU_RESOURCE}")

@@ -25,6 +25,7 @@ from kai_opt.api.meta import (
 from kai_opt.api.node import parse_resource_list
 from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
+from kai_opt.limits import INT32_MAX, INT32_MIN, MAX_GPU_MEMORY_MIB, MAX_GPUS_PER_NODE, number
 from kai_opt.units import GPU_RESOURCE
 
 # KAI-Scheduler's pod annotations and labels
@@ -157,8 +158,9 @@ class Pod(BaseModel):
         ann, labels = meta.annotations, meta.labels
         requests = effective_requests(spec, who)
         fraction = _float_annotation(ann, GPU_FRACTION_ANNOTATION, who)
-        gpu_mem = _int_annotation(ann, GPU_MEMORY_ANNOTATION, who)
-        num_dev = _int_annotation(ann, GPU_FRACTION_NUM_DEVICES_ANNOTATION, who)
+        gpu_mem = _int_annotation(ann, GPU_MEMORY_ANNOTATION, who, MAX_GPU_MEMORY_MIB)
+        num_dev = _int_annotation(ann, GPU_FRACTION_NUM_DEVICES_ANNOTATION, who, MAX_GPUS_PER_NODE)
+        priority = spec.get("priority")
         affinity = as_dict(spec.get("affinity"), obj=who, field="spec.affinity")
         phase = status.get("phase") or "Pending"
         if not isinstance(phase, str) or phase not in _PHASES:
@@ -167,6 +169,8 @@ class Pod(BaseModel):
         if ann.get(GPU_DEVICES_ANNOTATION):
             try:
                 devices = _device_list(ann[GPU_DEVICES_ANNOTATION])
+                if any(not 0 <= d < MAX_GPUS_PER_NODE for d in devices):
+                    raise ValueError("device index out of range")
             except ValueError as exc:
                 raise InputError(f"expected comma-separated device indexes, got {ann[GPU_DEVICES_ANNOTATION]!r}",
                                  obj=who, field=f"metadata.annotations.{GPU_DEVICES_ANNOTATION}") from exc
@@ -188,7 +192,7 @@ class Pod(BaseModel):
                 "podgroup": ann.get(PODGROUP_ANNOTATION) or labels.get(PODGROUP_ANNOTATION) or None,
                 "queue": labels.get(QUEUE_LABEL) or labels.get(LEGACY_QUEUE_LABEL) or None,
                 "subgroup": labels.get(SUBGROUP_LABEL) or None,
-                "priority": spec.get("priority"),
+                "priority": priority,
                 "priority_class_name": spec.get("priorityClassName") or None,
                 "node_selector": str_map(spec.get("nodeSelector"), obj=who, field="spec.nodeSelector"),
                 "node_affinity": _node_affinity_required(affinity, who) if affinity else (),
@@ -201,9 +205,12 @@ class Pod(BaseModel):
                 "gpu_devices": devices,
                 "gpu_group": labels.get(GPU_GROUP_LABEL) or None,
             }
-            return trusted(cls, fields) if _checked(fields) else cls(**fields)
+            pod = trusted(cls, fields) if _checked(fields) else cls(**fields)
         except ValueError as exc:  # pydantic ValidationError is a ValueError
             raise InputError(_first_error(exc), obj=who, field=_annotation_field(exc)) from exc
+        if pod.priority is not None:  # Kubernetes: int32 (checked once pydantic has converted "5" or 5.0)
+            number(pod.priority, obj=who, field="spec.priority", lo=INT32_MIN, hi=INT32_MAX, whole=True)
+        return pod
 
 
 _PHASES: dict[object, PodPhase] = {p.value: p for p in PodPhase}
@@ -255,7 +262,7 @@ def _float_annotation(ann: dict[str, str], key: str, who: str) -> float | None:
     return value
 
 
-def _int_annotation(ann: dict[str, str], key: str, who: str) -> int | None:
+def _int_annotation(ann: dict[str, str], key: str, who: str, hi: int) -> int | None:
     raw = ann.get(key)
     if raw is None or raw == "":
         return None
@@ -265,7 +272,7 @@ def _int_annotation(ann: dict[str, str], key: str, who: str) -> int | None:
         raise InputError(f"expected a whole number, got {raw!r}", obj=who, field=f"metadata.annotations.{key}") from exc
     if value < 1:
         raise InputError(f"must be >= 1, got {raw}", obj=who, field=f"metadata.annotations.{key}")
-    return value
+    return number(value, obj=who, field=f"metadata.annotations.{key}", lo=1, hi=hi, whole=True)
 
 
 def _container_requests(c: dict[str, Any], who: str, field: str) -> dict[str, int]:
@@ -337,7 +344,9 @@ def _node_affinity_preferred(affinity: dict[str, Any], who: str) -> tuple[Prefer
     out = []
     for i, p in enumerate(as_list(na.get("preferredDuringSchedulingIgnoredDuringExecution"), obj=who, field=base)):
         p = as_dict(p, obj=who, field=f"{base}[{i}]")
-        out.append(PreferredTerm(weight=int(p.get("weight", 1)), term=_term(p.get("preference"), who,
+        weight = p.get("weight", 1)
+        number(weight, obj=who, field=f"{base}[{i}].weight", lo=INT32_MIN, hi=INT32_MAX, whole=True)
+        out.append(PreferredTerm(weight=weight, term=_term(p.get("preference"), who,
                                                                            f"{base}[{i}].preference")))
     return tuple(out)
 

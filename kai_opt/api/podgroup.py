@@ -9,6 +9,7 @@ from pydantic import BaseModel, field_validator, model_validator
 from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, as_list, ident, parse_time
 from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
+from kai_opt.limits import INT32_MAX, number
 
 STALE_TIMESTAMP_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
 LAST_START_ANNOTATION = "kai.scheduler/last-start-timestamp"
@@ -109,6 +110,7 @@ class PodGroup(BaseModel):
         min_member = spec.get("minMember", 1)
         if isinstance(min_member, bool) or not isinstance(min_member, int) or min_member < 1:
             raise InputError(f"must be a whole number >= 1, got {min_member!r}", obj=who, field="spec.minMember")
+        number(min_member, obj=who, field="spec.minMember", lo=1, hi=INT32_MAX, whole=True)
         pre = spec.get("preemptibility") or None
         if pre not in (None, "preemptible", "non-preemptible"):
             raise InputError(f"must be preemptible or non-preemptible, got {pre!r}", obj=who,
@@ -123,6 +125,7 @@ class PodGroup(BaseModel):
             mm = s.get("minMember", 1)
             if isinstance(mm, bool) or not isinstance(mm, int) or mm < 1:
                 raise InputError(f"must be a whole number >= 1, got {mm!r}", obj=who, field=f"{f}.minMember")
+            number(mm, obj=who, field=f"{f}.minMember", lo=1, hi=INT32_MAX, whole=True)
             subs.append(SubGroup(name=str(s["name"]), min_member=mm, parent=s.get("parent") or None,
                                  topology_constraint=TopologyConstraint.from_k8s(
                                      s.get("topologyConstraint"), obj=who, field=f"{f}.topologyConstraint")))

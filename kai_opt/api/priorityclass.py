@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from kai_opt.api.meta import MODEL, ObjectMeta, ident
 from kai_opt.errors import InputError
+from kai_opt.limits import INT32_MAX, INT32_MIN, number
 
 # KAI-Scheduler's defaults: priority < 100 is preemptible unless the PodGroup says otherwise.
 DEFAULT_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
@@ -32,5 +33,6 @@ class PriorityClass(BaseModel):
         value = obj.get("value")
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputError(f"expected a whole number, got {value!r}", obj=who, field="value")
+        number(value, obj=who, field="value", lo=INT32_MIN, hi=INT32_MAX, whole=True)  # Kubernetes: int32
         return cls(meta=meta, value=value, global_default=bool(obj.get("globalDefault", False)),
                    preemption_policy=str(obj.get("preemptionPolicy") or "PreemptLowerPriority"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from typing import Any
 
@@ -9,6 +11,7 @@ from pydantic import BaseModel, field_validator
 
 from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, ident
 from kai_opt.errors import InputError
+from kai_opt.limits import INT32_MAX, INT32_MIN, MAX_AMOUNT, MAX_DURATION_S, MAX_WEIGHT, number
 
 UNLIMITED = -1.0
 DEFAULT_QUEUE_PRIORITY = 100
@@ -24,7 +27,7 @@ def parse_duration(value: Any, *, obj: str, field: str) -> float | None:
     if value is None or value == "":
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = float(number(value, obj=obj, field=field, lo=0, hi=MAX_DURATION_S))
     else:
         text = str(value).strip()
         pos, seconds = 0, 0.0
@@ -35,9 +38,24 @@ def parse_duration(value: Any, *, obj: str, field: str) -> float | None:
             pos = m.end()
         if pos != len(text) or not text:
             raise InputError(f"invalid duration {value!r} (e.g. 90s, 5m, 1h30m)", obj=obj, field=field)
+        if not seconds <= MAX_DURATION_S:  # also inf, from "1e400h"-like digit runs
+            raise InputError(f"duration {text[:40]!r} is longer than 100 years", obj=obj, field=field)
     if seconds < 0:
         raise InputError(f"duration must not be negative, got {value!r}", obj=obj, field=field)
     return seconds
+
+
+_MAX_QUEUE_AMOUNT = {"gpu": MAX_AMOUNT // 1000, "cpu": MAX_AMOUNT, "memory": MAX_AMOUNT // MEMORY_MB}
+
+
+def _queue_number(raw: Any, who: str, field: str) -> float:
+    """A quota, limit or weight: a number, or a numeric string (the CRD's YAML is often written that way)."""
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError):  # not a number: number() names what it got
+            raw = float(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > 2**63:
+        raise InputError("must be a number the cluster state holds, got one beyond int64", obj=who, field=field)
+    return float(number(raw, obj=who, field=field, lo=-math.inf, hi=math.inf))
 
 
 class QueueResource(BaseModel):
@@ -97,20 +115,16 @@ class Queue(BaseModel):
                 if raw.get(src) is None:
                     continue
                 field = f"spec.resources.{res}.{src}"
-                try:
-                    v = float(raw[src])
-                except (TypeError, ValueError) as exc:
-                    raise InputError(f"expected a number, got {raw[src]!r}", obj=who, field=field) from exc
+                v = _queue_number(raw[src], who, field)
                 if dst == "over_quota_weight":
-                    if v < 0:
-                        raise InputError(f"must be >= 0, got {v:g}", obj=who, field=field)
-                elif v < 0 and v != UNLIMITED:
-                    raise InputError(f"must be >= 0 or -1 (unlimited), got {v:g}", obj=who, field=field)
+                    number(v, obj=who, field=field, lo=0, hi=MAX_WEIGHT)
+                else:  # in the CRD's unit; the amount in internal units must be one the state holds
+                    number(v, obj=who, field=field, lo=0, hi=_MAX_QUEUE_AMOUNT[res], unlimited=UNLIMITED)
                 values[dst] = v * scale if v != UNLIMITED and dst != "over_quota_weight" else v
             parsed[res] = QueueResource(**values)
         priority = spec.get("priority")
-        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise InputError(f"expected a whole number, got {priority!r}", obj=who, field="spec.priority")
+        if priority is not None:
+            number(priority, obj=who, field="spec.priority", lo=INT32_MIN, hi=INT32_MAX, whole=True)
         parent = spec.get("parentQueue") or None
         if parent == meta.name:
             raise InputError("a queue cannot be its own parent", obj=who, field="spec.parentQueue")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -59,3 +59,11 @@ def fmt_num(x: float) -> str:
     if abs(x - round(x)) < 1e-9:
         return f"{round(x):d}"
     return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def warn_skipped(warnings: Iterable[Any]) -> None:
+    """Objects a loader skipped (an apiVersion kai-opt does not read), one stderr line each: a plan printed
+    without them must not look as if they had been read."""
+    for w in warnings:
+        if getattr(w, "reason", None) == "UnsupportedAPIVersion":
+            print(f"kai-opt: warning: {w}", file=sys.stderr)

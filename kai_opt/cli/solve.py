@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -11,13 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from kai_opt.cli.app import OutputWithYaml, app
-from kai_opt.cli.render import console, fmt_num, print_json, status_line
+from kai_opt.cli.render import console, fmt_num, print_json, status_line, warn_skipped
 from kai_opt.config import Engine, load_config
-from kai_opt.engine import run_cycle
 from kai_opt.loaders import load_snapshot
-from kai_opt.plan import Plan
-from kai_opt.state import ClusterState, build_state
-from kai_opt.validation import plan_summary
+
+if TYPE_CHECKING:
+    from kai_opt.plan import Plan
+    from kai_opt.state import ClusterState
 
 
 @app.command()
@@ -31,6 +31,12 @@ def solve(
     cfg = load_config(config)
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
+        warn_skipped(snap.warnings)
+        # the engine (OR-Tools, the heuristics) and the cluster state are imported only once the inputs are read
+        from kai_opt.engine import run_cycle
+        from kai_opt.state import build_state
+        from kai_opt.validation import plan_summary
+
         say(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
         state = build_state(snap, default_queue=cfg.default_queue)
         plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: say(f"planning: {what}"))

@@ -12,15 +12,21 @@ from kai_opt.snapshot import RawObject
 _LIST_SUFFIX = "List"
 
 
+_MAX_LIST_NESTING = 4  # a List inside a list inside a document; deeper is not something kubectl writes
+
+
 def objects_from_documents(docs: Iterable[Document]) -> Iterator[RawObject]:
     for doc in docs:
         yield from _objects(doc.data, doc.source, doc.line, item_kind=None)
 
 
-def _objects(data: object, source: str, line: int | None, item_kind: str | None) -> Iterator[RawObject]:
+def _objects(data: object, source: str, line: int | None, item_kind: str | None,
+             nesting: int = 0) -> Iterator[RawObject]:
+    if nesting > _MAX_LIST_NESTING:
+        raise InputError(f"lists nested more than {_MAX_LIST_NESTING} deep", source=source, line=line)
     if isinstance(data, list):
         for item in data:
-            yield from _objects(item, source, line, item_kind)
+            yield from _objects(item, source, line, item_kind, nesting + 1)
         return
     if not isinstance(data, dict):
         raise InputError(f"expected a Kubernetes object or list, got {type(data).__name__}", source=source,
@@ -36,6 +42,6 @@ def _objects(data: object, source: str, line: int | None, item_kind: str | None)
             raise InputError("items must be a list", source=source, line=line, obj=kind, field="items")
         inner = kind[: -len(_LIST_SUFFIX)] or None
         for item in items:
-            yield from _objects(item, source, line, inner)
+            yield from _objects(item, source, line, inner, nesting + 1)
         return
     yield RawObject(kind, data, source, line)

@@ -56,6 +56,15 @@ from kai_opt.api.podgroup import LAST_START_ANNOTATION
 from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
 from kai_opt.api.queue import parse_duration
 from kai_opt.errors import InputError
+from kai_opt.limits import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_AMOUNT,
+    MAX_DURATION_S,
+    MAX_GPU_MEMORY_MIB,
+    MAX_GPUS_PER_NODE,
+    over_ceiling,
+)
 from kai_opt.loaders.documents import Document
 from kai_opt.snapshot import RawObject, Snapshot
 from kai_opt.units import GPU_MILLI, GPU_RESOURCE, QuantityError, parse_quantity, to_internal
@@ -77,7 +86,7 @@ def _dns_name(value: Any) -> str:
     return value
 
 
-def _quantity(value: Any) -> str:
+def _quantity(value: Any, resource: str = "memory") -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a quantity such as 8, 500m or 64Gi, got {value!r}")
     try:
@@ -86,7 +95,15 @@ def _quantity(value: Any) -> str:
         raise ValueError(f"{exc} (e.g. 8, 500m, 64Gi)") from None
     if q < 0:
         raise ValueError(f"must not be negative, got {value!r}")
+    try:
+        to_internal(resource, value)  # in range for the state
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None
     return str(value)
+
+
+def _cpu_quantity(value: Any) -> str:
+    return _quantity(value, "cpu")
 
 
 def _duration(value: Any) -> str | float:
@@ -99,6 +116,7 @@ def _duration(value: Any) -> str | float:
 
 Name = Annotated[str, PlainValidator(_dns_name), WithJsonSchema({"type": "string", "pattern": _DNS_NAME.pattern})]
 Quantity = Annotated[str, PlainValidator(_quantity, json_schema_input_type=str | int | float)]
+CpuQuantity = Annotated[str, PlainValidator(_cpu_quantity, json_schema_input_type=str | int | float)]
 Duration = Annotated[str | float, PlainValidator(_duration, json_schema_input_type=str | float)]
 
 
@@ -137,13 +155,13 @@ class TaintSpec(_Model):
 class NodeTemplate(_Model):
     """What every node of a pool has."""
 
-    gpus: int = Field(0, ge=0, description="Whole GPU devices (nvidia.com/gpu).")
-    gpu_memory_mib: int = Field(DEFAULT_GPU_MEMORY_MIB, gt=0, alias="gpuMemoryMiB",
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE, description="Whole GPU devices (nvidia.com/gpu).")
+    gpu_memory_mib: int = Field(DEFAULT_GPU_MEMORY_MIB, gt=0, le=MAX_GPU_MEMORY_MIB, alias="gpuMemoryMiB",
                                 description="Memory of one GPU device in MiB (label nvidia.com/gpu.memory).")
     gpu_product: str | None = Field(None, description="GPU model (label nvidia.com/gpu.product).")
-    cpu: Quantity = Field(description="Allocatable CPU, a Kubernetes quantity (e.g. 64 or 63500m).")
+    cpu: CpuQuantity = Field(description="Allocatable CPU, a Kubernetes quantity (e.g. 64 or 63500m).")
     memory: Quantity = Field(description="Allocatable memory, a Kubernetes quantity (e.g. 512Gi).")
-    pods: int = Field(110, ge=1, description="Allocatable pod count.")
+    pods: int = Field(110, ge=1, le=MAX_AMOUNT, description="Allocatable pod count.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     taints: list[TaintSpec] = Field(default_factory=list, description="Node taints.")
 
@@ -152,7 +170,7 @@ class NodePoolSpec(_Model):
     """`count` identical nodes named `<name>-<index>`."""
 
     name: Name = Field(description="Pool name; nodes are named <name>-0, <name>-1, ...")
-    count: int = Field(1, ge=1, description="Number of nodes.")
+    count: int = Field(1, ge=1, le=INT32_MAX, description="Number of nodes.")
     template: NodeTemplate
     topology: dict[str, str] = Field(
         default_factory=dict,
@@ -206,9 +224,10 @@ def expand_pattern(pattern: str, index: int, pool: str) -> str:
 class QueueResourceSpec(_Model):
     """One resource of a queue, in the Queue CRD's units: gpu devices, cpu millicores, memory megabytes."""
 
-    quota: float = Field(0, description="Deserved amount; -1 = unlimited.")
-    over_quota_weight: float = Field(1, description="Share of the over-quota resources, relative to siblings.")
-    limit: float = Field(-1, description="Hard cap; -1 = unlimited.")
+    quota: float = Field(0, allow_inf_nan=False, description="Deserved amount; -1 = unlimited.")
+    over_quota_weight: float = Field(1, allow_inf_nan=False, description="Share of the over-quota resources, "
+                                     "relative to siblings.")
+    limit: float = Field(-1, allow_inf_nan=False, description="Hard cap; -1 = unlimited.")
 
     @field_validator("quota", "limit")
     @classmethod
@@ -230,7 +249,8 @@ class QueueSpec(_Model):
 
     name: Name
     parent: str | None = Field(None, description="Parent queue name (alternative to nesting under children).")
-    priority: int = Field(100, description="Queue priority: higher gets over-quota resources first.")
+    priority: int = Field(100, ge=INT32_MIN, le=INT32_MAX, description="Queue priority: higher gets over-quota "
+                          "resources first.")
     gpu: QueueResourceSpec = Field(default_factory=QueueResourceSpec, description="GPU devices.")
     cpu: QueueResourceSpec = Field(default_factory=QueueResourceSpec, description="CPU millicores.")
     memory: QueueResourceSpec = Field(default_factory=QueueResourceSpec, description="Memory in MB (10^6 bytes).")
@@ -251,7 +271,8 @@ class QueueSpec(_Model):
 
 class PriorityClassSpec(_Model):
     name: Name
-    value: int = Field(description="Priority; below 100 is preemptible unless a job says otherwise.")
+    value: int = Field(ge=INT32_MIN, le=INT32_MAX, description="Priority; below 100 is preemptible unless a job "
+                       "says otherwise.")
     global_default: bool = False
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
 
@@ -268,11 +289,13 @@ class PodSpec(_Model):
     """What each replica asks for. GPUs: whole `gpus`, or a share (`gpuFraction` or `gpuMemoryMiB`) of
     `gpuFractionNumDevices` devices."""
 
-    gpus: int = Field(0, ge=0, description="Whole GPU devices.")
-    gpu_fraction: float | None = Field(None, description="Share of one GPU device, 0 < x < 1.")
-    gpu_memory_mib: int | None = Field(None, alias="gpuMemoryMiB", description="GPU memory per device, MiB.")
-    gpu_fraction_num_devices: int = Field(1, ge=1, description="Devices a gpuFraction/gpuMemoryMiB share spans.")
-    cpu: Quantity | None = Field(None, description="CPU request, a Kubernetes quantity.")
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE, description="Whole GPU devices.")
+    gpu_fraction: float | None = Field(None, allow_inf_nan=False, description="Share of one GPU device, 0 < x < 1.")
+    gpu_memory_mib: int | None = Field(None, le=MAX_GPU_MEMORY_MIB, alias="gpuMemoryMiB",
+                                       description="GPU memory per device, MiB.")
+    gpu_fraction_num_devices: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE,
+                                          description="Devices a gpuFraction/gpuMemoryMiB share spans.")
+    cpu: CpuQuantity | None = Field(None, description="CPU request, a Kubernetes quantity.")
     memory: Quantity | None = Field(None, description="Memory request, a Kubernetes quantity.")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[TolerationSpec] = Field(default_factory=list)
@@ -330,9 +353,10 @@ class SubGroupSpec(_Model):
     """A sub-gang; leaf sub-groups hold `replicas` pods, parents only group their children."""
 
     name: Name
-    min_member: int = Field(1, ge=1)
+    min_member: int = Field(1, ge=1, le=INT32_MAX)
     parent: str | None = None
-    replicas: int | None = Field(None, ge=0, description="Pods in this sub-group (default: minMember for a leaf, "
+    replicas: int | None = Field(None, ge=0, le=INT32_MAX, description="Pods in this sub-group (default: minMember "
+                                 "for a leaf, "
                                                          "0 for a parent).")
     topology: TopologyConstraintSpec | None = None
 
@@ -341,7 +365,8 @@ class RunningSpec(_Model):
     """The current placement of the first replicas."""
 
     nodes: list[str] = Field(min_length=1, description="One node name (or 'auto') per running replica.")
-    started_seconds_ago: int = Field(3600, ge=0, description="Start time, in seconds before now.")
+    started_seconds_ago: int = Field(3600, ge=0, le=MAX_DURATION_S, description="Start time, in seconds before "
+                                     "now.")
 
 
 class JobSpec(_Model):
@@ -356,14 +381,16 @@ class JobSpec(_Model):
     scheduler_name: str | None = Field(None, description="Default: the scenario's schedulerName.")
     pod: PodSpec = Field(default_factory=PodSpec)
     sub_groups: list[SubGroupSpec] = Field(default_factory=list)
-    replicas: int | None = Field(None, ge=0, validate_default=True,
+    replicas: int | None = Field(None, ge=0, le=INT32_MAX, validate_default=True,
                                  description="Pods (default 1, or the sum of the sub-groups' replicas).")
-    min_member: int | None = Field(None, ge=1, description="Gang size (default: replicas, or the sum of the leaf "
+    min_member: int | None = Field(None, ge=1, le=INT32_MAX, description="Gang size (default: replicas, or the sum "
+                                   "of the leaf "
                                                            "sub-groups' minMember).")
     topology: TopologyConstraintSpec | None = None
     gated: bool = Field(False, description="Pending pods carry a scheduling gate (never placed).")
     running: RunningSpec | None = None
-    created_seconds_ago: int | None = Field(None, ge=0, description="Default: started time (when running) plus "
+    created_seconds_ago: int | None = Field(None, ge=0, le=MAX_DURATION_S, description="Default: started time "
+                                            "(when running) plus "
                                                                     "one second per later job in the file.")
 
     @field_validator("sub_groups")
@@ -454,6 +481,7 @@ class Scenario(_Model):
 
     @model_validator(mode="after")
     def _references(self) -> Scenario:
+        self._check_ceilings()  # before anything below makes a name per node or pod
         _unique("topologies", [t.name for t in self.topologies], "topology")
         _unique("nodePools", [p.name for p in self.node_pools], "node pool")
         _unique("priorityClasses", [p.name for p in self.priority_classes], "priority class")
@@ -486,6 +514,19 @@ class Scenario(_Model):
                 if other != job.name:
                     _fail(("jobs", i, "name"), f"pod {pod!r} of this job has the same name as one of job {other!r}")
         return self
+
+    def _check_ceilings(self) -> None:
+        """Refuse a scenario that would create more objects than a ceiling (kai_opt.limits), before any is made."""
+        sections = {"Node": "nodePools", "GPU devices": "nodePools", "Pod": "jobs", "PodGroup": "jobs",
+                    "Queue": "queues"}
+        counts = {"Node": sum(p.count for p in self.node_pools),
+                  "GPU devices": sum(p.count * p.template.gpus for p in self.node_pools),
+                  "Pod": sum(j.total_replicas for j in self.jobs),
+                  "PodGroup": len(self.jobs),
+                  "Queue": len(self.flat_queues())}
+        over = over_ceiling(counts)
+        if over is not None:
+            _fail((sections[over[0]],), f"asks for {over[1]}")
 
     def flat_queues(self) -> list[tuple[QueueSpec, str | None, tuple[str | int, ...]]]:
         """Every queue with its parent name and its location in the document, parents before children."""
