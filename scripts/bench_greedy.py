@@ -13,7 +13,7 @@ Target (the issue): cycle <= 1 s and peak memory <= 2 GB at 10,000 nodes.
   scripts/bench_greedy.py                                  # 1k, 5k, 10k nodes; prints a table
   scripts/bench_greedy.py --sizes 1000 --cycles 1 --profile 25
   scripts/bench_greedy.py --sizes 10000 --actions allocate,reclaim
-  scripts/bench_greedy.py --sizes 10000 --cycles 20 --engine cpsat --time-budget 1   # CP-SAT's scale bar
+  scripts/bench_greedy.py --sizes 1000,5000,10000 --cycles 20 --engine cpsat --time-budget 1   # CP-SAT's bar
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_S, TARGET_MB, TARGET_NODES = 1.0, 2048.0, 10_000  # the greedy engine's (issue 4)
-CPSAT_GAP, CPSAT_MB = 0.01, 4096.0  # the CP-SAT engine's at that size (issue 6): OPTIMAL or gap <= 1% within the
-# --time-budget, every cycle, and the process tree's peak (PSS) within 4 GB; otherwise the statuses and notes say why
+CPSAT_DECIDED, CPSAT_P50_S, CPSAT_P95_S, CPSAT_MB = 0.95, 2.0, 3.0, 4096.0  # the CP-SAT engine's (issue 16): at
+# every size the model decides (status not FALLBACK_GREEDY) in 19 of 20 cycles, at 10,000 nodes the whole cycle
+# p50 <= 2 s and p95 <= 3 s, and the process tree's peak (PSS) within 4 GB; otherwise the statuses and notes say why
 PHASES = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
 
 
@@ -195,21 +196,29 @@ def main() -> int:
         print(f"{'':>6} peak memory of the process and its children (CP-SAT worker, second hint), PSS sampled "
               f"every 0.2 s: {r['tree_pss_mb']:.0f} MB")
         if args.engine != "greedy":
+            st_list = r.get("status", [])
+            decided = sum(1 for x in st_list if x != "FALLBACK_GREEDY")
+            chosen = sum(1 for x in st_list if x in ("OPTIMAL", "FEASIBLE"))
+            gaps = [g for x, g in zip(st_list, r.get("gap", []), strict=True)
+                    if x != "FALLBACK_GREEDY" and g is not None]
+            gap = f"{statistics.median(gaps):.2%}" if gaps else "n/a"
+            print(f"{'':>6} the model decided {decided} of {len(st_list)} cycles ({chosen} with its own plan, "
+                  f"{decided - chosen} keeping the equal greedy plan); gap to its bound p50 {gap}")
             for note, k in Counter(r.get("notes", [])).most_common(3):
                 print(f"{'':>6} {k} x: {note[:300]}")
+            ok &= decided >= CPSAT_DECIDED * len(st_list) and r["tree_pss_mb"] <= CPSAT_MB
         if n >= TARGET_NODES:
             measured = True
             if args.engine == "greedy":
                 ok &= p["total"] <= TARGET_S and r["peak_mb"] <= TARGET_MB
             else:
-                solved = all(s == "OPTIMAL" or (s == "FEASIBLE" and g is not None and g <= CPSAT_GAP)
-                             for s, g in zip(r.get("status", []), r.get("gap", []), strict=True))
-                ok &= solved and r["tree_pss_mb"] <= CPSAT_MB
+                ok &= p["total"] <= CPSAT_P50_S and r["p95_total"] <= CPSAT_P95_S
     if args.engine == "greedy":
         target = f"cycle <= {TARGET_S:.0f} s, peak <= {TARGET_MB:.0f} MB"
     else:
-        target = (f"status OPTIMAL or gap <= {CPSAT_GAP:.0%} in every cycle within the {args.time_budget:g} s "
-                  f"budget, process tree peak <= {CPSAT_MB:.0f} MB")
+        target = (f"the model decides (not FALLBACK_GREEDY) in {CPSAT_DECIDED:.0%} of the cycles at every size "
+                  f"within the {args.time_budget:g} s budget, cycle p50 <= {CPSAT_P50_S:g} s and p95 <= "
+                  f"{CPSAT_P95_S:g} s, process tree peak <= {CPSAT_MB:.0f} MB")
     print(f"target at {TARGET_NODES} nodes: {target}: "
           f"{('met' if ok else 'NOT met') if measured else 'not measured (no size that large)'}")
     return 0 if ok else 1
