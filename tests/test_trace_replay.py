@@ -351,7 +351,7 @@ def test_cli_json_end_to_end(capsys: pytest.CaptureFixture[str], tiny_trace: tup
     rows = [(e, None) for e in trace.BUILTIN_ENGINES] + [(default, False), (default, True)]
     assert len(results) == 2 * len(rows)
     assert {(r["engine"], r.get("consolidation")) for r in results} == set(rows)
-    assert {r["seed"] for r in results} == {42, 43} and {r["batch"] for r in results} == {1}
+    assert {r["seed"] for r in results} == {42, 43} and {r["batch"] for r in results} == {50}
     for r in results:
         assert {"engine", "seed", "batch", "unallocated_pct_at_100", "curve"} <= set(r)
         assert 0 <= r["unallocated_pct_at_100"] <= 100

@@ -22,6 +22,9 @@ from kai_opt.errors import InputError
 FIRST_SEED = 42  # the paper's artifact runs seeds 42..51
 FGD_TOLERANCE = 0.5
 KAI_OPT_ENGINES = ("greedy", "cpsat")  # batch engines that may move running pods (consolidation)
+# arrivals per cycle of kai-opt's engines (the issue-17 protocol); the policies place one pod at a time whatever
+# the batch, so it changes only the external engines' runs
+DEFAULT_BATCH = 50
 
 
 def _bench_group() -> typer.Typer:
@@ -87,7 +90,8 @@ def trace_cmd(
     pods: Path | None = typer.Option(None, "--pods", help="Pod list CSV (default: the shared openb default trace)"),
     seeds: int = typer.Option(10, "--seeds", min=1, help=f"Number of seeds ({FIRST_SEED}, {FIRST_SEED + 1}, ...)"),
     inflate: float = typer.Option(1.3, "--inflate", min=0.0, help="Inflate the pod list to this x GPU capacity"),
-    batch: int = typer.Option(1, "--batch", min=1, help="Pods handed to an external engine at once"),
+    batch: int = typer.Option(DEFAULT_BATCH, "--batch", min=1,
+                              help="Pods handed to an external engine (greedy, cpsat) at once"),
     engines: str | None = typer.Option(None, "--engines", show_default=False,
                                        help="Comma-separated engines [default: the baselines and the config's "
                                        f"engine: {','.join(default_engines(Config()))}]"),
