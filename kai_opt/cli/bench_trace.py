@@ -22,8 +22,8 @@ from kai_opt.errors import InputError
 FIRST_SEED = 42  # the paper's artifact runs seeds 42..51
 FGD_TOLERANCE = 0.5
 KAI_OPT_ENGINES = ("greedy", "cpsat")  # batch engines that may move running pods (consolidation)
-# arrivals per cycle of kai-opt's engines (the issue-17 protocol); the policies place one pod at a time whatever
-# the batch, so it changes only the external engines' runs
+# arrivals per cycle of kai-opt's engines (greedy, cpsat); the policies place one pod at a time whatever the batch,
+# so it changes only those engines' runs
 DEFAULT_BATCH = 50
 
 
@@ -71,7 +71,7 @@ def _trace_files(nodes: Path | None, pods: Path | None) -> tuple[Path, Path]:
 
 
 def default_engines(config: Config) -> list[str]:
-    """The baselines and kai-opt's engine of `config` (its default, cpsat, without --config): the comparison the
+    """The baselines and kai-opt's engine of `config` (Config's default without --config): the comparison the
     replay exists for."""
     return [*(n for n in trace.BUILTIN_ENGINES if n != config.engine.value), config.engine.value]
 
