@@ -14,6 +14,7 @@ from kai_opt.bench import openb, trace
 from kai_opt.bench.openb import MILLI, NodeList, PodList, read_nodes, read_pods
 from kai_opt.bench.trace import Cluster, Pods, Run, Workload
 from kai_opt.cli.main import main
+from kai_opt.config import Config
 from kai_opt.errors import InputError
 
 POD_HEADER = ",".join(openb.POD_COLUMNS)
@@ -346,14 +347,16 @@ def test_cli_json_end_to_end(capsys: pytest.CaptureFixture[str], tiny_trace: tup
     assert code == 0, err
     data = json.loads(out)
     results = data["results"]
-    assert len(results) == 2 * len(trace.BUILTIN_ENGINES)
-    assert {r["engine"] for r in results} == set(trace.BUILTIN_ENGINES)
-    assert {r["seed"] for r in results} == {42, 43} and {r["batch"] for r in results} == {1}
+    default = Config().engine.value  # kai-opt's default engine runs beside the baselines, consolidation off and on
+    rows = [(e, None) for e in trace.BUILTIN_ENGINES] + [(default, False), (default, True)]
+    assert len(results) == 2 * len(rows)
+    assert {(r["engine"], r.get("consolidation")) for r in results} == set(rows)
+    assert {r["seed"] for r in results} == {42, 43} and {r["batch"] for r in results} == {50}
     for r in results:
         assert {"engine", "seed", "batch", "unallocated_pct_at_100", "curve"} <= set(r)
         assert 0 <= r["unallocated_pct_at_100"] <= 100
         assert r["curve"] and all(75 <= p <= 130 and 0 <= u <= 100 for p, u in r["curve"])
-    assert [s["engine"] for s in data["summary"]] == list(trace.BUILTIN_ENGINES)
+    assert [(s["engine"], s.get("consolidation")) for s in data["summary"]] == rows
     assert all(s["published_at_100"] is None for s in data["summary"])  # not the default trace
     assert png.stat().st_size > 0
 

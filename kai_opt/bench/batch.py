@@ -151,7 +151,7 @@ class KaiOptCycleEngine:
                 placements[arrival - first] = target
         # the replay keeps running pods in arrival order: the new ones follow the old
         self.ids = sorted(self.ids + [first + j for j, p in enumerate(placements) if p is not None])
-        return CycleResult(placements, moves)
+        return CycleResult(placements, moves, plan.solver.status)
 
 
 def factory(engine: Engine, config: Config | None = None) -> Callable[..., KaiOptCycleEngine]:

@@ -41,6 +41,10 @@ PUBLISHED_AT_100: dict[str, float] = {"fgd": 4.77, "bestfit": 7.14, "gpupacking"
 MAX_SPEC_CPU = 128_000  # the simulator's normalisers for BestFit and DotProd (milli-CPU, milli-GPU)
 MAX_SPEC_GPU = 8_000
 CURVE_RANGE = (75, 130)
+# kai-opt's solver statuses (plan.solver.status) grouped by whose plan a cycle kept: the CP-SAT plan, the greedy plan
+# because the CP-SAT plan was no better, or the greedy plan because CP-SAT failed or was worse
+SOLVER_MIX: dict[str, tuple[str, ...]] = {"cpsat_chosen": ("OPTIMAL", "FEASIBLE"), "greedy_kept": ("GREEDY_KEPT",),
+                                          "fallback_greedy": ("FALLBACK_GREEDY",)}
 
 Placement = tuple[int, tuple[int, ...]]  # (node index, GPU indices on that node)
 
@@ -409,11 +413,12 @@ class BatchEngine(Protocol):
 
 @dataclass
 class CycleResult:
-    """One cycle of a `CycleEngine`: a placement (or None) per new pod, and new places for running pods (keys:
-    positions in the `running` pods it was given)."""
+    """One cycle of a `CycleEngine`: a placement (or None) per new pod, new places for running pods (keys:
+    positions in the `running` pods it was given), and the engine's solver status of the cycle if it has one."""
 
     placements: Sequence[Placement | None]
     moves: Mapping[int, Placement] = field(default_factory=dict)
+    status: str | None = None
 
 
 @runtime_checkable
@@ -504,6 +509,13 @@ class Run:
     seconds: float
     moves: int = 0  # running pods a CycleEngine moved
     options: dict[str, object] = field(default_factory=dict)  # engine options (e.g. consolidation)
+    cycles: int = 0  # calls of an external engine (BatchEngine or CycleEngine); 0 for a Policy
+    solver_status: dict[str, int] = field(default_factory=dict)  # cycles per status a CycleEngine reported
+
+    @property
+    def moves_per_pod(self) -> float:
+        """Running pods moved per arrived pod, over the whole run: what the unallocated share cost in moves."""
+        return self.moves / len(self.placed) if len(self.placed) else 0.0
 
     def alloc_pct_at(self, pct: int) -> float:
         """Allocated GPU % at `pct` arrived: the mean over events whose arrived % rounds to pct, else to pct +- 1
@@ -536,7 +548,8 @@ class Run:
         return {"engine": self.engine, **self.options, "seed": self.seed, "batch": self.batch,
                 "unallocated_pct_at_100": round(at100, 4) if at100 == at100 else None, "curve": self.curve(),
                 "pods": len(self.placed), "placed": int(self.placed.sum()), "moves": self.moves,
-                "seconds": round(self.seconds, 3)}
+                "moves_per_pod": round(self.moves_per_pod, 6), "cycles": self.cycles,
+                "solver_status": dict(self.solver_status), "seconds": round(self.seconds, 3)}
 
 
 def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: float = 1.3, batch: int = 1,
@@ -556,7 +569,8 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
     eng = _FACTORIES[engine](cluster, wl, np.random.default_rng([seed, 7919]), **opts)
     placed = np.zeros(len(shapes), dtype=bool)
     where: dict[int, Placement] = {}  # placed pods' places, kept for CycleEngines
-    moves = done = 0
+    moves = done = cycles = 0
+    statuses: dict[str, int] = {}
     for start in range(0, len(shapes), batch):
         stop = min(start + batch, len(shapes))
         if isinstance(eng, Policy):
@@ -567,15 +581,17 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
                     eng.applied(cluster, pl[0])
                     placed[i] = True
         elif isinstance(eng, CycleEngine):
-            moves += _apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where)
+            moves += _apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
+            cycles += 1
         else:
             _apply_batch(eng, engine, cluster, shapes, start, stop, placed)
+            cycles += 1
         if progress is not None and (stop - done >= 256 or stop == len(shapes) or not isinstance(eng, Policy)):
             progress(stop - done)
             done = stop
     req = shapes.request
     return Run(engine, seed, batch, cluster.total_gpu_milli, np.cumsum(req), np.cumsum(req * placed), placed,
-               time.perf_counter() - t0, moves, opts)
+               time.perf_counter() - t0, moves, opts, cycles, statuses)
 
 
 def _apply_batch(eng: BatchEngine, name: str, cluster: Cluster, shapes: Pods, start: int, stop: int,
@@ -595,11 +611,14 @@ def _apply_batch(eng: BatchEngine, name: str, cluster: Cluster, shapes: Pods, st
 
 
 def _apply_cycle(eng: CycleEngine, name: str, cluster: Cluster, shapes: Pods, start: int, stop: int,
-                 placed: np.ndarray, where: dict[int, Placement]) -> int:
-    """One CycleEngine cycle: checked moves first, then the new pods; returns the number of pods moved."""
+                 placed: np.ndarray, where: dict[int, Placement], statuses: dict[str, int] | None = None) -> int:
+    """One CycleEngine cycle: checked moves first, then the new pods; returns the number of pods moved and counts
+    the cycle's solver status in `statuses`."""
     running = np.asarray(sorted(where), dtype=np.int64)
     result = eng.place_cycle(cluster.copy(), shapes.take(running), [where[int(i)] for i in running],
                              shapes.take(slice(start, stop)))
+    if statuses is not None and result.status is not None:
+        statuses[result.status] = statuses.get(result.status, 0) + 1
     if len(result.placements) != stop - start:
         raise ValueError(f"engine {name} returned {len(result.placements)} placements for {stop - start} pods")
     moves = {}
@@ -634,9 +653,16 @@ def _apply_cycle(eng: CycleEngine, name: str, cluster: Cluster, shapes: Pods, st
 # -- summaries -------------------------------------------------------------------------------------------------------
 
 
+def solver_mix(statuses: Mapping[str, int]) -> dict[str, int]:
+    """Cycles per SOLVER_MIX group; `other` counts the rest (e.g. HEURISTIC: the greedy engine has no solver)."""
+    mix = {group: sum(statuses.get(s, 0) for s in names) for group, names in SOLVER_MIX.items()}
+    mix["other"] = sum(statuses.values()) - sum(mix.values())
+    return mix
+
+
 def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
     """Per engine and options (first-seen order): mean and sample sd over seeds at 100%, the published number,
-    the mean moves, the mean curve."""
+    the mean moves and moves per arrived pod, the cycles and solver statuses summed over seeds, the mean curve."""
     out = []
     for name, opts in dict.fromkeys((r.engine, tuple(r.options.items())) for r in runs):
         rs = [r for r in runs if r.engine == name and tuple(r.options.items()) == opts]
@@ -646,6 +672,10 @@ def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
         common = sorted(set.intersection(*(set(c) for c in curves)))
         pub = PUBLISHED_AT_100.get(name)
         mean = round(float(at100.mean()), 4) if at100.size else None
+        statuses: dict[str, int] = {}
+        for r in rs:
+            for s, n in r.solver_status.items():
+                statuses[s] = statuses.get(s, 0) + n
         out.append({
             "engine": name, **dict(opts), "seeds": [r.seed for r in rs], "batch": rs[0].batch,
             "unallocated_pct_at_100_mean": mean,
@@ -653,6 +683,8 @@ def summarize(runs: Sequence[Run]) -> list[dict[str, object]]:
             "published_at_100": pub,
             "delta_vs_published": round(mean - pub, 4) if pub is not None and mean is not None else None,
             "moves_mean": round(float(np.mean([r.moves for r in rs])), 2),
+            "moves_per_pod_mean": round(float(np.mean([r.moves_per_pod for r in rs])), 6),
+            "cycles": sum(r.cycles for r in rs), "solver_status": statuses, "solver_mix": solver_mix(statuses),
             "seconds_per_run": round(float(np.mean([r.seconds for r in rs])), 3),
             "curve_mean": [[float(p), round(float(np.mean([c[p] for c in curves])), 4)] for p in common],
         })

@@ -16,12 +16,15 @@ from kai_opt.bench import batch as batch_engines
 from kai_opt.bench import openb, trace
 from kai_opt.cli.app import app
 from kai_opt.cli.render import console, print_json
-from kai_opt.config import load_config
+from kai_opt.config import Config, load_config
 from kai_opt.errors import InputError
 
 FIRST_SEED = 42  # the paper's artifact runs seeds 42..51
 FGD_TOLERANCE = 0.5
 KAI_OPT_ENGINES = ("greedy", "cpsat")  # batch engines that may move running pods (consolidation)
+# arrivals per cycle of kai-opt's engines (greedy, cpsat); the policies place one pod at a time whatever the batch,
+# so it changes only those engines' runs
+DEFAULT_BATCH = 50
 
 
 def _bench_group() -> typer.Typer:
@@ -67,6 +70,12 @@ def _trace_files(nodes: Path | None, pods: Path | None) -> tuple[Path, Path]:
     return nodes, pods
 
 
+def default_engines(config: Config) -> list[str]:
+    """The baselines and kai-opt's engine of `config` (Config's default without --config): the comparison the
+    replay exists for."""
+    return [*(n for n in trace.BUILTIN_ENGINES if n != config.engine.value), config.engine.value]
+
+
 def _engine_list(text: str) -> list[str]:
     names = list(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
     if not names:
@@ -81,8 +90,11 @@ def trace_cmd(
     pods: Path | None = typer.Option(None, "--pods", help="Pod list CSV (default: the shared openb default trace)"),
     seeds: int = typer.Option(10, "--seeds", min=1, help=f"Number of seeds ({FIRST_SEED}, {FIRST_SEED + 1}, ...)"),
     inflate: float = typer.Option(1.3, "--inflate", min=0.0, help="Inflate the pod list to this x GPU capacity"),
-    batch: int = typer.Option(1, "--batch", min=1, help="Pods handed to an external engine at once"),
-    engines: str = typer.Option(",".join(trace.BUILTIN_ENGINES), "--engines", help="Comma-separated engines"),
+    batch: int = typer.Option(DEFAULT_BATCH, "--batch", min=1,
+                              help="Pods handed to an external engine (greedy, cpsat) at once"),
+    engines: str | None = typer.Option(None, "--engines", show_default=False,
+                                       help="Comma-separated engines [default: the baselines and the config's "
+                                       f"engine: {','.join(default_engines(Config()))}]"),
     output: TraceOutput = typer.Option(TraceOutput.table, "--output", "-o", help="table, json or markdown"),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: unallocated GPU % vs arrived workload"),
     consolidation: Consolidation = typer.Option(Consolidation.both, "--consolidation",
@@ -91,9 +103,11 @@ def trace_cmd(
 ) -> None:
     """Replay an openb trace (FGD protocol): shuffle, inflate, place pods one by one; report the unallocated
     GPU % at 100% arrived workload (mean and sd over seeds) beside the published numbers."""
-    names = _engine_list(engines)
+    names = _engine_list(engines) if engines is not None else None
+    cfg = load_config(config)
     if config is not None:
-        batch_engines.register(load_config(config))
+        batch_engines.register(cfg)
+    names = names or default_engines(cfg)
     nodes_path, pods_path = _trace_files(nodes, pods)
     node_list, pod_list = openb.read_nodes(nodes_path), openb.read_pods(pods_path)
     seed_list = list(range(FIRST_SEED, FIRST_SEED + seeds))
@@ -151,7 +165,10 @@ def _notes(nodes: openb.NodeList, pods: openb.PodList, seeds: list[int], inflate
              f"pods {pods.source}: {len(pods)} pods; seeds {seeds[0]}..{seeds[-1]}; inflate {inflate:g}; "
              f"batch {batch}",
              "arrived = cumulative GPU request of arrived pods / cluster GPUs; unallocated = 100 - allocated "
-             "GPU share / cluster GPUs; published = FGD paper (ATC '23), default trace, mean of 10 seeds"]
+             "GPU share / cluster GPUs; published = FGD paper (ATC '23), default trace, mean of 10 seeds",
+             "moves/pod = running pods moved by consolidation / arrived pods, over the whole run; CP-SAT/kept/"
+             "fallback = cycles (all seeds) whose plan was CP-SAT's (OPTIMAL, FEASIBLE), the greedy one kept "
+             "(GREEDY_KEPT) or the greedy one as fallback (FALLBACK_GREEDY)"]
     for row in summary:
         if row["engine"] == "fgd" and row["delta_vs_published"] is not None:
             gap = abs(row["delta_vs_published"])
@@ -167,19 +184,28 @@ def _label(name: str, opts: dict[str, Any]) -> str:
     return f"{name} ({'consolidation' if opts['consolidation'] else 'no consolidation'})"
 
 
+def _mix_cell(row: dict[str, Any]) -> str:
+    """CP-SAT/kept/fallback cycles, "—" where no cycle had a solver status of those (policies, the greedy engine)."""
+    mix = row["solver_mix"]
+    if mix["other"] == row["cycles"]:
+        return "—"
+    cell = f"{mix['cpsat_chosen']}/{mix['greedy_kept']}/{mix['fallback_greedy']}"
+    return f"{cell} +{mix['other']} other" if mix["other"] else cell
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
     pub, delta = row["published_at_100"], row["delta_vs_published"]
     at130 = dict((int(p), u) for p, u in row["curve_mean"]).get(130)
     mean, sd = row["unallocated_pct_at_100_mean"], row["unallocated_pct_at_100_sd"]
     consol = {True: "yes", False: "no"}.get(row.get("consolidation"), "—")  # type: ignore[arg-type]
     return [row["engine"], consol, "—" if mean is None else f"{mean:.2f}", "—" if sd is None else f"{sd:.2f}",
-            "—" if pub is None else f"{pub:.2f}", "—" if delta is None else f"{delta:+.2f}",
-            "—" if at130 is None else f"{at130:.2f}", f"{row['moves_mean']:g}", str(len(row["seeds"])),
-            f"{row['seconds_per_run']:.1f}"]
+            f"{row['moves_per_pod_mean']:.4f}", "—" if pub is None else f"{pub:.2f}",
+            "—" if delta is None else f"{delta:+.2f}", "—" if at130 is None else f"{at130:.2f}",
+            f"{row['moves_mean']:g}", _mix_cell(row), str(len(row["seeds"])), f"{row['seconds_per_run']:.1f}"]
 
 
-HEADERS = ["engine", "consolidation", "unalloc. GPU % @100", "sd", "published", "Δ", "unalloc. @130", "moves",
-           "seeds", "s/run"]
+HEADERS = ["engine", "consolidation", "unalloc. GPU % @100", "sd", "moves/pod", "published", "Δ", "unalloc. @130",
+           "moves", "CP-SAT/kept/fallback", "seeds", "s/run"]
 
 
 def _table(summary: list[dict[str, Any]], notes: list[str]) -> None:
