@@ -112,7 +112,11 @@ def check_yaml_depth(text: str, source: str, *, error: type[InputError] = InputE
                                     source=source, line=mark.line + 1 if mark is not None else None)
             elif isinstance(event, ends):
                 depth -= 1
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml's own bound (PyYAML >= 6.0.4), above ours: stopped before we could
+            mark = getattr(exc, "problem_mark", None)
+            raise error(f"nested deeper than {limit} levels (set KAI_OPT_MAX_DEPTH to raise it)", source=source,
+                        line=mark.line + 1 if mark is not None else None) from None
         return  # the parser reports it with its line
     finally:
         loader.dispose()
