@@ -91,3 +91,16 @@ def snapshot(objects: list[RawObject], **kw: Any) -> Snapshot:
 
 def state(objects: list[RawObject], **kw: Any) -> ClusterState:
     return build_state(snapshot(objects, **kw))
+
+
+def run_cli(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """Run the kai-opt CLI in-process: (exit code, stdout, stderr). `capsys` is pytest's capture fixture."""
+    from kai_opt.cli.main import main
+
+    code: Any = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    cap = capsys.readouterr()
+    return (0 if code is None else int(code)), cap.out, cap.err

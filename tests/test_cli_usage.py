@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import typer
+from builders import run_cli
 
-from kai_opt.cli.main import _register, app, main
+from kai_opt.cli.main import _register, app
 
 _register()
 
@@ -24,14 +25,7 @@ COMMANDS = _leaf_commands(typer.main.get_command(app))
 WITH_ARGUMENT = [(path, cmd) for path, cmd in COMMANDS if any(p.required for p in cmd.params)]
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code: Any = 0
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    return (0 if code is None else int(code)), cap.out, cap.err
+run = run_cli
 
 
 def assert_usage_error(capsys: pytest.CaptureFixture[str], args: tuple[str, ...], hint: str, *needles: str) -> str:

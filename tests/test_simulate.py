@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from builders import node, pod, podgroup, queue, snapshot
+from builders import node, pod, podgroup, queue, run_cli, snapshot
 
-from kai_opt.cli.main import main
 from kai_opt.config import Config, Engine
 from kai_opt.simulate import MAX_CYCLES, simulate
 
@@ -20,14 +19,7 @@ GREEDY = Config(engine=Engine.greedy)
 API_VERSION = {"Queue": "scheduling.run.ai/v2", "PodGroup": "scheduling.run.ai/v2alpha2"}
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code: Any = 0
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    return (0 if code is None else int(code)), cap.out, cap.err
+run = run_cli
 
 
 def small_cluster(tmp_path: Path) -> Path:

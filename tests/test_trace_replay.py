@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from builders import run_cli
 
 from kai_opt.bench import openb, trace
 from kai_opt.bench.openb import MILLI, NodeList, PodList, read_nodes, read_pods
 from kai_opt.bench.trace import Cluster, Pods, Run, Workload
-from kai_opt.cli.main import main
 from kai_opt.config import Config
 from kai_opt.errors import InputError
 
@@ -66,14 +65,6 @@ def pod_row(name: str, cpu: int, mem: int, num: int, milli: int, spec: str = "")
     return f"{name},{cpu},{mem},{num},{milli},{spec},LS,Running,0,,0"
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code: Any = 0
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    return (0 if code is None else int(code)), cap.out, cap.err
 
 
 # -- readers ---------------------------------------------------------------------------------------------------------

@@ -9,21 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-
-from kai_opt.cli.main import main
+from builders import run_cli
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process; (exit code, stdout, stderr)."""
-    code: Any = 0
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    cap = capsys.readouterr()
-    return (0 if code is None else int(code)), cap.out, cap.err
+run = run_cli
 
 
 def assert_error(capsys: pytest.CaptureFixture[str], path: Path, *needles: str) -> str:
