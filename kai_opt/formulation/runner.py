@@ -41,13 +41,15 @@ class SolveResult:
     # how. With values: the tier-1 solution it sent before
 
 
+PRESOLVE_MIN_S = 0.4  # and solves shorter than this (wall time) too: the complete hint is then the first solution
+# at once, where presolve alone could take the whole time (5,000-node scale instance, 1 s budget, ~0.3 s left)
 PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve: fractions-1000 (60k variables) found nothing in 2.6 s
 # with it, and returns its complete hint at 0.4 s without
 
 
 def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0) -> None:
     p = solver.parameters
-    if n_vars > PRESOLVE_MAX_VARS:
+    if n_vars > PRESOLVE_MAX_VARS or (seconds < PRESOLVE_MIN_S and not cfg.deterministic):
         p.cp_model_presolve = False
     p.random_seed = cfg.seed
     # probing in presolve alone took the whole budget on a 30k-variable model (openb, 100 nodes: no solution in
