@@ -145,15 +145,15 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         if not pl.moved:
             greedy_nodes.setdefault(pl.pod, set()).add(pl.node)
     sub_domain = subgroup_domains(st)
-    pending_pods = {g: st.group_pods(g)[pending_mask(sess, st.group_pods(g))] for g in ready}
+    pending_pods = {g: pods[pending_mask(sess, pods)] for g in ready for pods in (st.group_pods(g),)}
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
     window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods))
     excluded = [g for g in ready if g not in window]
     apply_fixed(sess, greedy, excluded)
-    for g in (g for g in ready if g in window):
+    for g in (g for g in ready if g in window):  # (apply_fixed changed no pending pod of these groups)
         pods = st.group_pods(g)
-        pend = pods[pending_mask(sess, pods)]
+        pend = pending_pods[g]
         shape = group_shape(sess, g)
         active = np.isin(sess.status[pods], ACTIVE)
         need = max(0, int(st.pg_min_member[g]) - int(active.sum()))

@@ -186,9 +186,11 @@ def _stage_of(phase: str) -> str:
     return "second_hint" if "FGD scoring" in phase else "cpsat"
 
 
-def _fail(greedy: Plan, start: float, stage: str, kind: str, detail: str) -> Plan:
-    """The verified greedy plan for a failed stage: FALLBACK_GREEDY, the failure counted and named in the note."""
-    info = SolverInfo(failures=[(stage, kind)])
+def _fail(greedy: Plan, start: float, stage: str, kind: str, detail: str, info: SolverInfo | None = None) -> Plan:
+    """The verified greedy plan for a failed stage: FALLBACK_GREEDY, the failure counted and named in the note
+    (`info`: what the cycle knows so far, e.g. build and solve times)."""
+    info = info if info is not None else SolverInfo()
+    info.failures.append((stage, kind))
     return _keep(greedy, info, start, failure_note(stage, kind, detail), "FALLBACK_GREEDY")
 
 
@@ -295,12 +297,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     result = run_with_watchdog(built, config.solver, max(left, 0.05))
     info.solve_s = time.perf_counter() - start - info.build_s
     if result is None:
-        info.failures.append(("cpsat", "timeout"))
-        return _keep(greedy, info, start, failure_note("cpsat", "timeout", "the watchdog stopped the solver (time "
-                                                       "budget)"), "FALLBACK_GREEDY")
+        return _fail(greedy, start, "cpsat", "timeout", "the watchdog stopped the solver (time budget)", info)
     if result.failure and not result.values:
-        info.failures.append(("cpsat", result.failure))
-        return _keep(greedy, info, start, failure_note("cpsat", result.failure, result.note), "FALLBACK_GREEDY")
+        return _fail(greedy, start, "cpsat", result.failure, result.note, info)
     if result.failure:  # the solver worker failed after sending its tier-1 solution, which goes on
         info.failures.append(("cpsat", result.failure))
         scope.notes.append(failure_note("cpsat", result.failure, f"{result.note} (after its tier-1 solution)"))
@@ -316,18 +315,15 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     # the model's session is the cycle start with the greedy's replayed moves and its decisions outside the model
     # applied (model_scope), untouched since: the solution goes on top of it. What the model decides stays as it
     # decides (no greedy pass refills the room it left: it decided that room, within its candidates)
-    dsess = sess
-    dacts = Actions(dsess)
+    dacts = Actions(sess)
     try:
-        decode(dsess, dacts, scope, built, result.values)
+        decode(sess, dacts, scope, built, result.values)
     except DecodeError as exc:
         info.decode_s = time.perf_counter() - t
-        info.failures.append(("decode", "exception"))
-        return _keep(greedy, info, start, failure_note("decode", "exception", f"decode failed: {exc}"),
-                     "FALLBACK_GREEDY")
+        return _fail(greedy, start, "decode", "exception", f"decode failed: {exc}", info)
     if (actions is None and config.actions.stale_gang) or (actions is not None and "stale_gang" in actions):
         dacts.stale_gangs()  # a rule, not an optimisation
-    plan = plan_from_session(dsess, dacts.reasons, "cpsat")
+    plan = plan_from_session(sess, dacts.reasons, "cpsat")
     for g, reasons in greedy.pending.items():
         if g in plan.pending and plan.pending[g] and plan.pending[g][0].code == "Pending":
             plan.pending[g] = reasons
@@ -336,9 +332,8 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     try:
         check_plan(state, plan, fs, config)
     except PlanViolation as exc:
-        info.failures.append(("cpsat", "violation"))
-        return _keep(greedy, info, start, failure_note("cpsat", "violation", "the CP-SAT plan failed the checker: "
-                                                       f"{exc.problems[0]}"), "FALLBACK_GREEDY")
+        return _fail(greedy, start, "cpsat", "violation", f"the CP-SAT plan failed the checker: {exc.problems[0]}",
+                     info)
     ours, theirs = plan_score(state, fs, plan), plan_score(state, fs, greedy)
     info.status = result.status
     info.wall_s = time.perf_counter() - start
