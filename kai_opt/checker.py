@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from kai_opt.config import Config
 from kai_opt.fairshare.share import FairShare
 from kai_opt.plan import EVICTION_REASONS, Plan
 from kai_opt.state import R_GPU, ClusterState, PodStatus
+from kai_opt.state.segments import concat_ranges
 
 EPS = 1e-6
 DEV = 1000
@@ -37,25 +39,63 @@ class PlanViolation(AssertionError):
         super().__init__(f"plan violates {len(problems)} invariant(s): " + "; ".join(problems[:10]))
 
 
-def _amount(state: ClusterState, p: int, n: int) -> np.ndarray:
-    a = state.pod_req[p].copy()
-    if state.pod_gpu_mem[p]:
-        a[R_GPU] = state.pod_gpu_per_device(p, n) * int(state.pod_gpu_ndev[p])
-    return a
+@dataclass
+class _Decisions:
+    """The plan's decisions by pod (the last one wins where a pod appears twice, which is itself a problem) and
+    as arrays in plan order, for the vectorised checks."""
+
+    placed: dict[int, tuple[int, tuple[int, ...], bool]]  # pod -> (node, devices, pipelined)
+    moved: dict[int, tuple[int, tuple[int, ...]]]  # pod -> (node, devices): consolidation re-placements
+    evicted: dict[int, tuple[str, int]]  # pod -> (reason, beneficiary)
+
+    def arrays(self, which: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(pods, nodes) of `placed` or `moved`."""
+        pods = np.fromiter(which.keys(), dtype=np.int64, count=len(which))
+        nodes = np.fromiter((v[0] for v in which.values()), dtype=np.int64, count=len(which))
+        return pods, nodes
+
+
+def _amounts(state: ClusterState, pods: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(node resources, milli-GPU per device) that pods hold on nodes: gpu-memory converted with the node's GPU
+    memory (rounded up, at most a device), shares at their fraction, whole GPUs a device each."""
+    req = state.pod_req[pods].copy()
+    per = np.where(state.pod_gpu_whole[pods] > 0, DEV, 0).astype(np.int64)
+    frac = state.pod_gpu_frac[pods].astype(np.int64)
+    per = np.where(frac > 0, frac, per)
+    mem = state.pod_gpu_mem[pods].astype(np.int64)
+    if mem.any():
+        node_mem = np.maximum(state.node_gpu_mem_mib[nodes].astype(np.int64), 1)
+        conv = np.minimum(DEV, -(-mem * DEV // node_mem))
+        per = np.where((frac == 0) & (mem > 0), conv, per)
+        is_mem = mem > 0
+        req[is_mem, R_GPU] = per[is_mem] * state.pod_gpu_ndev[pods][is_mem]
+    return req, per
 
 
 def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -> None:
     problems: list[str] = []
     names = _PodNames(state)  # only messages use them
+    dec = _decisions(state, plan, names, problems)
+    problems += _capacity_problems(state, dec, names)
+    active_after = (state.pod_status == PodStatus.BOUND) | (state.pod_status == PodStatus.PIPELINED)
+    active_after[list(dec.evicted)] = False
+    active_after[list(dec.placed)] = True
+    active_after[list(dec.moved)] = True  # a consolidated pod ends on its new node
+    problems += _gang_problems(state, dec, active_after)
+    problems += _queue_problems(state, fs, dec, names)
+    problems += _eviction_problems(state, config, dec, active_after, names)
+    if problems:
+        raise PlanViolation(problems)
+
+
+def _decisions(state: ClusterState, plan: Plan, names: _PodNames, problems: list[str]) -> _Decisions:
+    """Index the plan by pod; a pod placed, re-placed or evicted twice, a placement of a pod that is not one of
+    our pending ungated pods or onto an unschedulable node, an eviction of a pod that is not one of our running
+    pods, a gpu-memory pod where KAI's rule refuses it."""
     st = state.pod_status
     placed: dict[int, tuple[int, tuple[int, ...], bool]] = {}
     moved: dict[int, tuple[int, tuple[int, ...]]] = {}
     for pl in plan.placements:
-        if state.pod_gpu_mem[pl.pod]:
-            why = _gpu_memory_problem(state, pl.pod, pl.node)
-            if why:
-                problems.append(f"pod {names[pl.pod]} {'re-' if pl.moved else ''}placed on "
-                                f"{state.node_names[pl.node]}: {why}")
         if pl.moved:
             if pl.pod in moved:
                 problems.append(f"pod {names[pl.pod]} re-placed twice")
@@ -64,52 +104,93 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
         if pl.pod in placed:
             problems.append(f"pod {names[pl.pod]} placed twice")
         placed[pl.pod] = (pl.node, pl.devices, pl.pipelined)
-        if st[pl.pod] != PodStatus.PENDING or not state.pod_ours[pl.pod]:
-            problems.append(f"pod {names[pl.pod]} is not one of our pending, ungated pods")
-        if not state.node_ok[pl.node]:
-            problems.append(f"pod {names[pl.pod]} placed on unschedulable node {state.node_names[pl.node]}")
+    if plan.placements:
+        pods = np.fromiter((pl.pod for pl in plan.placements), dtype=np.int64, count=len(plan.placements))
+        nodes = np.fromiter((pl.node for pl in plan.placements), dtype=np.int64, count=len(plan.placements))
+        is_moved = np.fromiter((pl.moved for pl in plan.placements), dtype=bool, count=len(plan.placements))
+        for i in np.nonzero(state.pod_gpu_mem[pods] > 0)[0].tolist():
+            why = _gpu_memory_problem(state, int(pods[i]), int(nodes[i]))
+            if why:
+                problems.append(f"pod {names[int(pods[i])]} {'re-' if is_moved[i] else ''}placed on "
+                                f"{state.node_names[int(nodes[i])]}: {why}")
+        fresh = ~is_moved
+        bad = fresh & ((st[pods] != PodStatus.PENDING) | ~state.pod_ours[pods].astype(bool))
+        unschedulable = fresh & ~state.node_ok[nodes].astype(bool)
+        for i in np.nonzero(bad | unschedulable)[0].tolist():
+            if bad[i]:
+                problems.append(f"pod {names[int(pods[i])]} is not one of our pending, ungated pods")
+            if unschedulable[i]:
+                problems.append(f"pod {names[int(pods[i])]} placed on unschedulable node "
+                                f"{state.node_names[int(nodes[i])]}")
     evicted: dict[int, tuple[str, int]] = {}
     for e in plan.evictions:
         if e.pod in evicted:
             problems.append(f"pod {names[e.pod]} evicted twice")
         evicted[e.pod] = (e.reason, e.beneficiary)
-        if st[e.pod] != PodStatus.BOUND or not state.pod_ours[e.pod]:
-            problems.append(f"pod {names[e.pod]} evicted but it is not one of our running pods")
+    if plan.evictions:
+        ev = np.fromiter((e.pod for e in plan.evictions), dtype=np.int64, count=len(plan.evictions))
+        for p in ev[(st[ev] != PodStatus.BOUND) | ~state.pod_ours[ev].astype(bool)].tolist():
+            problems.append(f"pod {names[p]} evicted but it is not one of our running pods")
+    return _Decisions(placed, moved, evicted)
 
-    # -- capacity -------------------------------------------------------------------------------------------
+
+def _flat_devices(state: ClusterState, pods: np.ndarray, nodes: np.ndarray, devices: list[tuple[int, ...]],
+                  per: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(which decision, global device, milli-GPU, valid) per device of each decision; `devices` are indexes
+    within the node, valid where the node has that device."""
+    counts = np.fromiter((len(d) for d in devices), dtype=np.int64, count=len(devices))
+    local = np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=int(counts.sum()))
+    owner = np.repeat(np.arange(len(devices)), counts)
+    base = state.dev_start[nodes][owner]
+    valid = (local >= 0) & (local < state.dev_start[nodes + 1][owner] - base)
+    return owner, base + local, per[owner], valid
+
+
+def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -> list[str]:
+    """Binds fit now (evicted pods still hold their resources); once every eviction and release finishes and every
+    bind, pipelined pod and move lands, no node resource and no GPU device is over capacity; each pod gets the
+    devices it needs, on its node."""
+    problems: list[str] = []
     now_used = state.node_used.copy()
     final = state.node_used - state.node_releasing + state.node_pipelined  # releasing pods will be gone
     dev_now = state.dev_used.copy()
     dev_final = state.dev_used - state.dev_releasing + state.dev_pipelined
-    for p, (_reason, _b) in evicted.items():
-        n = int(state.pod_node[p])
-        final[n] -= _amount(state, p, n)
-        per = state.pod_gpu_per_device(p, n)
-        for d in state.pod_devices(p):
-            dev_final[d] -= per
-    for p, (n, devs, pipelined) in placed.items():
-        a = _amount(state, p, n)
-        final[n] += a
-        per = state.pod_gpu_per_device(p, n)
-        base = int(state.dev_start[n])
-        if len(devs) != _devices_needed(state, p):
-            problems.append(f"pod {names[p]} got {len(devs)} GPU devices, needs {_devices_needed(state, p)}")
-        for d in devs:
-            if not 0 <= d < int(state.dev_start[n + 1]) - base:
-                problems.append(f"pod {names[p]}: device {d} does not exist on {state.node_names[n]}")
-                continue
-            dev_final[base + d] += per
-            if not pipelined:
-                dev_now[base + d] += per
-        if not pipelined:
-            now_used[n] += a
-    for p, (n, devs) in moved.items():
-        if p not in evicted:
-            problems.append(f"pod {names[p]} re-placed without being evicted")
-        final[n] += _amount(state, p, n)
-        per = state.pod_gpu_per_device(p, n)
-        for d in devs:
-            dev_final[int(state.dev_start[n]) + d] += per
+    if dec.evicted:
+        ev = np.fromiter(dec.evicted.keys(), dtype=np.int64, count=len(dec.evicted))
+        ev_nodes = state.pod_node[ev].astype(np.int64)
+        amount, per = _amounts(state, ev, ev_nodes)
+        np.subtract.at(final, ev_nodes, amount)
+        counts = state.pod_dev_start[ev + 1] - state.pod_dev_start[ev]
+        devs = state.pod_dev[concat_ranges(state.pod_dev_start[ev], counts)[0]]
+        np.subtract.at(dev_final, devs, np.repeat(per, counts))
+    if dec.placed:
+        pods, nodes = dec.arrays(dec.placed)
+        piped = np.fromiter((v[2] for v in dec.placed.values()), dtype=bool, count=len(pods))
+        devices = [v[1] for v in dec.placed.values()]
+        amount, per = _amounts(state, pods, nodes)
+        np.add.at(final, nodes, amount)
+        np.add.at(now_used, nodes[~piped], amount[~piped])
+        got = np.fromiter((len(d) for d in devices), dtype=np.int64, count=len(devices))
+        needed = _devices_needed(state, pods)
+        owner, glob, milli, valid = _flat_devices(state, pods, nodes, devices, per)
+        for i in np.nonzero(got != needed)[0].tolist():
+            problems.append(f"pod {names[int(pods[i])]} got {int(got[i])} GPU devices, needs {int(needed[i])}")
+        for k in np.nonzero(~valid)[0].tolist():
+            i = int(owner[k])
+            problems.append(f"pod {names[int(pods[i])]}: device {int(glob[k] - state.dev_start[nodes[i]])} does "
+                            f"not exist on {state.node_names[int(nodes[i])]}")
+        np.add.at(dev_final, glob[valid], milli[valid])
+        now = valid & ~piped[owner]
+        np.add.at(dev_now, glob[now], milli[now])
+    if dec.moved:
+        pods, nodes = dec.arrays(dec.moved)
+        for p in pods.tolist():
+            if p not in dec.evicted:
+                problems.append(f"pod {names[p]} re-placed without being evicted")
+        amount, per = _amounts(state, pods, nodes)
+        np.add.at(final, nodes, amount)
+        _owner, glob, milli, _valid = _flat_devices(state, pods, nodes, [v[1] for v in dec.moved.values()], per)
+        np.add.at(dev_final, glob, milli)
     final_before = state.node_used - state.node_releasing + state.node_pipelined
     dev_final_before = state.dev_used - state.dev_releasing + state.dev_pipelined
     for label, used, before in (("now", now_used, state.node_used), ("after the plan", final, final_before)):
@@ -126,79 +207,120 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
             n = int(np.searchsorted(state.dev_start, d, side="right") - 1)
             problems.append(f"GPU device {d - int(state.dev_start[n])} of {state.node_names[n]} over capacity "
                             f"{label}: {int(used[d])} milli-GPU")
+    return problems
 
-    # -- gangs ----------------------------------------------------------------------------------------------
-    groups_with_placements = {int(state.pod_pg[p]) for p in placed}
-    active_after = (st == PodStatus.BOUND) | (st == PodStatus.PIPELINED)
-    active_after = active_after.copy()
-    for p in evicted:
-        active_after[p] = False
-    for p in placed:
-        active_after[p] = True
-    for p in moved:  # a consolidated pod ends on its new node
-        active_after[p] = True
-    groups_with_moves = {int(state.pod_pg[p]) for p in moved}
-    for g in sorted(groups_with_moves - groups_with_placements):  # a move keeps the count; check the domain
-        problems += _topology_problems(state, g, state.group_pods(g), active_after, placed, moved)
-    for g in sorted(groups_with_placements):
-        pods = state.group_pods(g)
-        have = int(active_after[pods].sum())
-        if have < int(state.pg_min_member[g]):
-            problems.append(f"podgroup {state.pg_keys[g]} gets placements but ends with {have} pods, "
+
+def _gang_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray) -> list[str]:
+    """A group (and each leaf sub-group holding pods) that receives placements ends with at least its minimum
+    active; a group that is placed or moved stays inside one domain of each required topology level."""
+    problems: list[str] = []
+    if not dec.placed and not dec.moved:
+        return problems
+    with_placements = np.unique(state.pod_pg[list(dec.placed)]) if dec.placed else np.zeros(0, dtype=np.int64)
+    with_moves = np.unique(state.pod_pg[list(dec.moved)]) if dec.moved else np.zeros(0, dtype=np.int64)
+    grouped = state.pod_pg >= 0
+    have = np.bincount(state.pod_pg[active_after & grouped], minlength=state.n_groups)
+    # leaf sub-groups (no child sub-group) that hold pods of a group with placements
+    is_parent = np.zeros(len(state.sg_pg), dtype=bool)
+    is_parent[state.sg_parent[state.sg_parent >= 0]] = True
+    in_sg = state.pod_sg >= 0
+    sg_have = np.bincount(state.pod_sg[active_after & in_sg], minlength=len(state.sg_pg))
+    touched = np.zeros(state.n_groups, dtype=bool)
+    touched[with_placements] = True
+    sg_with_pods = np.zeros(len(state.sg_pg), dtype=bool)
+    sg_with_pods[state.pod_sg[in_sg & grouped & touched[np.maximum(state.pod_pg, 0)]]] = True
+    short_sg = np.nonzero(sg_with_pods & ~is_parent & (sg_have < state.sg_min_member))[0]
+    short_by_group: dict[int, list[int]] = defaultdict(list)
+    for s in short_sg.tolist():
+        short_by_group[int(state.sg_pg[s])].append(s)
+    topo = _topology_groups(state)
+    for g in np.setdiff1d(with_moves, with_placements).tolist():  # a move keeps the count; check the domain
+        if topo[g]:
+            problems += _topology_problems(state, g, state.group_pods(g), active_after, dec.placed, dec.moved)
+    for g in with_placements.tolist():
+        if int(have[g]) < int(state.pg_min_member[g]):
+            problems.append(f"podgroup {state.pg_keys[g]} gets placements but ends with {int(have[g])} pods, "
                             f"minMember {int(state.pg_min_member[g])}")
-        sgs = state.pod_sg[pods]
-        parents = set(int(x) for x in state.sg_parent[state.sg_pg == g] if x >= 0)
-        for s in sorted(set(int(x) for x in sgs if x >= 0) - parents):
-            n_s = int(active_after[pods[sgs == s]].sum())
-            if n_s < int(state.sg_min_member[s]):
-                problems.append(f"podgroup {state.pg_keys[g]} subgroup {state.sg_names[s]} ends with {n_s} pods, "
-                                f"minMember {int(state.sg_min_member[s])}")
-        problems += _topology_problems(state, g, pods, active_after, placed, moved)
+        for s in short_by_group.get(g, ()):
+            problems.append(f"podgroup {state.pg_keys[g]} subgroup {state.sg_names[s]} ends with {int(sg_have[s])} "
+                            f"pods, minMember {int(state.sg_min_member[s])}")
+        if topo[g]:
+            problems += _topology_problems(state, g, state.group_pods(g), active_after, dec.placed, dec.moved)
+    return problems
 
-    # -- queues ---------------------------------------------------------------------------------------------
+
+def _topology_groups(state: ClusterState) -> np.ndarray:
+    """Per podgroup: it, or one of its sub-groups, requires a topology domain."""
+    out = (state.pg_topology >= 0) & (state.pg_required_level >= 0)
+    req = (state.sg_topology >= 0) & (state.sg_required_level >= 0)
+    out = out.copy()
+    out[state.sg_pg[req]] = True
+    return out
+
+
+def _queue_problems(state: ClusterState, fs: FairShare, dec: _Decisions, names: _PodNames) -> list[str]:
+    """No queue or ancestor ends above a limit the plan pushed it over; new non-preemptible placements keep the
+    queue's non-preemptible usage within its deserved quota."""
+    problems: list[str] = []
     delta = np.zeros((state.n_queues, 3))
     delta_np = np.zeros((state.n_queues, 3))
     ancestors = state.q_ancestors
-    for p, (n, _d, _pipe) in placed.items():
-        g = int(state.pod_pg[p])
-        q = int(state.pg_queue[g])
-        if q < 0:
-            problems.append(f"pod {names[p]} placed although its podgroup has no queue")
-            continue
-        a = state.pod_queue_request(np.array([p]), np.array([n]))[0]
-        delta[ancestors[q]] += a
-        if not state.pg_preemptible[g]:
-            delta_np[ancestors[q]] += a
-    for p in evicted:
-        g = int(state.pod_pg[p])
-        q = int(state.pg_queue[g])
-        if q >= 0:
-            a = state.pod_queue_request(np.array([p]), np.array([int(state.pod_node[p])]))[0]
-            delta[ancestors[q]] -= a
+    # (row, amount index, sign) in the order the plan adds them: placements, then evictions
+    parts = []
+    if dec.placed:
+        pods, nodes = dec.arrays(dec.placed)
+        parts.append((pods, nodes, 1.0))
+    if dec.evicted:
+        ev = np.fromiter(dec.evicted.keys(), dtype=np.int64, count=len(dec.evicted))
+        parts.append((ev, state.pod_node[ev].astype(np.int64), -1.0))
+    for pods, nodes, sign in parts:
+        groups = state.pod_pg[pods]
+        queues = np.where(groups >= 0, state.pg_queue[np.maximum(groups, 0)], -1)
+        amounts = state.pod_queue_request(pods, nodes) * sign
+        rows, which, rows_np, which_np = [], [], [], []
+        for k, (q, g) in enumerate(zip(queues.tolist(), groups.tolist(), strict=True)):
+            if q < 0:
+                if sign > 0:
+                    problems.append(f"pod {names[int(pods[k])]} placed although its podgroup has no queue")
+                continue
+            rows.extend(ancestors[q])
+            which.extend([k] * len(ancestors[q]))
             if not state.pg_preemptible[g]:
-                delta_np[ancestors[q]] -= a
+                rows_np.extend(ancestors[q])
+                which_np.extend([k] * len(ancestors[q]))
+        np.add.at(delta, np.array(rows, dtype=np.int64), amounts[np.array(which, dtype=np.int64)])
+        np.add.at(delta_np, np.array(rows_np, dtype=np.int64), amounts[np.array(which_np, dtype=np.int64)])
     after = fs.allocated + delta
     after_np = fs.allocated_np + delta_np
-    for q in range(state.n_queues):
-        for r, res in enumerate(("gpu", "cpu", "memory")):
-            lim = fs.limit[q, r]
-            if lim != -1 and delta[q, r] > EPS and after[q, r] > lim + EPS:
-                problems.append(f"queue {state.q_names[q]} exceeds its {res} limit {lim:g}: {after[q, r]:g}")
-            des = fs.deserved[q, r]
-            if des != -1 and delta_np[q, r] > EPS and after_np[q, r] > des + EPS:
-                problems.append(f"queue {state.q_names[q]} non-preemptible {res} {after_np[q, r]:g} exceeds "
-                                f"its quota {des:g}")
+    over_limit = (fs.limit != -1) & (delta > EPS) & (after > fs.limit + EPS)
+    over_quota = (fs.deserved != -1) & (delta_np > EPS) & (after_np > fs.deserved + EPS)
+    for q, r in np.argwhere(over_limit | over_quota).tolist():
+        res = ("gpu", "cpu", "memory")[r]
+        if over_limit[q, r]:
+            problems.append(f"queue {state.q_names[q]} exceeds its {res} limit {fs.limit[q, r]:g}: {after[q, r]:g}")
+        if over_quota[q, r]:
+            problems.append(f"queue {state.q_names[q]} non-preemptible {res} {after_np[q, r]:g} exceeds "
+                            f"its quota {fs.deserved[q, r]:g}")
+    return problems
 
-    # -- evictions ------------------------------------------------------------------------------------------
+
+def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, active_after: np.ndarray,
+                       names: _PodNames) -> list[str]:
+    """A known reason; a beneficiary placed in the same plan (except stale-gang); a victim gang keeps at least its
+    minimum or goes whole; victims preemptible, not younger than their min runtime, and for preempt of lower
+    priority in the same queue; consolidated pods re-placed in the same plan."""
+    problems: list[str] = []
+    evicted, moved = dec.evicted, dec.moved
     victim_groups = {int(state.pod_pg[p]) for p in evicted if p not in moved}
     for g in sorted(victim_groups):
         pods = state.group_pods(g)
         left = int(active_after[pods].sum())
-        if 0 < left < int(state.pg_min_member[g]) and not any(evicted[p][0] == "stale-gang" for p in pods
+        if 0 < left < int(state.pg_min_member[g]) and not any(evicted[p][0] == "stale-gang" for p in pods.tolist()
                                                               if p in evicted):
             problems.append(f"podgroup {state.pg_keys[g]} is left with {left} pods after evictions, below its "
                             f"minMember {int(state.pg_min_member[g])} (a victim gang goes whole)")
-    placed_groups = {int(state.pod_pg[p]) for p in placed}
+    placed_groups = {int(state.pod_pg[p]) for p in dec.placed}
+    runtimes: dict[int, float] = {}
     for p, (reason, b) in evicted.items():
         g = int(state.pod_pg[p])
         if reason not in EVICTION_REASONS:
@@ -217,8 +339,11 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
             runtime_limit = (state.q_preempt_min_runtime if reason == "preempt" else state.q_reclaim_min_runtime)[q]
             if math.isnan(runtime_limit):
                 runtime_limit = config.preempt_min_runtime_s if reason == "preempt" else config.reclaim_min_runtime_s
-            if runtime_limit > 0 and _runtime(state, g) < runtime_limit:
-                problems.append(f"pod {names[p]} evicted ({reason}) before its min runtime {runtime_limit:g}s")
+            if runtime_limit > 0:
+                if g not in runtimes:
+                    runtimes[g] = _runtime(state, g)
+                if runtimes[g] < runtime_limit:
+                    problems.append(f"pod {names[p]} evicted ({reason}) before its min runtime {runtime_limit:g}s")
         if reason == "preempt" and b >= 0:
             if int(state.pg_queue[b]) != int(state.pg_queue[g]):
                 problems.append(f"pod {names[p]} preempted for a podgroup of another queue")
@@ -226,8 +351,7 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
                 problems.append(f"pod {names[p]} preempted by equal or lower priority")
         if reason == "reclaim" and b >= 0 and int(state.pg_queue[b]) == int(state.pg_queue[g]):
             problems.append(f"pod {names[p]} reclaimed for a podgroup of its own queue")
-    if problems:
-        raise PlanViolation(problems)
+    return problems
 
 
 def _gpu_memory_problem(state: ClusterState, p: int, n: int) -> str | None:
@@ -241,12 +365,11 @@ def _gpu_memory_problem(state: ClusterState, p: int, n: int) -> str | None:
     return None
 
 
-def _devices_needed(state: ClusterState, p: int) -> int:
-    if state.pod_gpu_whole[p]:
-        return int(state.pod_gpu_whole[p])
-    if state.pod_gpu_frac[p] or state.pod_gpu_mem[p]:
-        return int(state.pod_gpu_ndev[p])
-    return 0
+def _devices_needed(state: ClusterState, pods: np.ndarray) -> np.ndarray:
+    """GPU devices each pod needs: its whole GPUs, or the devices of its share."""
+    whole = state.pod_gpu_whole[pods].astype(np.int64)
+    share = (state.pod_gpu_frac[pods] > 0) | (state.pod_gpu_mem[pods] > 0)
+    return np.where(whole > 0, whole, np.where(share, state.pod_gpu_ndev[pods].astype(np.int64), 0))
 
 
 def _runtime(state: ClusterState, g: int) -> float:
