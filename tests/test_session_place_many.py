@@ -1,6 +1,7 @@
 """Session.place_many (the bulk path the CP-SAT window uses to apply the greedy plan's decisions outside the model)
 leaves the session exactly as place() called pod by pod: resources, devices, queue ledger (float sums equal to the
-bit), statuses, placements and the op log."""
+bit), statuses and placements; its log holds one op per run of binds, and a rollback over it restores the session it
+started from exactly."""
 
 from __future__ import annotations
 
@@ -26,20 +27,33 @@ def _items(state, plan) -> list[tuple[int, int, tuple[int, ...], bool]]:
 def _view(sess: Session) -> tuple:
     return (sess.held.tolist(), sess.dev_held.tolist(), sess.rel.tolist(), sess.dev_rel.tolist(),
             sess.dev_piped.tolist(), sess.ledger.allocated.tobytes(), sess.ledger.allocated_np.tobytes(),
-            sess.status.tolist(), sess.node.tolist(), dict(sess.devices), dict(sess.placements),
-            [(op.kind, op.pod, op.node, op.devices, op.prev_status, np.asarray(op.amount).tolist(), op.dev_amount,
-              np.asarray(op.queue_amount).tolist(), op.non_preemptible) for op in sess.log])
+            sess.status.tolist(), sess.node.tolist(), dict(sess.devices), dict(sess.placements))
+
+
+def _log(sess: Session) -> list[tuple]:
+    return [(op.kind, op.pod, op.node, op.devices, op.prev_status, np.asarray(op.amount).tolist(), op.dev_amount,
+             np.asarray(op.queue_amount).tolist(), op.non_preemptible) for op in sess.log]
 
 
 def _both(state) -> tuple[tuple, tuple, int]:
     plan, _ = run_cycle(state, GREEDY)
     fs = compute_fair_share(state)
     items = _items(state, plan)
-    one, bulk = Session(state, fs, GREEDY), Session(state, fs, GREEDY)
+    one, bulk, fresh = Session(state, fs, GREEDY), Session(state, fs, GREEDY), Session(state, fs, GREEDY)
     for p, n, devices, pipelined in items:
         one.place(p, n, devices, pipelined=pipelined)
+    start = bulk.checkpoint()
     bulk.place_many(items)
-    return _view(one), _view(bulk), len(items)
+    runs = sum(1 for i, it in enumerate(items) if not it[3] and (i == 0 or items[i - 1][3]))
+    kinds = [op[0] for op in _log(bulk)]
+    assert kinds.count("place_run") == runs
+    assert kinds.count("place") == sum(1 for it in items if it[3])  # pipelined pods one by one
+    piped = {it[0] for it in items if it[3]}
+    assert [op for op in _log(bulk) if op[0] == "place"] == [op for op in _log(one) if op[1] in piped]
+    view = _view(bulk)
+    bulk.rollback(start)
+    assert _view(bulk) == _view(fresh)  # the runs undo exactly
+    return _view(one), view, len(items)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -119,6 +119,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
 
     # -- placements per (pool, node); per shape the pods placed ------------------------------------------------
     totals: dict[int, cp_model.LinearExpr] = {}
+    most_here: dict[tuple[int, int], int] = {}  # (pool, node) -> its place variable's upper bound
     node_room = _NodeRoom(sess, victims, scope.movers)
     for pi, pool in enumerate(scope.pools):
         p0 = pool.pod
@@ -130,6 +131,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
         for n, cap in zip(pool.nodes[caps > 0].tolist(), np.minimum(caps[caps > 0], most).tolist(), strict=True):
             v = m.new_int_var(0, cap, f"place[{label},{st.node_names[n]}]")
             b.place[(pi, n)] = v
+            most_here[(pi, n)] = cap
             terms.append(v)
         for k in pool.shapes:
             b.pool_of[k] = pi
@@ -186,8 +188,10 @@ def build_model(sess: Session, scope: Scope) -> Built:
 
     # -- node capacity (once releases and evictions finish) ----------------------------------------------------
     on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    on_node_most: dict[int, list[int]] = defaultdict(list)  # node -> the upper bounds of its place variables
     for (pi, n), v in b.place.items():
         on_node[n].append((scope.pools[pi].pod, v))  # (a pod of the pool, its count here)
+        on_node_most[n].append(most_here[(pi, n)])
     # node -> (how many leave, one of them, at most): victim pods evicted, moved pods
     released: dict[int, list[tuple[cp_model.LinearExpr, int, int]]] = defaultdict(list)
     for vi, v in enumerate(victims):
@@ -205,13 +209,17 @@ def build_model(sess: Session, scope: Scope) -> Built:
         pods = np.array([p for p, _v in items] + [p for _x, p, _k in rel], dtype=np.int64)
         sign = np.concatenate((np.ones(len(items), dtype=np.int64), -np.ones(len(rel), dtype=np.int64)))
         reqs = st.pod_req[pods].astype(np.int64) * sign[:, None]
+        # a row that holds even with every place variable at its upper bound and nothing leaving is implied
+        most = np.array(on_node_most[n], dtype=np.int64)
+        peak = most @ reqs[:len(items)]
         for c in cols:
-            m.add(wsum(exprs, reqs[:, c].tolist()) <= int(future[n, c]))
+            if peak[c] > int(future[n, c]):
+                m.add(wsum(exprs, reqs[:, c].tolist()) <= int(future[n, c]))
         wpods = [(p, v) for p, v in items if st.pod_gpu_whole[p]]
         whole_use = wsum([v for _p, v in wpods], [int(st.pod_gpu_whole[p]) for p, _v in wpods])
         if n in share_nodes:
             _device_constraints(sess, b, n, items, rel, whole_use)
-        elif wpods:  # (without whole-GPU pods placed here there is nothing to bound)
+        elif wpods and int(most @ st.pod_gpu_whole[pods[:len(items)]].astype(np.int64)) > int(sess.whole_future[n]):
             wrel = [(x, p) for x, p, _k in rel if st.pod_gpu_whole[p]]
             m.add(whole_use - wsum([x for x, _p in wrel], [int(st.pod_gpu_whole[p]) for _x, p in wrel])
                   <= int(sess.whole_future[n]))

@@ -145,7 +145,9 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         if not pl.moved:
             greedy_nodes.setdefault(pl.pod, set()).add(pl.node)
     sub_domain = subgroup_domains(st)
-    pending_pods = {g: pods[pending_mask(sess, pods)] for g in ready for pods in (st.group_pods(g),)}
+    pending_now = sess.status[st.pg_pods] == PodStatus.PENDING
+    pending_pods = {g: st.pg_pods[a:b][pending_now[a:b]] for g in ready
+                    for a, b in ((int(st.pg_pod_start[g]), int(st.pg_pod_start[g + 1])),)}
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
     window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods))
@@ -262,9 +264,16 @@ def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
     # (a pod replayed already, e.g. by apply_consolidation, is no longer bound)
     _evict_in_runs(sess, [e for e in greedy.evictions
                           if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND])
-    sess.place_many([(pl.pod, pl.node, tuple(int(st.dev_start[pl.node]) + d for d in pl.devices), pl.pipelined)
-                     for pl in greedy.placements if not pl.moved and int(st.pod_pg[pl.pod]) in outside
-                     and int(sess.status[pl.pod]) == PodStatus.PENDING])
+    fresh = [pl for pl in greedy.placements if not pl.moved]
+    if not fresh:
+        return
+    pods = np.fromiter((pl.pod for pl in fresh), dtype=np.int64, count=len(fresh))
+    mine = np.zeros(st.n_groups, dtype=bool)
+    mine[list(outside)] = True
+    take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)
+    starts = st.dev_start
+    sess.place_many([(pl.pod, pl.node, tuple(int(starts[pl.node]) + d for d in pl.devices) if pl.devices else (),
+                      pl.pipelined) for pl, ok in zip(fresh, take.tolist(), strict=True) if ok])
 
 
 def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:

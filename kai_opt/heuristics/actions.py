@@ -26,7 +26,7 @@ from kai_opt.heuristics.tasks import (
     group_shape,
     is_satisfied,
     pending_mask,
-    readiness_problem,
+    readiness_problems,
     tasks_to_allocate,
 )
 from kai_opt.heuristics.victims import (
@@ -53,16 +53,17 @@ class Actions:
     def pending_groups(self, *, preemptible_only: bool = False) -> list[int]:
         sess, st = self.sess, self.sess.state
         pods = np.nonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))[0]
+        groups = np.unique(st.pod_pg[pods]).tolist()
+        problems = readiness_problems(sess, [g for g in groups if st.pg_problem[g] is None])
         out = []
-        for g in sorted(set(st.pod_pg[pods].tolist())):
+        for g in groups:
             if st.pg_problem[g] is not None:
                 self.reasons[g] = [Reason(st.pg_problem[g], st.pg_problem_message[g] or st.pg_problem[g])]
                 continue
             if preemptible_only and not st.pg_preemptible[g]:
                 continue
-            why = readiness_problem(sess, g)
-            if why is not None:
-                self.reasons[g] = [Reason("NotEnoughPods", why)]
+            if g in problems:
+                self.reasons[g] = [Reason("NotEnoughPods", problems[g])]
                 continue
             out.append(g)
         return out

@@ -32,6 +32,20 @@ MEMO_STATES = 4  # states whose memo() results are kept (a search returns to the
 
 
 @dataclass
+class _Run:
+    """A run of binds made at once (Session.place_many): per pod, in order."""
+
+    pods: np.ndarray
+    nodes: np.ndarray
+    amounts: np.ndarray  # node resources taken
+    devices: np.ndarray  # global devices, pod after pod
+    dev_amounts: np.ndarray  # milli-GPU on each of `devices`
+    queue_amounts: np.ndarray
+    non_preemptible: np.ndarray
+    prev_status: np.ndarray
+
+
+@dataclass
 class _Op:
     kind: str  # place | evict | move | pipeline | unevict
     pod: int
@@ -46,6 +60,7 @@ class _Op:
     dev_claimed: tuple[int, ...] = ()
     eviction: Eviction | None = None  # unevict: the eviction it took back
     batch: list[tuple[_Op, Eviction]] | None = None  # unevict_many: the eviction ops taken back, in order
+    run: _Run | None = None  # place_run: the binds it made
     _amount_list: list[int] | None = None
     serial: int = 0  # unique per op of a session (Session.state_id)
 
@@ -286,49 +301,53 @@ class Session:
             i = j
 
     def _bind_run(self, run: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        """Bind a run of pending pods at once: one "place_run" op in the log (undone as a whole), the resources,
+        devices and queue ledger updated in one vectorised step each, the ledger's float sums in pod order."""
         st = self.state
-        pods = np.array([it[0] for it in run], dtype=np.int64)
-        nodes = np.array([it[1] for it in run], dtype=np.int64)
+        pods = np.fromiter((it[0] for it in run), dtype=np.int64, count=len(run))
+        nodes = np.fromiter((it[1] for it in run), dtype=np.int64, count=len(run))
         amounts = st.pod_req[pods].copy()
         per_dev = np.zeros(len(run), dtype=np.int64)
-        for k, (p, n, devices, _) in enumerate(run):
+        counts = np.fromiter((len(it[2]) for it in run), dtype=np.int64, count=len(run))
+        for k in np.nonzero((st.pod_gpu_mem[pods] > 0) | (counts > 0))[0].tolist():
+            p, n = int(pods[k]), int(nodes[k])
             if st.pod_gpu_mem[p]:
                 amounts[k, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
-            if devices:
+            if counts[k]:
                 per_dev[k] = self.gpu_per_device(p, n)
-        np.add.at(self.held, nodes, amounts)
-        devs = [d for it in run for d in it[2]]
-        if devs:
-            np.add.at(self.dev_held, np.array(devs, dtype=np.int64),
-                      np.repeat(per_dev, [len(it[2]) for it in run]))
+        devs = np.fromiter((d for it in run for d in it[2]), dtype=np.int64, count=int(counts.sum()))
         qas = self.queue_request(pods, nodes)
-        queues = self.queue_of_pod[pods]
-        np_flags = np.array([not self.is_preemptible(int(p)) for p in pods], dtype=bool)
-        rows, amts, rows_np, amts_np = [], [], [], []
-        for k in range(len(run)):
-            q = int(queues[k])
-            if q < 0:
-                continue
-            anc = self.ledger.ancestors[q]
-            rows.extend(anc)
-            amts.extend([k] * len(anc))
-            if np_flags[k]:
-                rows_np.extend(anc)
-                amts_np.extend([k] * len(anc))
-        if rows:
-            np.add.at(self.ledger.allocated, np.array(rows, dtype=np.int64), qas[np.array(amts, dtype=np.int64)])
-        if rows_np:
-            np.add.at(self.ledger.allocated_np, np.array(rows_np, dtype=np.int64),
-                      qas[np.array(amts_np, dtype=np.int64)])
-        for k, (p, n, devices, _) in enumerate(run):
-            prev = int(self.status[p])
-            self.status[p] = ALLOCATED
-            self.node[p] = n
+        groups = st.pod_pg[pods]
+        np_flags = (groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)] if st.n_groups \
+            else np.zeros(len(run), dtype=bool)  # is_preemptible: a pod without a group is preemptible
+        prevs = self.status[pods].copy()
+        batch = _Run(pods, nodes, amounts, devs, np.repeat(per_dev, counts), qas, np_flags, prevs)
+        self._apply_run(batch, 1)
+        self.status[pods] = ALLOCATED
+        self.node[pods] = nodes
+        starts = st.dev_start[nodes].tolist()
+        for (p, n, devices, _), base in zip(run, starts, strict=True):
             self.devices[p] = devices
-            self.placements[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), False)
-            self._log(_Op("place", p, n, devices, prev, amounts[k], int(per_dev[k]), qas[k], bool(np_flags[k]),
-                          None, ()))
+            self.placements[p] = Placement(p, n, tuple(d - base for d in devices), False)
+        self._log(_Op("place_run", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, run=batch))
         self._touch_many(nodes.tolist())
+
+    def _apply_run(self, run: _Run, sign: int) -> None:
+        """sign +1: a run of binds takes its resources, devices and queue amounts; -1: gives them back."""
+        np.add.at(self.held, run.nodes, sign * run.amounts)
+        if len(run.devices):
+            np.add.at(self.dev_held, run.devices, sign * run.dev_amounts)
+        queues = self.queue_of_pod[run.pods]
+        ok = queues >= 0
+        if ok.any():
+            table = np.where(ok[:, None], self._ancestor_table()[np.maximum(queues, 0)], -1)  # pod-major
+            rows = table.ravel()
+            which = np.repeat(np.arange(len(run.pods)), table.shape[1])
+            keep = rows >= 0
+            np.add.at(self.ledger.allocated, rows[keep], sign * run.queue_amounts[which[keep]])
+            keep &= run.non_preemptible[which]
+            if keep.any():
+                np.add.at(self.ledger.allocated_np, rows[keep], sign * run.queue_amounts[which[keep]])
 
     def evict(self, p: int, reason: str, beneficiary: int) -> None:
         self.evict_many([p], reason, beneficiary)
@@ -478,6 +497,16 @@ class Session:
                 continue
             op = self.log.pop()
             p, n = op.pod, op.node
+            if op.kind == "place_run":
+                assert op.run is not None
+                self._apply_run(op.run, -1)
+                self.status[op.run.pods] = op.run.prev_status
+                self.node[op.run.pods] = -1
+                for q in op.run.pods.tolist():
+                    self.devices.pop(q, None)
+                    del self.placements[q]
+                self._touch_many(op.run.nodes.tolist())
+                continue
             if op.kind == "unevict_many":
                 assert op.batch is not None
                 ops = [o for o, _ in reversed(op.batch)]

@@ -50,19 +50,34 @@ def is_satisfied(sess: Session, g: int, shape: GroupShape | None = None) -> bool
     return all(int(active_mask(sess, pods).sum()) >= int(st.sg_min_member[s]) for s, pods in shape.leaves)
 
 
-def readiness_problem(sess: Session, g: int, shape: GroupShape | None = None) -> str | None:
-    """Why a group can never be satisfied with the pods it has (KAI skips such jobs), or None."""
-    shape = shape or group_shape(sess, g)
+def readiness_problems(sess: Session, groups: list[int]) -> dict[int, str]:
+    """Why each of `groups` can never be satisfied with the pods it has (KAI skips such jobs), for those that
+    cannot: fewer schedulable (active or pending) pods than its minMember, else the first leaf sub-group (every
+    leaf counts, also one whose pods are all gone) with fewer than its own. One pass over all pods."""
     st = sess.state
-    usable = active_mask(sess, shape.pods) | pending_mask(sess, shape.pods)
-    if int(usable.sum()) < int(st.pg_min_member[g]):
-        return (f"podgroup has {int(usable.sum())} schedulable pods but minMember is {int(st.pg_min_member[g])}")
-    for s, pods in shape.leaves:
-        have = int((active_mask(sess, pods) | pending_mask(sess, pods)).sum())
-        if have < int(st.sg_min_member[s]):
-            return (f"subgroup {st.sg_names[s]} has {have} schedulable pods but its minMember is "
-                    f"{int(st.sg_min_member[s])}")
-    return None
+    if not groups:
+        return {}
+    usable = IS_ACTIVE[sess.status] | (sess.status == PodStatus.PENDING)
+    grouped = st.pod_pg >= 0
+    have = np.bincount(st.pod_pg[usable & grouped], minlength=st.n_groups)
+    asked = np.asarray(groups, dtype=np.int64)
+    out = {int(g): f"podgroup has {int(have[g])} schedulable pods but minMember is {int(st.pg_min_member[g])}"
+           for g in asked[have[asked] < st.pg_min_member[asked]].tolist()}
+    n_sg = len(st.sg_pg)
+    if n_sg:
+        is_parent = np.zeros(n_sg, dtype=bool)
+        is_parent[st.sg_parent[st.sg_parent >= 0]] = True
+        in_sg = st.pod_sg >= 0
+        sg_have = np.bincount(st.pod_sg[usable & in_sg], minlength=n_sg)
+        wanted = np.zeros(st.n_groups, dtype=bool)
+        wanted[asked] = True
+        short = ~is_parent & (sg_have < st.sg_min_member) & wanted[np.maximum(st.sg_pg, 0)] & (st.sg_pg >= 0)
+        for s in np.nonzero(short)[0].tolist():  # ascending: a group's first short leaf
+            g = int(st.sg_pg[s])
+            if g not in out:
+                out[g] = (f"subgroup {st.sg_names[s]} has {int(sg_have[s])} schedulable pods but its minMember is "
+                          f"{int(st.sg_min_member[s])}")
+    return out
 
 
 def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) -> list[int]:
