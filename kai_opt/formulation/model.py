@@ -255,7 +255,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
     _queue_constraints(sess, b, scope, totals, evicted)
 
     # -- objective terms --------------------------------------------------------------------------------------
-    prios = sorted({int(x) for x in st.pg_priority.tolist()})  # the same scale as solve.plan_score
+    prios = np.unique(st.pg_priority).tolist()  # the same scale as solve.plan_score
     level = {p: i for i, p in enumerate(prios)}
     value_terms = []
     for g in groups:
@@ -360,18 +360,21 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     per_pool_dev: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)
     for d in range(a, z):
         held = int(sess.dev_held[d])
-        gain = wsum([x for x, _per, _k in per_victim_dev[d]], [per for _x, per, _k in per_victim_dev[d]])
-        most_free = DEV - held + sum(per * k for _x, per, k in per_victim_dev[d])  # every victim on it gone
+        leaving = per_victim_dev.get(d)
+        gain = wsum([x for x, _per, _k in leaving], [per for _x, per, _k in leaving]) if leaving else 0
+        most_free = DEV - held + (sum(per * k for _x, per, k in leaving) if leaving else 0)  # every victim gone
         if most_free <= 0:
             continue  # full whatever the model decides: no variables for it
-        shares_here = []
+        here: list[cp_model.IntVar] = []  # what the device holds: whole (DEV) or shares of each size
+        milli: list[int] = []
         if most_free >= DEV:  # it can go whole only when nothing stays on it
             w = m.new_bool_var(f"whole_dev[{st.node_names[n]}#{d - a}]")
             b.whole_dev[d] = w
             whole_devs.append(w)
             if held:  # (held now, minus what victims release)
                 m.add(held - gain <= DEV * (1 - w))
-            shares_here.append(DEV * w)
+            here.append(w)
+            milli.append(DEV)
         for size in pools:
             per = size[0]
             if per <= 0 or per > most_free:
@@ -379,9 +382,11 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
             u = m.new_int_var(0, most_free // per, f"on_device[{per}m/{size[1]},{st.node_names[n]}#{d - a}]")
             b.on_device[(size, d)] = u
             per_pool_dev[size].append(u)
-            shares_here.append(u * per)
-        if shares_here:
-            m.add(lsum(shares_here) - gain <= DEV - held)
+            here.append(u)
+            milli.append(per)
+        # (one variable alone, with nothing leaving the device, is within its room by its upper bound)
+        if len(here) > 1 or (here and leaving):
+            m.add(wsum(here, milli) - gain <= DEV - held)
     for size, vs in pools.items():  # a pod of n devices counts on n distinct devices: no device holds more of
         m.add(lsum(per_pool_dev[size]) == size[1] * lsum(vs))  # them than there are pods (then a round-robin
         if size[1] > 1:  # hands each pod distinct devices, see decode)
@@ -400,11 +405,12 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
     groups, shapes, victims = scope.groups, scope.shapes, scope.victims
     anc = st.q_ancestors
     scale = np.array(QSCALE)
+    qreqs = {s: _qreq(sess, shape.pods) for s, shape in enumerate(shapes)}
     placed_q: dict[int, list] = defaultdict(list)  # queue -> [(expr, qreq vector, most pods)]
     placed_np_q: dict[int, list] = defaultdict(list)
     for g in groups:
         for s in g.shapes:
-            qr = _qreq(sess, shapes[s].pods)
+            qr = qreqs[s]
             for q in anc[g.queue]:
                 placed_q[q].append((totals[s], qr, len(shapes[s].pods)))
                 if not g.preemptible:
@@ -472,7 +478,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
     placed_g: dict[int, list] = defaultdict(list)  # group -> [(expr, qreq vector, most pods)]
     for i, g in enumerate(groups):
         for s in g.shapes:
-            placed_g[i].append((s, _qreq(sess, shapes[s].pods), len(shapes[s].pods)))
+            placed_g[i].append((s, qreqs[s], len(shapes[s].pods)))
     done: dict[tuple[int, int], int] = {}  # (queue, resource) -> groups (rank order) already in its running sum
     running: dict[tuple[int, int], tuple[cp_model.IntVar | None, int]] = {}  # (queue, r) -> (sum var, its max)
     for j in rec_groups:

@@ -80,13 +80,15 @@ class Placer:
         """(fits now, fits once releases finish) over the candidate node indexes."""
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
-        future_ok = np.ones(len(candidates), dtype=bool)
-        now_ok = np.ones(len(candidates), dtype=bool)
-        for c in self.non_gpu_cols[req[self.non_gpu_cols] > 0].tolist():  # as kube: only what the pod requests
-            free = sess.alloc[candidates, c] - sess.held[candidates, c]
-            future_ok &= free >= req[c]
-            now_ok &= free - sess.rel[candidates, c] >= req[c]
-        now_ok &= future_ok
+        cols = self.non_gpu_cols[req[self.non_gpu_cols] > 0]  # as kube: only what the pod requests
+        if len(cols):
+            need = req[cols]
+            free = sess.alloc[candidates][:, cols] - sess.held[candidates][:, cols]
+            future_ok = (free >= need).all(axis=1)
+            now_ok = (free - sess.rel[candidates][:, cols] >= need).all(axis=1) & future_ok
+        else:
+            future_ok = np.ones(len(candidates), dtype=bool)
+            now_ok = np.ones(len(candidates), dtype=bool)
         whole = int(st.pod_gpu_whole[p])
         if whole:
             now_ok &= sess.whole_idle[candidates] >= whole
