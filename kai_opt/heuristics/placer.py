@@ -81,14 +81,19 @@ class Placer:
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
         cols = self.non_gpu_cols[req[self.non_gpu_cols] > 0]  # as kube: only what the pod requests
-        if len(cols):
+        if len(cols) and len(candidates) <= 32:  # a few nodes: their rows at once
             need = req[cols]
             free = sess.alloc[candidates][:, cols] - sess.held[candidates][:, cols]
             future_ok = (free >= need).all(axis=1)
             now_ok = (free - sess.rel[candidates][:, cols] >= need).all(axis=1) & future_ok
-        else:
+        else:  # many: column by column (cheaper than copying their whole rows)
             future_ok = np.ones(len(candidates), dtype=bool)
             now_ok = np.ones(len(candidates), dtype=bool)
+            for c in cols.tolist():
+                free = sess.alloc[candidates, c] - sess.held[candidates, c]
+                future_ok &= free >= req[c]
+                now_ok &= free - sess.rel[candidates, c] >= req[c]
+            now_ok &= future_ok
         whole = int(st.pod_gpu_whole[p])
         if whole:
             now_ok &= sess.whole_idle[candidates] >= whole
