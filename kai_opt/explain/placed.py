@@ -15,6 +15,7 @@ import numpy as np
 
 from kai_opt.explain.context import Context, apply_plan, node_domain
 from kai_opt.explain.scores import Ranking, device_choice, node_entry, rank_nodes, terms
+from kai_opt.formulation.objective import TIERS, Objective
 from kai_opt.heuristics.gang import _domains, _order_domains
 from kai_opt.heuristics.placer import Placer
 from kai_opt.heuristics.session import Session
@@ -221,10 +222,7 @@ def _in_subtree(st: Any, s: int, root: int) -> bool:
 def _cpsat_terms(ctx: Context, nodes: list[int]) -> dict[str, Any]:
     """The CP-SAT objective's packing term (tier 3) at the nodes used: fuller nodes (0-10) score higher."""
     st = ctx.state
-    alloc = st.node_alloc[:, R_GPU]
-    held = st.node_used[:, R_GPU] - st.node_releasing[:, R_GPU] + st.node_pipelined[:, R_GPU]
-    fullness = {st.node_names[n]: int(10 * int(held[n]) // int(alloc[n])) if alloc[n] else 0
-                for n in sorted(set(nodes))}
-    return {"tiers": ["work placed (priority-weighted GPUs, x2 within fair share)", "eviction cost",
-                      "packing (node fullness 0-10 at cycle start, per pod placed)"],
-            "solver": ctx.plan.solver.as_dict(), "packing_fullness": fullness}
+    used = sorted(set(nodes))
+    full = Objective(st, ctx.fs).fullness(np.array(used, dtype=np.int64)).tolist() if used else []
+    fullness = {st.node_names[n]: int(f) for n, f in zip(used, full, strict=True)}
+    return {"tiers": list(TIERS), "solver": ctx.plan.solver.as_dict(), "packing_fullness": fullness}

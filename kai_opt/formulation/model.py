@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.scope import Scope
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_GPU
@@ -254,36 +255,20 @@ def build_model(sess: Session, scope: Scope) -> Built:
     # -- queues: limits, non-preemptible quota, reclaim rules ----------------------------------------------------
     _queue_constraints(sess, b, scope, totals, evicted)
 
-    # -- objective terms --------------------------------------------------------------------------------------
-    prios = np.unique(st.pg_priority).tolist()  # the same scale as solve.plan_score
-    level = {p: i for i, p in enumerate(prios)}
-    value_terms = []
-    for g in groups:
-        below_share = bool(np.all(sess.ledger.allocated[g.queue] <= fs.fair_share[g.queue] + 1e-9))
-        w = 4 ** level[g.priority] * (2 if below_share else 1)
-        for s in g.shapes:
-            p0 = shapes[s].pods[0]
-            per = (int(st.pod_gpu_whole[p0]) * DEV or int(st.pod_gpu_frac[p0]) * int(st.pod_gpu_ndev[p0])
-                   or (500 if st.pod_gpu_mem[p0] else 0)) + 10  # GPUs placed, and 10 per pod (CPU-only counts)
-            b.value_terms[s] = w * per
-            value_terms.append(totals[s] * (w * per))
-    b.value = lsum(value_terms)
-    cost = []
-    for vi, v in enumerate(victims):
-        p = v.pods
-        gpu = int(st.pod_req[p, R_GPU].sum())
-        cost.append(evicted[vi] * ((gpu + 10 * len(p)) * 4 ** level[int(st.pg_priority[v.group])]))
-    for mv, x in zip(scope.movers, b.move, strict=True):  # a move costs as its eviction would
-        p = mv.pods[0]
-        cost.append(x * ((int(st.pod_req[p, R_GPU]) + 10) * 4 ** level[int(st.pg_priority[mv.group])]))
-    b.eviction_cost = lsum(cost)
-    pack = []
-    alloc_gpu = st.node_alloc[:, R_GPU]
-    for (pi, n), v in b.place.items():
-        if alloc_gpu[n] > 0 and st.pod_req[scope.pools[pi].pod, R_GPU] > 0:
-            used = int(10 * (alloc_gpu[n] - future[n, R_GPU]) // alloc_gpu[n])  # 0..10: fuller nodes first
-            pack.append(v * used)
-    b.packing = lsum(pack)
+    # -- objective terms (kai_opt.formulation.objective) ---------------------------------------------------------
+    obj = Objective(st, fs)
+    first = [shapes[s].pods[0] for g in groups for s in g.shapes]
+    work = obj.work(np.array(first, dtype=np.int64)).tolist() if first else []
+    for s, w in zip([s for g in groups for s in g.shapes], work, strict=True):
+        b.value_terms[s] = int(w)
+    b.value = wsum([totals[s] for s in b.value_terms], list(b.value_terms.values()))
+    units = [int(obj.eviction_cost(np.array(v.pods, dtype=np.int64)).sum()) for v in victims]
+    moving = obj.eviction_cost(np.array([mv.pods[0] for mv in scope.movers], dtype=np.int64)).tolist() \
+        if scope.movers else []  # a move costs as its eviction would, per pod
+    b.eviction_cost = wsum(list(evicted) + list(b.move), units + moving)
+    keys = [k for k in b.place if st.pod_req[scope.pools[k[0]].pod, R_GPU] > 0]
+    full = obj.fullness(np.array([n for _pi, n in keys], dtype=np.int64)).tolist() if keys else []
+    b.packing = wsum([b.place[k] for k in keys], full)
     return b
 
 

@@ -11,8 +11,6 @@ import multiprocessing as mp
 import time
 import traceback
 
-import numpy as np
-
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.engine import plan_from_session
@@ -21,6 +19,7 @@ from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.failures import exit_reason, last_line
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
+from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.runner import run_with_watchdog
 from kai_opt.formulation.scope import (
     Scope,
@@ -31,7 +30,7 @@ from kai_opt.formulation.scope import (
 )
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions
-from kai_opt.heuristics.session import DEV, Session
+from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo, failure_note
 from kai_opt.state import ClusterState
 
@@ -46,27 +45,8 @@ HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT 
 
 
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
-    """(work placed, eviction cost) with the model's weights: GPUs placed (and 10 per pod) times 4^priority level,
-    doubled for queues within their fair share; evictions by GPUs and pods times 4^victim priority level."""
-    prios = np.unique(state.pg_priority)  # one scale for every plan of the cycle
-    below_q = np.all(fs.allocated <= fs.fair_share + 1e-9, axis=1)
-    pods = np.array([pl.pod for pl in plan.placements if not pl.moved], dtype=np.int64)
-    value = 0.0
-    if len(pods):
-        g = state.pod_pg[pods]
-        level = np.searchsorted(prios, state.pg_priority[g])
-        whole = state.pod_gpu_whole[pods].astype(np.int64) * DEV
-        frac = state.pod_gpu_frac[pods].astype(np.int64) * state.pod_gpu_ndev[pods].astype(np.int64)
-        mem = np.where(state.pod_gpu_mem[pods] > 0, 500, 0)
-        per = np.where(whole > 0, whole, np.where(frac > 0, frac, mem)) + 10
-        weight = np.power(4.0, level) * np.where(below_q[state.pg_queue[g]], 2.0, 1.0)
-        value = float(np.sum(weight * per))  # exact: integers well below 2^53
-    victims = np.array([e.pod for e in plan.evictions], dtype=np.int64)
-    cost = 0.0
-    if len(victims):
-        level = np.searchsorted(prios, state.pg_priority[state.pod_pg[victims]])
-        cost = float(np.sum((state.pod_req[victims, 2].astype(np.float64) + 10) * np.power(4.0, level)))
-    return value, cost
+    """(work placed, eviction cost): tiers 1 and 2 of the cycle's objective (kai_opt.formulation.objective)."""
+    return Objective(state, fs).score(plan)
 
 
 def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
