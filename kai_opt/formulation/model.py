@@ -75,6 +75,9 @@ class Built:
     eviction_cost: cp_model.LinearExpr | None = None  # tier 2
     packing: cp_model.LinearExpr | None = None  # tier 3
     value_terms: dict[int, int] = field(default_factory=dict)  # shape -> weight per pod (for hints / reports)
+    totals: dict[int, cp_model.LinearExprT] = field(default_factory=dict)  # shape -> its pods placed
+    place_most: dict[tuple[int, int], int] = field(default_factory=dict)  # (pool, node) -> its place var's bound
+    evicted: list[cp_model.LinearExprT] = field(default_factory=list)  # per victim unit: evicted (0/1)
 
 
 def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
@@ -84,20 +87,26 @@ def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
 
 
 def build_model(sess: Session, scope: Scope) -> Built:
-    st, fs = sess.state, sess.fs
-    m = cp_model.CpModel()
-    b = Built(model=m)
-    shapes, groups, victims = scope.shapes, scope.groups, scope.victims
-    future = sess.alloc - sess.held
-    cols = [c for c in range(len(st.resources)) if c != R_GPU]
+    """The model of one cycle's scope: each family of variables and constraints from its own builder, in the
+    order of DESIGN 5, then the objective's three tiers (kai_opt.formulation.objective)."""
+    st = sess.state
+    b = Built(model=cp_model.CpModel())
+    b.gang = [b.model.new_bool_var(f"gang[{st.pg_keys[g.group]}]") for g in scope.groups]
+    _move_vars(sess, scope, b)
+    _placement_vars(sess, scope, b)
+    _gang_rows(scope, b)
+    _eviction_vars(sess, scope, b)
+    _capacity_rows(sess, scope, b)
+    _topology_rows(sess, scope, b)
+    _queue_constraints(sess, b, scope, b.totals, b.evicted)
+    _objective_terms(sess, scope, b)
+    return b
 
-    # -- gang and placement variables ------------------------------------------------------------------------
-    b.gang = [m.new_bool_var(f"gang[{st.pg_keys[g.group]}]") for g in groups]
-    group_of_shape = {}
-    for i, g in enumerate(groups):
-        for s in g.shapes:
-            group_of_shape[s] = i
-    # -- consolidation moves: running pods leaving their node, each re-placed through its pool ----------------
+
+def _move_vars(sess: Session, scope: Scope, b: Built) -> None:
+    """Consolidation moves: running pods leaving their node, each re-placed through its pool; only while a group
+    consolidation may serve is placed, and on at most max_consolidation_preemptees groups per served group."""
+    st, m = sess.state, b.model
     b.move = [m.new_int_var(0, len(mv.pods), f"move[{st.pods[mv.pods[0]].name}~{len(mv.pods)},"
                                              f"{st.node_names[mv.node]}]") for mv in scope.movers]
     if scope.movers:
@@ -118,10 +127,16 @@ def build_model(sess: Session, scope: Scope) -> Built:
             b.moved_group = moved_group
             m.add(lsum(list(moved_group.values())) <= limit * served)
 
-    # -- placements per (pool, node); per shape the pods placed ------------------------------------------------
-    totals: dict[int, cp_model.LinearExpr] = {}
-    most_here: dict[tuple[int, int], int] = {}  # (pool, node) -> its place variable's upper bound
-    node_room = _NodeRoom(sess, victims, scope.movers)
+
+def _placement_vars(sess: Session, scope: Scope, b: Built) -> None:
+    """Placements per (pool, candidate node), capped by what the node could ever hold; per shape of a pool of
+    several the pods placed; a shape places only when its group does."""
+    st, m = sess.state, b.model
+    shapes = scope.shapes
+    group_of_shape = {s: i for i, g in enumerate(scope.groups) for s in g.shapes}
+    totals = b.totals
+    most_here = b.place_most
+    node_room = _NodeRoom(sess, scope.victims, scope.movers)
     for pi, pool in enumerate(scope.pools):
         p0 = pool.pod
         label = st.pods[p0].name + ("~" if len(pool.shapes) + len(pool.movers) == 1
@@ -145,7 +160,13 @@ def build_model(sess: Session, scope: Scope) -> Built:
             m.add(lsum(terms) == lsum([b.placed[k] for k in pool.shapes] + [b.move[c] for c in pool.movers]))
         for k in pool.shapes:
             m.add(totals[k] <= len(shapes[k].pods) * b.gang[group_of_shape[k]])
-    for i, g in enumerate(groups):
+
+
+def _gang_rows(scope: Scope, b: Built) -> None:
+    """A placed group reaches its minimum (and each sub-group its own); an elastic one at least one more pod; a
+    group the greedy plan placed stays placed with at least as many pods."""
+    m, shapes, totals = b.model, scope.shapes, b.totals
+    for i, g in enumerate(scope.groups):
         group_total = lsum([totals[s] for s in g.shapes])
         m.add(group_total >= g.need * b.gang[i])
         if g.need == 0:
@@ -160,7 +181,12 @@ def build_model(sess: Session, scope: Scope) -> Built:
             m.add(b.gang[i] == 1)
             m.add(group_total >= scope.keep[i])
 
-    # -- evictions --------------------------------------------------------------------------------------------
+
+def _eviction_vars(sess: Session, scope: Scope, b: Built) -> None:
+    """Victim units evicted for an allowed, placed preemptor or reclaimer; a victim gang keeps its minimum or
+    goes whole, core last; a group whose core goes is not placed."""
+    st, m = sess.state, b.model
+    groups, victims = scope.groups, scope.victims
     for v in victims:
         pre = [j for j in v.beneficiaries if v.reason_for[j] == "preempt"]
         rec = [j for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
@@ -172,7 +198,7 @@ def build_model(sess: Session, scope: Scope) -> Built:
         m.add(er <= lsum([b.gang[j] for j in rec]) if rec else er == 0)  # only for an allowed, placed reclaimer
         b.evict_pre.append(ep)
         b.evict_rec.append(er)
-    evicted = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
+    b.evicted = evicted = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
     by_group: dict[int, list[int]] = defaultdict(list)
     for vi, v in enumerate(victims):
         by_group[v.group].append(vi)
@@ -187,7 +213,14 @@ def build_model(sess: Session, scope: Scope) -> Built:
             for e in extras:
                 m.add(evicted[c] <= evicted[e])
 
-    # -- node capacity (once releases and evictions finish) ----------------------------------------------------
+
+def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
+    """Node capacity once releases and evictions finish: per resource, and whole GPUs per node, or per device on
+    nodes where shares go or leave."""
+    st, m = sess.state, b.model
+    victims, evicted, most_here = scope.victims, b.evicted, b.place_most
+    future = sess.alloc - sess.held
+    cols = [c for c in range(len(st.resources)) if c != R_GPU]
     on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
     on_node_most: dict[int, list[int]] = defaultdict(list)  # node -> the upper bounds of its place variables
     for (pi, n), v in b.place.items():
@@ -225,8 +258,11 @@ def build_model(sess: Session, scope: Scope) -> Built:
             m.add(whole_use - wsum([x for x, _p in wrel], [int(st.pod_gpu_whole[p]) for _x, p in wrel])
                   <= int(sess.whole_future[n]))
 
-    # -- topology ---------------------------------------------------------------------------------------------
-    for i, g in enumerate(groups):
+
+def _topology_rows(sess: Session, scope: Scope, b: Built) -> None:
+    """A group with a required topology level places inside one domain of it (the one its running pods are in)."""
+    st, m, shapes = sess.state, b.model, scope.shapes
+    for i, g in enumerate(scope.groups):
         if g.topology < 0 or g.required_level < 0:
             continue
         dom = st.topologies[g.topology].domain[g.required_level]
@@ -252,16 +288,17 @@ def build_model(sess: Session, scope: Scope) -> Built:
         else:
             m.add(b.gang[i] == 0)
 
-    # -- queues: limits, non-preemptible quota, reclaim rules ----------------------------------------------------
-    _queue_constraints(sess, b, scope, totals, evicted)
 
-    # -- objective terms (kai_opt.formulation.objective) ---------------------------------------------------------
-    obj = Objective(st, fs)
+def _objective_terms(sess: Session, scope: Scope, b: Built) -> None:
+    """Tier 1 (work placed), tier 2 (eviction cost) and tier 3 (packing) as expressions, weights from
+    kai_opt.formulation.objective."""
+    st, shapes, groups, victims, evicted = sess.state, scope.shapes, scope.groups, scope.victims, b.evicted
+    obj = Objective(st, sess.fs)
     first = [shapes[s].pods[0] for g in groups for s in g.shapes]
     work = obj.work(np.array(first, dtype=np.int64)).tolist() if first else []
     for s, w in zip([s for g in groups for s in g.shapes], work, strict=True):
         b.value_terms[s] = int(w)
-    b.value = wsum([totals[s] for s in b.value_terms], list(b.value_terms.values()))
+    b.value = wsum([b.totals[s] for s in b.value_terms], list(b.value_terms.values()))
     units = [int(obj.eviction_cost(np.array(v.pods, dtype=np.int64)).sum()) for v in victims]
     moving = obj.eviction_cost(np.array([mv.pods[0] for mv in scope.movers], dtype=np.int64)).tolist() \
         if scope.movers else []  # a move costs as its eviction would, per pod
@@ -269,7 +306,6 @@ def build_model(sess: Session, scope: Scope) -> Built:
     keys = [k for k in b.place if st.pod_req[scope.pools[k[0]].pod, R_GPU] > 0]
     full = obj.fullness(np.array([n for _pi, n in keys], dtype=np.int64)).tolist() if keys else []
     b.packing = wsum([b.place[k] for k in keys], full)
-    return b
 
 
 class _NodeRoom:
