@@ -20,6 +20,7 @@ from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.failures import exit_reason
+from kai_opt.heuristics.cycle import greedy_plan
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
 
@@ -42,8 +43,6 @@ def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
 
 def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None) -> Plan | None:
     """The FGD-scored greedy plan, or None if it fails the checker (it is then never used; None means only that)."""
-    from kai_opt.engine import greedy_plan
-
     alt_config = fgd_config(config)
     plan = greedy_plan(state, fs, alt_config, actions)
     try:

@@ -13,7 +13,6 @@ import traceback
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
-from kai_opt.engine import plan_from_session
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.failures import exit_reason, last_line
@@ -30,6 +29,7 @@ from kai_opt.formulation.scope import (
 )
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo, failure_note
 from kai_opt.state import ClusterState

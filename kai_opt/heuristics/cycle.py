@@ -1,0 +1,57 @@
+"""The greedy engine's cycle on one session: KAI's actions in order, and the plan a session's decisions make.
+
+It is the hint and the fallback of every engine, so the engine module and the CP-SAT stage both read it from here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kai_opt.config import Config
+from kai_opt.fairshare import FairShare
+from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.session import Session
+from kai_opt.plan import Eviction, Placement, Plan, Reason, SolverInfo
+from kai_opt.state import ClusterState, PodStatus
+
+ACTION_ORDER = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
+
+
+Progress = Callable[[str], None]  # told what a long cycle is doing now (a phase name), for a status line
+
+
+def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
+                actions: tuple[str, ...] | None = None, progress: Progress | None = None) -> Plan:
+    """KAI-like heuristics: each enabled action in order on one session."""
+    start = time.perf_counter()
+    sess = Session(state, fs, config)
+    acts = Actions(sess)
+    enabled = actions if actions is not None else tuple(a for a in ACTION_ORDER if getattr(config.actions, a))
+    phases: dict[str, float] = {}
+    for name in ACTION_ORDER:
+        if name not in enabled:
+            continue
+        if progress is not None:
+            progress(f"greedy: {name.replace('_', '-')}")
+        t = time.perf_counter()
+        {"allocate": acts.allocate, "consolidate": acts.consolidate, "reclaim": acts.reclaim,
+         "preempt": acts.preempt, "stale_gang": acts.stale_gangs}[name]()
+        phases[name] = time.perf_counter() - t
+    plan = plan_from_session(sess, acts.reasons, "greedy")
+    plan.phases.update(phases)
+    plan.solver = SolverInfo(status="HEURISTIC", wall_s=time.perf_counter() - start)
+    return plan
+
+
+def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: str) -> Plan:
+    st = sess.state
+    placements: list[Placement] = sorted(sess.placements.values(), key=lambda p: p.pod)
+    placements += sorted(sess.moves.values(), key=lambda p: p.pod)
+    evictions: list[Eviction] = sorted(sess.evictions.values(), key=lambda e: e.pod)
+    pending: dict[int, list[Reason]] = {}
+    still = (sess.status == PodStatus.PENDING) & (st.pod_pg >= 0)
+    for g in sorted(set(st.pod_pg[still].tolist())):
+        pending[g] = reasons.get(g) or [Reason("Pending", "waiting for its turn: earlier pods of this elastic "
+                                                          "group were placed this cycle")]
+    return Plan(engine=engine, placements=placements, evictions=evictions, pending=pending)
