@@ -75,3 +75,12 @@ def test_the_window_scales_with_the_budget() -> None:
     assert scope_mod.window_pods(small) < scope_mod.window_pods(large) == large.solver.max_model_pods
     assert scope_mod.pair_budget(small) < scope_mod.pair_budget(large)
     assert scope_mod.move_budget(small) < scope_mod.move_budget(large)
+
+
+def test_the_model_shrinks_with_the_fixed_work_of_a_large_greedy_plan() -> None:
+    cfg = Config.model_validate({"solver": {"time_budget_s": 1.0}})
+    small, large = 500, 7_000  # greedy decisions (the 10,000-node scale instance has about 6,700)
+    assert scope_mod.window_pods(cfg, large) < scope_mod.window_pods(cfg, small) <= scope_mod.window_pods(cfg)
+    assert scope_mod.pair_budget(cfg, large) < scope_mod.pair_budget(cfg, small)
+    assert scope_mod.move_budget(cfg, large) < scope_mod.move_budget(cfg, small)
+    assert scope_mod.model_seconds(cfg, 10**9) == 0.1  # never below a tenth of the budget

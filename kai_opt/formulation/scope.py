@@ -37,9 +37,20 @@ PAIRS_PER_SECOND = 3_000  # and at most this many per second of the time budget 
 # node where shares go, one per device and share size): what one model can build, solve and decode in time
 
 
-def pair_budget(cfg) -> int:
+FIXED_PER_DECISION = 0.00004  # s per decision of the greedy plan the CP-SAT stage spends whatever the model's
+# size: replaying the decisions outside the window, then checking and scoring the whole plan
+
+
+def model_seconds(cfg, decisions: int = 0) -> float:
+    """The part of the time budget that sizes the model: the budget less the fixed work over the greedy plan's
+    `decisions` (placements and evictions), and never less than a tenth of it."""
+    budget = cfg.solver.time_budget_s
+    return max(0.1 * budget, budget - FIXED_PER_DECISION * decisions)
+
+
+def pair_budget(cfg, decisions: int = 0) -> int:
     """(pool, candidate node) pairs of one model under this configuration's time budget."""
-    return min(PAIR_BUDGET, int(PAIRS_PER_SECOND * cfg.solver.time_budget_s))
+    return min(PAIR_BUDGET, int(PAIRS_PER_SECOND * model_seconds(cfg, decisions)))
 
 
 @dataclass
@@ -205,7 +216,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     # is what lets the model re-arrange the greedy's placements (fragmentation-100: 797 GPUs with every node a
     # candidate, 707 = the greedy's with 24)
     pools = shape_pools(sess, groups, shapes)
-    cap = max(per_shape_nodes, pair_budget(sess.cfg) // max(1, len(pools)))
+    decisions = len(greedy.placements) + len(greedy.evictions)
+    cap = max(per_shape_nodes, pair_budget(sess.cfg, decisions) // max(1, len(pools)))
     move_for, movable = _movable(sess, groups, greedy)
     roomy = np.zeros(st.n_nodes, dtype=bool)
     _candidate_nodes(sess, acts, pools, greedy_nodes, victims, cap, shapes, movable, roomy)
@@ -216,7 +228,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
     scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for)
-    _add_movers(sess, acts, scope, movable[roomy[sess.node[movable]]], per_shape_nodes)
+    _add_movers(sess, acts, scope, movable[roomy[sess.node[movable]]], per_shape_nodes,
+                move_budget(sess.cfg, decisions))
     return scope
 
 
@@ -224,9 +237,10 @@ WINDOW_PODS_PER_SECOND = 1_000  # pending pods one model decides per second of t
 # the greedy plan's decisions): scope, model, solve and decode grow with them (see docs/DESIGN-NOTES.md)
 
 
-def window_pods(cfg) -> int:
-    """Pending pods one model may decide under this configuration (solver.max_model_pods caps it)."""
-    return max(1, min(cfg.solver.max_model_pods, int(WINDOW_PODS_PER_SECOND * cfg.solver.time_budget_s)))
+def window_pods(cfg, decisions: int = 0) -> int:
+    """Pending pods one model may decide under this configuration (solver.max_model_pods caps it), beside a
+    greedy plan of `decisions` placements and evictions."""
+    return max(1, min(cfg.solver.max_model_pods, int(WINDOW_PODS_PER_SECOND * model_seconds(cfg, decisions))))
 
 
 def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter[int], always: set[int],
@@ -342,9 +356,9 @@ MOVES_PER_SECOND = 600  # and at most this many per second of the time budget: e
 # node's devices, and the model must be built, solved and decoded within the budget (see docs/DESIGN-NOTES.md)
 
 
-def move_budget(cfg) -> int:
+def move_budget(cfg, decisions: int = 0) -> int:
     """Running pods one model may move under this configuration's time budget."""
-    return min(MOVE_BUDGET, int(MOVES_PER_SECOND * cfg.solver.time_budget_s))
+    return min(MOVE_BUDGET, int(MOVES_PER_SECOND * model_seconds(cfg, decisions)))
 # moves only in clusters up to this size: at 100 and 1,000 nodes they pay (topology-1000: +40 / +72 GPUs in 5 s),
 # at 5,000 and 10,000 (the scale instance) the larger model found nothing in 10-15 s where the one without moves
 # placed more than the greedy plan (5,000: +5 GPUs in 10 s; 10,000: model build 7.9 s instead of 2.5 s, then no
@@ -352,7 +366,8 @@ def move_budget(cfg) -> int:
 MOVE_MAX_NODES = 2_000
 
 
-def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray, per_shape_nodes: int) -> None:
+def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray, per_shape_nodes: int,
+                most: int) -> None:
     """The movable pods on the model's nodes (those where moving them could let a pending pod fit) become
     movers: per (pool, group, node, devices), in pools with the pending pods they are interchangeable with, or in
     pools of their own (candidate nodes: the best-fitting)."""
@@ -364,7 +379,7 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
     rank = np.full(st.n_nodes, -1, dtype=np.int64)
     rank[nodes] = np.arange(len(nodes))
     pods = movable[rank[sess.node[movable]] >= 0]
-    pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:move_budget(sess.cfg)]
+    pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:most]
     own = {k for gs in scope.groups if gs.topology >= 0 and gs.required_level >= 0 for k in gs.shapes}
     by_key = {pool_key(sess, pool.pod): i for i, pool in enumerate(scope.pools) if pool.shapes[0] not in own}
     classes: dict[tuple, Mover] = {}

@@ -55,7 +55,8 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
     sess = Session(state, fs, config)
     apply_consolidation(sess, greedy)
     acts = Actions(sess)
-    scope = build_scope(sess, acts, greedy, max_pods=window_pods(config))
+    decisions = len(greedy.placements) + len(greedy.evictions)
+    scope = build_scope(sess, acts, greedy, max_pods=window_pods(config, decisions))
     if actions is not None:
         if "preempt" not in actions:
             for v in scope.victims:
