@@ -31,6 +31,15 @@ class Engine(StrEnum):
     cpsat = "cpsat"
 
 
+class QueueStatus(StrEnum):
+    """Whether `kai-opt run` writes Queue status: always, never, or auto: only while KAI-Scheduler is not
+    installed (its queue controller writes Queue status then)."""
+
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
@@ -136,6 +145,14 @@ class Runtime(_Model):
     backoff_max_s: float = Field(30.0, gt=0, le=3600, description="longest reconnect delay of a failing watch")
     absent_kind_recheck_s: float = Field(30.0, gt=0, le=3600, description="how often a kind whose CRD is not "
                                          "installed is looked for again")
+    queue_status: QueueStatus = Field(QueueStatus.auto, description="Queue status writes: always, never, or auto "
+                                      "= only while KAI-Scheduler is not installed (detected by its BindRequest "
+                                      "CRD, bindrequests.scheduling.run.ai, looked for every "
+                                      "absent_kind_recheck_s); KAI's queue controller owns Queue status then")
+    prebind_recheck: bool = Field(True, description="right before each bind, check the pod still fits its node in "
+                                  "the newest cache (pods other schedulers bound since the cycle's snapshot, and our "
+                                  "own binds in flight); a bind that no longer fits is dropped and the pod placed "
+                                  "again next cycle")
     leader_election: LeaderElection = Field(LeaderElection(), description="leader election (kai-opt run "
                                             "--leader-elect)")
 

@@ -83,6 +83,10 @@ PARTS: tuple[Part, ...] = (
          "kube-scheduler and `kai-opt run` side by side on the same kube-apiserver + etcd (no kubelet): pods/s "
          "from the first create to the last pod bound.",
          (PY, "scripts/bench_throughput.py")),
+    Part("coexist", "Sharing nodes with kube-scheduler: overcommits with and without the pre-bind re-check",
+         "kube-scheduler and `kai-opt run` binding onto the same 500 nodes at once (no kubelet): nodes whose bound "
+         "requests exceed allocatable, and whose bind took them there.",
+         (PY, "scripts/bench_coexist.py"), markdown=True),
 )
 BY_NAME = {p.name: p for p in PARTS}
 

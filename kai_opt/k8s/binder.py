@@ -10,6 +10,10 @@ gone), 409/422 (bound meanwhile, or a different pod of that name) or any permane
 cache's assumption is dropped, so the pod is placed again next cycle. A 409/422 is checked against the pod (one
 GET): if it is bound to our node on our devices, an earlier attempt of ours went through.
 
+Right before the request, `recheck` (kai_opt.k8s.recheck) may check the pod still fits its node in the newest
+cache (other schedulers bind onto the same nodes); a bind that no longer fits is dropped with reason `no-fit` (its
+assumption too), and the pod is placed again next cycle.
+
 A pod is never bound twice: a pod is accepted once while queued or in flight (keyed by uid), the cache counts it
 as bound from acceptance on (so the next cycle does not place it again), and the API server refuses to bind a
 bound pod (409) as the final guard. Every write first asks `fence()` (leadership): a replica that lost its Lease
@@ -60,7 +64,7 @@ class BindResult:
     request: BindRequest
     ok: bool
     latency_s: float
-    reason: str = ""  # failure: not-found | conflict | forbidden | invalid | error | dropped
+    reason: str = ""  # failure: not-found | conflict | forbidden | invalid | error | dropped | no-fit
     message: str = ""
 
 
@@ -68,11 +72,16 @@ class _Dropped(Exception):
     """Stopping, or no longer the leader: queued work is abandoned."""
 
 
+class _NoFit(Exception):
+    """The pre-bind re-check found the pod no longer fits its node."""
+
+
 class Binder:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, limiter: TokenBucket, *, workers: int = 16,
                  retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0,
                  fence: Callable[[], bool] = lambda: True,
-                 on_result: Callable[[BindResult], None] | None = None) -> None:
+                 on_result: Callable[[BindResult], None] | None = None,
+                 recheck: Callable[[BindRequest], str | None] | None = None) -> None:
         self.api = api
         self.cache = cache
         self.limiter = limiter
@@ -81,6 +90,7 @@ class Binder:
         self.timeout = (5.0, timeout_s)
         self.fence = fence
         self.on_result = on_result
+        self.recheck = recheck  # None when it fits, else why not
         self.pool = WorkPool("binder", workers)
         self._stop = threading.Event()
 
@@ -140,6 +150,9 @@ class Binder:
             except _Dropped as exc:
                 self._done(req, start, ok=False, reason="dropped", message=str(exc))
                 return
+            except _NoFit as exc:
+                self._done(req, start, ok=False, reason="no-fit", message=str(exc))
+                return
             except Exception as exc:  # classified below; unexpected errors end the attempt
                 failure = classify(exc)
                 if failure.status in (409, 422) and self._bound_here(req):
@@ -171,6 +184,9 @@ class Binder:
 
     def _post_binding(self, req: BindRequest) -> None:
         self._write()
+        misfit = self.recheck(req) if self.recheck is not None else None
+        if misfit:
+            raise _NoFit(misfit)
         meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "uid": req.uid}
         annotations = binding_annotations(self.cache.pod(req.namespace, req.name), req)
         if annotations:

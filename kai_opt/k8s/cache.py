@@ -16,6 +16,10 @@ Assumptions (what kai-opt did that the watch has not shown yet):
   watch shows it bound, the bind fails (`forget_bound`), or `assume_ttl_s` passes after the API accepted the bind;
 - releasing: an eviction was requested; the pod counts as being deleted until it is gone, the watch shows its
   deletionTimestamp, or the eviction is refused (`forget_releasing`).
+
+Pods are also indexed by node (`node_view`: the node, the pods bound to it as watched, our binds assumed onto it),
+for the binder's re-check right before a bind, and pods the watch shows turning Failed by the kubelet's admission
+(kai_opt.k8s.coexist.kubelet_rejection) are kept until `take_kubelet_rejections`.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from kubernetes.client.exceptions import ApiException
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
+from kai_opt.k8s.coexist import kubelet_rejection
 from kai_opt.snapshot import RawObject, Snapshot
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
+MAX_KEPT_REJECTIONS = 10_000  # kubelet rejections not taken yet beyond this are dropped (oldest first)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,10 @@ class ClusterCache:
         self._responses: dict[tuple[str, str], Any] = {}
         self._stop = threading.Event()
         self._started = False
-        self._bound: dict[str, Assumed] = {}  # pod uid -> assumption
+        self._bound: dict[str, Assumed] = {}  # pod uid -> assumption (changed only by _set_bound/_drop_bound)
+        self._bound_on: dict[str, set[str]] = {}  # node -> uids of _bound assumed onto it
+        self._on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pod key -> pod bound to it (watched)
+        self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
         self.generation = 0  # bumped on every change (cheap "anything new?" check)
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
@@ -268,11 +277,15 @@ class ClusterCache:
         with self._lock:
             store = self._stores[(res.api_version, res.kind)]
             was_absent = store.absent
+            old = store.items
             store.items = items
             store.resource_version = rv
             store.absent = store.forbidden = False
             store.relists += 1
             if res.kind == "Pod" and res.api_version == "v1":
+                self._reindex_nodes(items)
+                for key, pod in items.items():
+                    self._note_rejection(old.get(key), pod)
                 self._reconcile_assumptions(items)
             store.synced = True
             self.generation += 1
@@ -327,15 +340,19 @@ class ClusterCache:
             store = self._stores[(res.api_version, res.kind)]
             if rv:
                 store.resource_version = rv
+            old = store.items.get(key)
             if etype == "DELETED":
                 store.items.pop(key, None)
                 if is_pod:
+                    self._index_node(key, old, None)
                     uid = (obj.get("metadata") or {}).get("uid")
-                    self._bound.pop(uid, None)
+                    self._drop_bound(uid)
                     self._releasing.pop(uid, None)
             else:
                 store.items[key] = obj
                 if is_pod:
+                    self._index_node(key, old, obj)
+                    self._note_rejection(old, obj)
                     self._confirm(obj)
             self.generation += 1
 
@@ -419,7 +436,7 @@ class ClusterCache:
     def assume_bound(self, uid: str, namespace: str, name: str, node: str, devices: tuple[int, ...]) -> None:
         """The binder accepted this placement: the pod counts as bound there from now on."""
         with self._lock:
-            self._bound[uid] = Assumed(namespace, name, node, tuple(devices))
+            self._set_bound(uid, Assumed(namespace, name, node, tuple(devices)))
             self.generation += 1
 
     def bind_accepted(self, uid: str) -> None:
@@ -429,14 +446,14 @@ class ClusterCache:
             if a is not None:
                 pod = self.pod(a.namespace, a.name)
                 if pod is not None and (pod.get("spec") or {}).get("nodeName"):
-                    self._bound.pop(uid, None)  # the watch was faster
+                    self._drop_bound(uid)  # the watch was faster
                 else:
-                    self._bound[uid] = Assumed(a.namespace, a.name, a.node, a.devices, time.monotonic())
+                    self._set_bound(uid, Assumed(a.namespace, a.name, a.node, a.devices, time.monotonic()))
 
     def forget_bound(self, uid: str) -> None:
         """The bind failed or was dropped: the pod is pending again (it is placed again next cycle)."""
         with self._lock:
-            if self._bound.pop(uid, None) is not None:
+            if self._drop_bound(uid) is not None:
                 self.generation += 1
 
     def assume_releasing(self, uid: str) -> None:
@@ -462,10 +479,70 @@ class ClusterCache:
             self._expire()
             return dict(self._bound), set(self._releasing)
 
+    def _set_bound(self, uid: str, a: Assumed) -> None:
+        old = self._bound.get(uid)
+        if old is not None and old.node != a.node:
+            self._bound_on.get(old.node, set()).discard(uid)
+        self._bound[uid] = a
+        self._bound_on.setdefault(a.node, set()).add(uid)
+
+    def _drop_bound(self, uid: str | None) -> Assumed | None:
+        a = self._bound.pop(uid, None) if uid is not None else None
+        if a is not None:
+            on = self._bound_on.get(a.node)
+            if on is not None:
+                on.discard(uid)  # type: ignore[arg-type]
+                if not on:
+                    del self._bound_on[a.node]
+        return a
+
+    # -- pods by node, kubelet rejections ----------------------------------------------------------------------------
+    def _index_node(self, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        was = ((old or {}).get("spec") or {}).get("nodeName")
+        now = ((new or {}).get("spec") or {}).get("nodeName")
+        if was and was != now:
+            on = self._on_node.get(was)
+            if on is not None:
+                on.pop(key, None)
+                if not on:
+                    del self._on_node[was]
+        if now and new is not None:
+            self._on_node.setdefault(now, {})[key] = new
+
+    def _reindex_nodes(self, items: dict[str, dict[str, Any]]) -> None:
+        self._on_node = {}
+        for key, pod in items.items():
+            self._index_node(key, None, pod)
+
+    def _note_rejection(self, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        """Keep a pod the watch shows turning kubelet-rejected (a pod first seen rejected is old news)."""
+        if old is not None and kubelet_rejection(new) and not kubelet_rejection(old):
+            self._rejections.append(new)
+            if len(self._rejections) > MAX_KEPT_REJECTIONS:
+                del self._rejections[:len(self._rejections) - MAX_KEPT_REJECTIONS]
+
+    def take_kubelet_rejections(self) -> list[dict[str, Any]]:
+        """The pods the kubelet rejected since the last call (as the watch showed them then)."""
+        with self._lock:
+            out, self._rejections = self._rejections, []
+            return out
+
+    def node_view(self, node: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[tuple[str, Assumed]]]:
+        """One consistent read of a node: its object (None: gone), the pods the watch shows bound to it, and our
+        binds assumed onto it that the watch does not show yet (uid, assumption). Do not modify the objects."""
+        now = time.monotonic()
+        with self._lock:
+            store = self._store_for("v1", "Node")
+            obj = store.items.get(node) if store is not None else None
+            pods = list((self._on_node.get(node) or {}).values())
+            assumed = [(uid, a) for uid in self._bound_on.get(node, ()) if (a := self._bound[uid]).bound_at is None
+                       or now - a.bound_at <= self.assume_ttl_s]  # (expired ones are dropped by _expire)
+            return obj, pods, assumed
+
     def _confirm(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid")
         if uid in self._bound and (pod.get("spec") or {}).get("nodeName"):
-            del self._bound[uid]
+            self._drop_bound(uid)
         if uid in self._releasing and (pod.get("metadata") or {}).get("deletionTimestamp"):
             del self._releasing[uid]
 
@@ -473,7 +550,7 @@ class ClusterCache:
         present = {(p.get("metadata") or {}).get("uid"): p for p in items.values()}
         for uid in list(self._bound):
             if uid not in present:
-                del self._bound[uid]
+                self._drop_bound(uid)
         for uid in list(self._releasing):
             if uid not in present:
                 del self._releasing[uid]
@@ -486,7 +563,7 @@ class ClusterCache:
             if a.bound_at is not None and now - a.bound_at > self.assume_ttl_s:
                 log.warning("pod %s/%s: bound %.0fs ago but the watch does not show it; assumption dropped",
                             a.namespace, a.name, now - a.bound_at)
-                del self._bound[uid]
+                self._drop_bound(uid)
         for uid, since in list(self._releasing.items()):
             if since is not None and now - since > self.assume_ttl_s:
                 del self._releasing[uid]

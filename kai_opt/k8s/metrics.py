@@ -6,7 +6,10 @@ Series: `kai_opt_cycle_phase_seconds{phase}` (histogram: snapshot, fair_share, s
 `kai_opt_solver_failures_total{stage,kind}` (optional stages that failed while the cycle went on with the greedy
 plan: kai_opt.plan.FAILURE_STAGES x FAILURE_KINDS),
 `kai_opt_pods_bound_total`, `kai_opt_pods_evicted_total{reason}`, `kai_opt_bind_latency_seconds` (histogram),
-`kai_opt_bind_failures_total{reason}`, `kai_opt_queue_fair_share{queue,resource}`, `kai_opt_queue_allocated{...}`,
+`kai_opt_bind_failures_total{reason}`, `kai_opt_binds_dropped_total{reason}` (binds the pre-bind re-check dropped
+because the pod no longer fit its node: reason = the resource, gpu-device or node-gone),
+`kai_opt_pods_rejected_by_kubelet_total{reason}` (our pods the kubelet set Failed at admission: OutOfcpu, ...),
+`kai_opt_queue_fair_share{queue,resource}`, `kai_opt_queue_allocated{...}`,
 `kai_opt_queue_requested{...}`, `kai_opt_leader` (1 while this replica leads), `kai_opt_ready`.
 
 /readyz is ok once the watch cache has synced, on the leader and on a standby replica alike (a standby can take
@@ -50,6 +53,10 @@ class SchedulerMetrics:
                                        buckets=_BIND_BUCKETS, registry=r)
         self._bind_failures = Counter("kai_opt_bind_failures", "Failed bindings, by reason", ["reason"],
                                       registry=r)
+        self._binds_dropped = Counter("kai_opt_binds_dropped", "Binds dropped right before the request because "
+                                      "the pod no longer fit its node, by resource", ["reason"], registry=r)
+        self._kubelet_rejected = Counter("kai_opt_pods_rejected_by_kubelet", "Pods of ours the kubelet rejected "
+                                         "at admission (phase Failed), by status.reason", ["reason"], registry=r)
         labels = ["queue", "resource"]
         self._fair_share = Gauge("kai_opt_queue_fair_share", "Fair share of a queue", labels, registry=r)
         self._allocated = Gauge("kai_opt_queue_allocated", "Resources allocated to a queue", labels, registry=r)
@@ -89,6 +96,12 @@ class SchedulerMetrics:
 
     def bind_failure(self, reason: str) -> None:
         self._bind_failures.labels(reason=reason).inc()
+
+    def bind_dropped(self, reason: str) -> None:
+        self._binds_dropped.labels(reason=reason).inc()
+
+    def kubelet_rejected(self, reason: str) -> None:
+        self._kubelet_rejected.labels(reason=reason).inc()
 
     def queue(self, name: str, fair_share: dict[str, float], allocated: dict[str, float],
               requested: dict[str, float]) -> None:

@@ -34,9 +34,11 @@ from kai_opt.gcpause import gc_paused
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, watch_kinds_of
 from kai_opt.k8s.client import ClusterError
+from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, writes_queue_status
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.recheck import PreBindCheck
 from kai_opt.k8s.status import StatusWriter
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
 from kai_opt.plan import Plan
@@ -145,12 +147,15 @@ class Runner:
                                       fence=fence)
         common = {"workers": rt.bind_workers, "retries": rt.retries, "backoff_s": rt.retry_backoff_s,
                   "timeout_s": rt.request_timeout_s, "fence": fence}
-        self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound, **common)
+        self.prebind = PreBindCheck(self.cache) if rt.prebind_recheck else None
+        self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound,
+                             recheck=self._recheck if self.prebind is not None else None, **common)
         self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)
         self.status = StatusWriter(api, self.cache, self.status_pool, self.limiter, self.recorder, fence=fence,
                                    busy=lambda: self.binder.pending() > 0 or self.evictor.pending() > 0,
-                                   defer_max_s=STATUS_DEFER_MAX_S)
+                                   defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
+        self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -206,6 +211,7 @@ class Runner:
         last_start = 0.0
         while not self._stop.is_set():
             start = time.monotonic()
+            self._kubelet_rejections()
             if self._idle(last, start - last_start):
                 self.skipped += 1
             else:
@@ -358,10 +364,47 @@ class Runner:
                                {r: float(fs.allocated[q, i]) for i, r in enumerate(QR)},
                                {r: float(fs.requested[q, i]) for i, r in enumerate(QR)})
 
+    def _writes_queues(self) -> bool:
+        return writes_queue_status(self.config.runtime.queue_status.value, self.kai)
+
+    def _kubelet_rejections(self) -> None:
+        """Count our pods the kubelet rejected at admission since the last look, with an Event on each."""
+        names = tuple(self.config.scheduler_names)
+        for pod in self.cache.take_kubelet_rejections():
+            reason = kubelet_rejection(pod)
+            if reason is None or not pod_is_ours(pod, names):
+                continue
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            node = (pod.get("spec") or {}).get("nodeName")
+            self.metrics.kubelet_rejected(reason)
+            detail = " ".join(str(status.get("message") or "").split())[:300]
+            log.warning("pod %s/%s: rejected by the kubelet of %s (%s)%s", meta.get("namespace"), meta.get("name"),
+                        node, reason, f": {detail}" if detail else "")
+            self.recorder.emit(pod_ref(meta.get("namespace") or "default", meta.get("name") or "",
+                                       meta.get("uid") or ""), WARNING, "RejectedByKubelet",
+                               f"the kubelet of {node} rejected the pod kai-opt bound there ({reason})"
+                               + (f": {detail}" if detail else ""))
+
     # -- results of binds and evictions (worker threads) -------------------------------------------------------------
+    def _recheck(self, req: BindRequest) -> str | None:
+        """The pre-bind re-check (kai_opt.k8s.recheck): None when the pod still fits; a drop is counted."""
+        assert self.prebind is not None
+        try:
+            misfit = self.prebind.check(req.namespace, req.name, req.uid, req.node, req.devices)
+        except Exception:  # the re-check never stops a bind the plan verified
+            log.exception("pre-bind re-check of %s failed; binding as planned", req.key)
+            return None
+        if misfit is None:
+            return None
+        self.metrics.bind_dropped(misfit.resource)
+        return f"the pod no longer fits {req.node} ({misfit.message})"
+
     def _bound(self, result: BindResult) -> None:
         req = result.request
-        if result.ok:
+        if result.reason == "no-fit":
+            self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), WARNING, "FailedBinding",
+                               f"binding to {req.node} dropped: {result.message}; it is placed again next cycle")
+        elif result.ok:
             self.metrics.bound(1)
             self.metrics.bind_latency(result.latency_s)
             self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), NORMAL, "Scheduled",

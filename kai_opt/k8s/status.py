@@ -23,6 +23,11 @@ plan's reason messages; a Warning named by the issue's reason on every object th
 about. `Scheduled`/`Evicted` events come from the binder's and evictor's results (see runner.py). All writes are
 asynchronous on the status pool (latest status per object wins), fenced by leadership, skipped when the cached
 object already shows them; a bad object never stops the others.
+
+Only kai-opt's own objects are written (kai_opt.k8s.coexist): PodGroups named by at least one pod of ours get
+status, conditions, annotations and Events; other PodGroups (KAI-Scheduler's, or with no pods yet) and other
+schedulers' pods are left alone. Queue status and Queue Events are written only while `write_queues()` says so
+(config runtime.queue_status; by default not while KAI-Scheduler, whose queue controller owns them, is installed).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from kai_opt.api.podgroup import LAST_START_ANNOTATION, STALE_TIMESTAMP_ANNOTATI
 from kai_opt.fairshare import FairShare
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
+from kai_opt.k8s.coexist import owned_podgroups, pod_is_ours
 from kai_opt.k8s.events import WARNING, EventRecorder
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, classify
 from kai_opt.plan import Plan, Reason
@@ -197,8 +203,9 @@ class StatusWriter:
     def __init__(self, api: Any, cache: ClusterCache, pool: WorkPool, limiter: TokenBucket,
                  recorder: EventRecorder, *, fence: Callable[[], bool] = lambda: True, resend_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, busy: Callable[[], bool] = lambda: False,
-                 defer_max_s: float = 0.0) -> None:
+                 defer_max_s: float = 0.0, write_queues: Callable[[], bool] = lambda: True) -> None:
         self.api = api
+        self.write_queues = write_queues
         # Status yields to binds and evictions: while `busy()` (they are queued or in flight) a write waits, up to
         # `defer_max_s`. The apiserver then serves the binds first, and the writes still queued meanwhile are
         # replaced by later cycles' (a PodGroup goes from Pending to Running in one write, not two).
@@ -221,15 +228,18 @@ class StatusWriter:
         now = now_rfc3339()
         rejected = {(i.kind, i.name): i for i in snap.rejected}
         counts = {"podgroups": 0, "queues": 0, "events": 0}
-        counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now)
-        counts["podgroups"] += self._annotations(state, plan)
-        counts["queues"] = self._queues(state, fs, rejected, now)
-        counts["events"] = self._pending_events(state, plan) + self._issue_events(snap)
+        owned = owned_podgroups(snap.pods, snap.scheduler_names)
+        queues = self.write_queues()
+        counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now, owned)
+        counts["podgroups"] += self._annotations(state, plan, owned)
+        counts["queues"] = self._queues(state, fs, rejected, now) if queues else 0
+        counts["events"] = (self._pending_events(state, plan, owned)
+                            + self._issue_events(snap, owned, queues=queues))
         return counts
 
     # PodGroups
     def _podgroups(self, snap: Snapshot, state: ClusterState, plan: Plan,
-                   rejected: dict[tuple[str, str], Issue], now: str) -> int:
+                   rejected: dict[tuple[str, str], Issue], now: str, owned: set[str]) -> int:
         members: dict[str, list[Pod]] = {}
         for p in snap.pods:
             if p.podgroup and snap.is_ours(p):
@@ -238,6 +248,8 @@ class StatusWriter:
         for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            if key not in owned:
+                continue
             issue = rejected.get(("PodGroup", key))
             if issue is not None:
                 reasons: list[Reason] | None = [Reason(issue.reason, issue.message)]
@@ -252,7 +264,7 @@ class StatusWriter:
                 n += 1
         return n
 
-    def _annotations(self, state: ClusterState, plan: Plan) -> int:
+    def _annotations(self, state: ClusterState, plan: Plan, owned: set[str]) -> int:
         """Stale and last-start timestamps of declared PodGroups (see the module docstring)."""
         active = np.isin(state.pod_status, (PodStatus.BOUND,)) & (state.pod_pg >= 0)
         for e in plan.evictions:
@@ -271,7 +283,7 @@ class StatusWriter:
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
             g = state.pg_index.get(key)
-            if g is None or bool(state.pg_implicit[g]):
+            if g is None or bool(state.pg_implicit[g]) or key not in owned:
                 continue
             ann = meta.get("annotations") or {}
             now_active = int(running[g]) + int(placed[g])
@@ -339,7 +351,7 @@ class StatusWriter:
                 log.warning("status of %s: %s %s", key, f.status or "", f.message)
 
     # Events
-    def _pending_events(self, state: ClusterState, plan: Plan) -> int:
+    def _pending_events(self, state: ClusterState, plan: Plan, owned: set[str]) -> int:
         n = 0
         for g, reasons in plan.pending.items():
             if not reasons:
@@ -347,11 +359,11 @@ class StatusWriter:
             message = "; ".join(r.message for r in reasons)
             key = state.pg_keys[g]
             ns, name = key.split("/", 1)
-            pg = self.cache.get(PODGROUP.api_version, PODGROUP.kind, ns, name)
+            pg = self.cache.get(PODGROUP.api_version, PODGROUP.kind, ns, name) if key in owned else None
             if pg is not None and self.recorder.emit(pg, WARNING, "Unschedulable", message):
                 n += 1
             for p in state.group_pods(g).tolist():
-                if int(state.pod_status[p]) != PodStatus.PENDING:
+                if int(state.pod_status[p]) != PodStatus.PENDING or not state.pod_ours[p]:
                     continue
                 pod = state.pods[p]
                 raw = {"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -360,14 +372,20 @@ class StatusWriter:
                     n += 1
         return n
 
-    def _issue_events(self, snap: Snapshot) -> int:
+    def _issue_events(self, snap: Snapshot, owned: set[str], *, queues: bool) -> int:
+        """Events on the objects the snapshot rejected or warned about: our pods, our PodGroups, Queues while
+        kai-opt writes Queue status, and every Node, PriorityClass and Topology."""
         n = 0
         for issue in [*snap.rejected, *snap.warnings]:
             api_version = _API_VERSION.get(issue.kind)
             if api_version is None or issue.name in ("", "?"):
                 continue
+            if (issue.kind == "PodGroup" and issue.name not in owned) or (issue.kind == "Queue" and not queues):
+                continue
             ns, _, name = issue.name.rpartition("/")
             obj = self.cache.get(api_version, issue.kind, ns or None, name)
+            if issue.kind == "Pod" and not pod_is_ours(obj, snap.scheduler_names):
+                continue
             if obj is not None and self.recorder.emit(obj, WARNING, issue.reason, issue.message):
                 n += 1
         return n
