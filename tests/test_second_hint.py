@@ -35,7 +35,9 @@ def test_the_plan_is_never_worse_than_the_fgd_plan_computed_beside() -> None:
 
 def test_the_fgd_plan_wins_at_the_end_when_the_model_finds_nothing(monkeypatch) -> None:
     st = _state()
-    config = parse_config({"engine": "cpsat", "solver": WALL})
+    # the end waits for the plan computed beside only until the deadline: a budget that leaves it time on a loaded
+    # machine (it returns as soon as the plan is there)
+    config = parse_config({"engine": "cpsat", "solver": {**WALL, "time_budget_s": 15}})
     kai, fs = run_cycle(st, config, engine=Engine.greedy)
     # the worker (forked after these patches) neither takes the plan computed beside nor gets a solution
     monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)
