@@ -41,6 +41,7 @@ DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, 
 # walk the whole plan, the model's part and the greedy's outside it): measured in docs/DESIGN-NOTES.md
 DECODE_PER_POD = 0.0002
 CHECK_PER_DECISION = 0.00001
+SLOWDOWN_MAX = 4.0  # the reserve grows with the worker's wall/CPU ratio while building, up to this factor
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
 
 
@@ -249,7 +250,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         if progress is not None:
             progress(what)
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     budget = config.solver.time_budget_s
     greedy, via = _starting_plan(state, fs, config, greedy, actions, second, phase)
     phase("building the scope (pending groups, victims, candidate nodes)")
@@ -270,11 +271,14 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     info.build_s = time.perf_counter() - start
     pods = sum(len(s.pods) for s in scope.shapes) + sum(len(mv.pods) for mv in scope.movers)
     decisions = len(greedy.placements) + len(greedy.evictions)
-    left = budget - max(budget * DECODE_RESERVE, DECODE_PER_POD * pods + CHECK_PER_DECISION * decisions) \
-        - info.build_s
+    # the decode and check run as much slower than their CPU time as the build did (a loaded machine)
+    slowdown = min(SLOWDOWN_MAX, max(1.0, info.build_s / max(time.process_time() - cpu_start, 1e-3)))
+    reserve = max(budget * DECODE_RESERVE, (DECODE_PER_POD * pods + CHECK_PER_DECISION * decisions) * slowdown)
+    left = budget - reserve - info.build_s
     if left <= 0.01 and not config.solver.deterministic:
+        slow = f", {slowdown:.1f}x its CPU time" if slowdown > 1.2 else ""
         return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "
-                     f"{budget:g}s budget", "FALLBACK_GREEDY")
+                     f"{budget:g}s budget{slow}, and decoding and checking need {reserve:.3f}s", "FALLBACK_GREEDY")
     result = run_with_watchdog(built, config.solver, max(left, 0.05))
     info.solve_s = time.perf_counter() - start - info.build_s
     if result is None:
