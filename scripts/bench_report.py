@@ -83,6 +83,11 @@ PARTS: tuple[Part, ...] = (
          "kube-scheduler and `kai-opt run` side by side on the same kube-apiserver + etcd (no kubelet): pods/s "
          "from the first create to the last pod bound.",
          (PY, "scripts/bench_throughput.py")),
+    Part("kai", "Beside KAI-Scheduler itself: the same snapshots, KAI's own actions and kai-opt's default engine",
+         "KAI-Scheduler's actions (built from its source, run through its snapshot tool with timing added, "
+         "../shared/peers/kai) and `kai-opt solve` (engine cpsat, 1 s budget) on the same ZIPs, interleaved; both "
+         "plans counted the same way.",
+         (PY, "scripts/bench_kai.py"), markdown=True),
     Part("coexist", "Sharing nodes with kube-scheduler: overcommits with and without the pre-bind re-check",
          "kube-scheduler and `kai-opt run` binding onto the same 500 nodes at once (no kubelet): nodes whose bound "
          "requests exceed allocatable, and whose bind took them there.",
