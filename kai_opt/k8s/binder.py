@@ -15,6 +15,11 @@ as bound from acceptance on (so the next cycle does not place it again), and the
 bound pod (409) as the final guard. Every write first asks `fence()` (leadership): a replica that lost its Lease
 drops its queued work.
 
+A pod sharing a GPU (`gpu-fraction` / `gpu-memory`) gets KAI's GPU-sharing contract before its Binding is posted
+(kai_opt/k8s/sharing.py: GPU group labels, the device's reservation pod and its report, the pod's shared-GPU
+ConfigMaps); the Binding then also records `received-resource-type` and the ConfigMap prefix. A reservation that
+does not report in time fails the bind with reason `reservation-timeout`; a failed bind removes the group labels.
+
 Pipelined placements are not bound: `nominate` writes `status.nominatedNodeName` (informational) and the engine
 places the pod again in a later cycle once its victims are gone. Consolidation moves are only evicted (their owner
 re-creates the pod, which is then placed like any other).
@@ -32,8 +37,10 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
+from kai_opt.config import GpuSharing
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.sharing import GpuSharingBinder, SharingError
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
 
 log = logging.getLogger(__name__)
@@ -72,7 +79,8 @@ class Binder:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, limiter: TokenBucket, *, workers: int = 16,
                  retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0,
                  fence: Callable[[], bool] = lambda: True,
-                 on_result: Callable[[BindResult], None] | None = None) -> None:
+                 on_result: Callable[[BindResult], None] | None = None,
+                 sharing: GpuSharing | None = None) -> None:
         self.api = api
         self.cache = cache
         self.limiter = limiter
@@ -83,6 +91,10 @@ class Binder:
         self.on_result = on_result
         self.pool = WorkPool("binder", workers)
         self._stop = threading.Event()
+        # KAI's GPU-sharing contract (kai_opt/k8s/sharing.py): a shared pod's group, reservation and ConfigMaps
+        # are made before its Binding is posted, and undone when the bind fails
+        self.sharing = GpuSharingBinder(api, cache, sharing, write=self._write, stop=self._stop,
+                                        timeout=self.timeout) if sharing is not None and sharing.enabled else None
 
     # -- API -----------------------------------------------------------------------------------------------------
     def submit(self, requests: Iterable[BindRequest]) -> list[BindRequest]:
@@ -140,6 +152,9 @@ class Binder:
             except _Dropped as exc:
                 self._done(req, start, ok=False, reason="dropped", message=str(exc))
                 return
+            except SharingError as exc:
+                self._done(req, start, ok=False, reason=exc.reason, message=str(exc))
+                return
             except Exception as exc:  # classified below; unexpected errors end the attempt
                 failure = classify(exc)
                 if failure.status in (409, 422) and self._bound_here(req):
@@ -172,7 +187,10 @@ class Binder:
     def _post_binding(self, req: BindRequest) -> None:
         self._write()
         meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "uid": req.uid}
-        annotations = binding_annotations(self.cache.pod(req.namespace, req.name), req)
+        pod = self.cache.pod(req.namespace, req.name)
+        annotations = binding_annotations(pod, req)
+        if self.sharing is not None:
+            annotations.update(self.sharing.prepare(pod, req.node, req.devices))
         if annotations:
             meta["annotations"] = annotations
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
@@ -196,6 +214,8 @@ class Binder:
         if ok:
             self.cache.bind_accepted(req.uid)
         else:
+            if self.sharing is not None:
+                self.sharing.rollback(self.cache.pod(req.namespace, req.name), req.node, req.devices)
             self.cache.forget_bound(req.uid)
             if reason != "dropped":
                 log.warning("bind %s to %s failed (%s): %s", req.key, req.node, reason, message)
