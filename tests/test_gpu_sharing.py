@@ -228,3 +228,23 @@ def test_sync_deletes_only_kai_opts_reservations_nobody_shares(monkeypatch: pyte
                                       stop=threading.Event())
     assert sorted(binder.sync()) == ["r-done", "r-other-node"]
     assert sorted(deleted) == ["r-done", "r-other-node"]
+
+
+def test_the_cache_snapshot_gives_reservation_pods_no_gpu() -> None:
+    from kai_opt.k8s import cache as cache_mod
+
+    c = cache_mod.ClusterCache(api=None, kinds=cache_mod.SCHEDULING_KINDS,  # type: ignore[arg-type]
+                               reservation_app="kai-resource-reservation")
+    res = c._stores[("v1", "Pod")].res
+    resv = sharing.reservation_pod(Config().runtime.gpu_sharing, "n1", "g", 0, name="r")
+    resv["metadata"]["uid"] = "ur"
+    whole = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ns", "uid": "uw"},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": {
+                 "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}}
+    for p in (resv, whole):
+        c._apply(res, "ADDED", p)
+    objs = {o.obj["metadata"]["name"]: o.obj for o in c.scheduling_objects(("kai-opt",)) if o.kind == "Pod"}
+    assert objs["r"]["spec"]["containers"][0]["resources"]["requests"] == {}
+    assert objs["w"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # others keep it
+    assert c.pod("kai-resource-reservation", "r")["spec"]["containers"][0]["resources"]["requests"] == {
+        "nvidia.com/gpu": "1"}  # the stored object is not modified

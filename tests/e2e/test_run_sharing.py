@@ -283,3 +283,30 @@ def test_webhook_injects_the_shared_gpu_configmaps_into_the_right_container(fres
             server.stop()
             with contextlib.suppress(ApiException):
                 request(api, "DELETE", object_path("v1", "secrets", "default", SECRET_NAME))
+
+
+def test_a_pod_on_two_shared_devices_gets_a_group_and_a_reservation_per_device(fresh: LocalCluster) -> None:
+    with fresh.api_client() as api, fresh.kwok():
+        multi = shared_pod("multi", NS, fraction="0.5")
+        multi["metadata"]["annotations"]["gpu-fraction-num-devices"] = "2"
+        _setup(api, [node("n1", 2)], [multi])
+        with scheduler(fresh, fast_config()):
+            wait_for("bound", lambda: bound(api).get("multi") == "n1")
+            resv = reservation_pods(api)
+            assert len(resv) == 2 and {r["spec"]["nodeName"] for r in resv} == {"n1"}
+            by_device = {r["metadata"]["annotations"]["kai-opt.io/gpu-devices"]: r for r in resv}
+            p = pods(api)["multi"]
+            devices = p["metadata"]["annotations"]["kai-opt.io/gpu-devices"].split(",")
+            assert sorted(devices) == sorted(by_device)
+            groups = [by_device[d]["metadata"]["labels"]["runai-gpu-group"] for d in devices]
+            assert len(set(groups)) == 2
+            labels = p["metadata"]["labels"]
+            assert "runai-gpu-group" not in labels  # a multi-device pod carries KAI's per-device labels only
+            assert {k: v for k, v in labels.items() if k.startswith("runai-gpu-group/")} == {
+                f"runai-gpu-group/{g}": g for g in groups}
+            cap, direct = _cms_of(api, p)
+            want = ",".join(reported_gpu(by_device[d]) for d in devices)  # in the pod's device order
+            assert cap is not None and cap["data"]["NVIDIA_VISIBLE_DEVICES"] == want
+            assert direct is not None and direct["data"]["NVIDIA_VISIBLE_DEVICES"] == want
+            request(api, "DELETE", object_path("v1", "pods", NS, "multi"), query={"gracePeriodSeconds": 0})
+            wait_for("both reservation pods gone", lambda: not reservation_pods(api), timeout=20)
