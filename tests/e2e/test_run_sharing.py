@@ -5,9 +5,11 @@ ConfigMaps, reservation time-outs, the RBAC of the manifests, and the admission 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -310,3 +312,53 @@ def test_a_pod_on_two_shared_devices_gets_a_group_and_a_reservation_per_device(f
             assert direct is not None and direct["data"]["NVIDIA_VISIBLE_DEVICES"] == want
             request(api, "DELETE", object_path("v1", "pods", NS, "multi"), query={"gracePeriodSeconds": 0})
             wait_for("both reservation pods gone", lambda: not reservation_pods(api), timeout=20)
+
+
+def test_kai_opt_run_serves_the_webhook_with_the_certificate_of_its_secret(fresh: LocalCluster, tmp_path: Path) -> None:
+    """`kai-opt run --webhook-port`: two replicas serve one certificate (generated once into the Secret), the
+    configuration's caBundle is its CA, and the server answers over TLS for the Service's name."""
+    import socket
+    import ssl
+
+    from kai_opt.k8s.webhook import SECRET_NAME, WEBHOOK_NAME, webhook_configuration
+
+    from .schedharness import FAST_RUNTIME, SchedulerProcess
+    from .testcluster import free_port
+
+    mwc_path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK_NAME}"
+    config = {"schedule_period_s": 0.2, "runtime": FAST_RUNTIME}
+    with fresh.api_client() as api:
+        with contextlib.suppress(ApiException):
+            request(api, "DELETE", object_path("v1", "secrets", "default", SECRET_NAME))
+        mwc = webhook_configuration("default", ["kai-opt"], reservation_namespace=RESV_NS)
+        mwc["webhooks"][0]["objectSelector"] = {"matchLabels": {"never": "matches"}}  # not called in this test
+        create(api, [mwc])
+        ports = [free_port(), free_port()]
+        procs = [SchedulerProcess(fresh, tmp_path, config, identity=f"w{i}", extra=("--webhook-port", str(port)))
+                 for i, port in enumerate(ports)]
+        try:
+            for p in procs:
+                wait_for(f"{p.identity} serving the webhook", lambda p=p: "GPU-sharing webhook on" in p.output(),
+                         timeout=30)
+            secret = request(api, "GET", object_path("v1", "secrets", "default", SECRET_NAME))
+            ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+            bundle = request(api, "GET", mwc_path)["webhooks"][0]["clientConfig"]["caBundle"]
+            assert base64.b64decode(bundle).decode() == ca
+            ca_file = tmp_path / "ca.pem"
+            ca_file.write_text(ca)
+            ctx = ssl.create_default_context(cafile=str(ca_file))
+            for port in ports:  # both replicas: the same certificate, valid for the Service's DNS name
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                        ctx.wrap_socket(raw, server_hostname="kai-opt-webhook.default.svc") as tls:
+                    tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    answer = b""
+                    while chunk := tls.recv(4096):
+                        answer += chunk
+                assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok")
+        finally:
+            for p in procs:
+                p.terminate()
+            with contextlib.suppress(ApiException):
+                request(api, "DELETE", mwc_path)
+            with contextlib.suppress(ApiException):
+                request(api, "DELETE", object_path("v1", "secrets", "default", SECRET_NAME))
