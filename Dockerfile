@@ -14,5 +14,6 @@ RUN pip install . && rm -rf /src
 # the Deployment runs as this non-root user with a read-only root file system (/tmp is an emptyDir)
 USER 65532:65532
 WORKDIR /
+# the GPU reservation pods run this image too, as `python -m kai_opt.reservation` (kai_opt/reservation.py)
 ENTRYPOINT ["kai-opt"]
 CMD ["--help"]

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kai_opt import __version__
 from kai_opt.errors import ConfigError
 from kai_opt.limits import INT32_MAX, MAX_DURATION_S
 from kai_opt.textfile import check_yaml_aliases, check_yaml_depth, read_text
@@ -118,6 +119,37 @@ class LeaderElection(_Model):
         return self
 
 
+_DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class GpuSharing(_Model):
+    """KAI's GPU-sharing contract at bind time (kai_opt/k8s/sharing.py): for pods with `gpu-fraction` or
+    `gpu-memory`, a GPU group label, one reservation pod per shared device and the pod's shared-GPU ConfigMaps."""
+
+    enabled: bool = Field(True, description="carry out KAI's GPU-sharing contract when binding shared-GPU pods "
+                          "(false: bind them with kai-opt's device record only)")
+    reservation_namespace: str = Field("kai-resource-reservation", pattern=_DNS_LABEL_RE,
+                                       description="namespace of the GPU reservation pods")
+    reservation_image: str = Field(f"kai-opt:{__version__}", min_length=1, pattern=r"^\S+$",
+                                   description="image of the reservation pods (kai-opt's image: its "
+                                   "`python -m kai_opt.reservation` reports the GPU the pod was given)")
+    reservation_service_account: str = Field("kai-opt-reservation", pattern=_DNS_SUBDOMAIN_RE,
+                                             description="service account of the reservation pods (may get and "
+                                             "patch pods in reservation_namespace)")
+    runtime_class_name: str = Field("nvidia", pattern=r"^$|" + _DNS_SUBDOMAIN_RE[1:],
+                                    description="runtimeClassName of the reservation pods ('' = none)")
+    reservation_app_label: str = Field("kai-resource-reservation", min_length=1, max_length=63,
+                                       pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+                                       description="value of the reservation pods' `app` label: pods with it hold "
+                                       "no GPU in the snapshot (the shared pods account for the device), as in KAI")
+    reservation_timeout_s: float = Field(40.0, gt=0, le=3600, description="a reservation pod that has not "
+                                         "reported its GPU this long after its creation is deleted, and the pods "
+                                         "waiting for it go back to pending (a FailedBinding Event)")
+    cdi_device_names: bool = Field(False, description="write the reserved GPUs into NVIDIA_VISIBLE_DEVICES as CDI "
+                                   "names (k8s.device-plugin.nvidia.com/gpu=ID), for a device plugin using CDI")
+
+
 class Runtime(_Model):
     """The in-cluster scheduler (`kai-opt run`): watch cache, binder, evictor, status writer."""
 
@@ -155,6 +187,7 @@ class Runtime(_Model):
                                   "again next cycle")
     leader_election: LeaderElection = Field(LeaderElection(), description="leader election (kai-opt run "
                                             "--leader-elect)")
+    gpu_sharing: GpuSharing = Field(GpuSharing(), description="KAI's GPU-sharing contract when binding")
 
 
 class Config(_Model):

@@ -275,3 +275,20 @@ def test_kubelet_rejections_are_recognised_and_kept_once_per_transition() -> Non
     other["metadata"].update(uid="u2", name="q", resourceVersion="4")
     c._apply(res, "ADDED", cache_mod.clean(other, res))
     assert c.take_kubelet_rejections() == [], "a pod first seen rejected is old news"
+
+
+def test_a_gpu_reservation_pod_is_counted_by_the_pods_sharing_its_device() -> None:
+    """As in the snapshot: the reservation pod's GPU is the device its sharing pods hold parts of, so a second half
+    fits beside the first on that device, and a whole GPU does not fit on it."""
+    reservation = b.pod("gpu-reservation-n1-abcde", namespace="kai-resource-reservation", gpus=1, node_name="n1",
+                        labels={"app": "kai-resource-reservation"}, annotations={"kai-opt.io/gpu-devices": "0"},
+                        scheduler="default-scheduler")
+    first = b.pod("first", gpus=0.5, node_name="n1", annotations={"kai-opt.io/gpu-devices": "0"})
+    c = _load([b.node("n1", gpus=4), reservation, first, b.pod("me", gpus=0.5), b.pod("whole", gpus=1)])
+    c.reservation_app = "kai-resource-reservation"
+    check = PreBindCheck(c)
+    assert check.check("default", "me", "uid-Pod-default-me", "n1", (0,)) is None
+    misfit = check.check("default", "whole", "uid-Pod-default-whole", "n1", (0,))
+    assert misfit is not None and misfit.resource == GPU_DEVICE
+    c.reservation_app = None  # counted as a pod of its own, the device would look full for the second half
+    assert check.check("default", "me", "uid-Pod-default-me", "n1", (0,)) is not None

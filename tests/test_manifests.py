@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
+from kai_opt.config import parse_config
 from kai_opt.errors import InputError
 from kai_opt.k8s.client import crd_manifests, parse_yaml
 from kai_opt.k8s.grouper import OWNER_KINDS
@@ -23,7 +24,8 @@ def test_objects_in_apply_order_with_the_namespace_everywhere() -> None:
     assert objs[:3] == parse_yaml(crd_manifests())
     for o in objs:
         if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment"):
-            assert o["metadata"]["namespace"] == "sched"
+            assert o["metadata"]["namespace"] in ("sched", "kai-resource-reservation")
+            assert (o["metadata"]["namespace"] == "sched") == ("reservation" not in o["metadata"]["name"])
     [dep] = [o for o in objs if o["kind"] == "Deployment"]
     [container] = dep["spec"]["template"]["spec"]["containers"]
     assert dep["spec"]["replicas"] == 2 and container["image"] == "img:1"
@@ -32,8 +34,10 @@ def test_objects_in_apply_order_with_the_namespace_everywhere() -> None:
         DEFAULT_PRIORITY_CLASSES
     [queue] = [o for o in objs if o["kind"] == "Queue"]
     assert queue["metadata"]["name"] == "default-queue"
-    [binding] = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kai-opt", "namespace": "sched"}]
+    bindings = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    assert [b["metadata"]["name"] for b in bindings] == ["kai-opt", "kai-opt-webhook"]
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kai-opt", "namespace": "sched"}]
 
 
 def test_cluster_role_reads_every_owner_kind_and_never_deletes_or_reads_secrets() -> None:
@@ -43,7 +47,53 @@ def test_cluster_role_reads_every_owner_kind_and_never_deletes_or_reads_secrets(
         assert any(group in r["apiGroups"] and plural in r["resources"] and {"get", "list", "watch"} <= set(
             r["verbs"]) for r in rules), plural
     assert not any(v in r["verbs"] for r in rules for v in ("delete", "deletecollection", "*", "escalate", "bind"))
-    assert not any(res in r["resources"] for r in rules for res in ("secrets", "*", "configmaps"))
+    assert not any(res in r["resources"] for r in rules for res in ("secrets", "*"))
+    # the shared-GPU ConfigMaps are written, never read or deleted (they go with their pod)
+    assert [r["verbs"] for r in rules if "configmaps" in r["resources"]] == [["create", "patch"]]
+
+
+def test_reservation_namespace_rbac_is_scoped_to_it() -> None:
+    objs = build_manifests("sched", "img:1")
+    resv = [o for o in objs if o["metadata"].get("namespace") == "kai-resource-reservation"]
+    named = [o["kind"] for o in objs if o["metadata"]["name"] == "kai-resource-reservation"]
+    assert named == ["Namespace"]
+    roles = {o["metadata"]["name"]: o["rules"] for o in resv if o["kind"] == "Role"}
+    assert roles == {"kai-opt-manage-reservations": [{"apiGroups": [""], "resources": ["pods"],
+                                                      "verbs": ["create", "delete"]}],
+                     "kai-opt-reservation": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]}
+    subjects = {o["metadata"]["name"]: o["subjects"] for o in resv if o["kind"] == "RoleBinding"}
+    assert subjects == {
+        "kai-opt-manage-reservations": [{"kind": "ServiceAccount", "name": "kai-opt", "namespace": "sched"}],
+        "kai-opt-reservation": [{"kind": "ServiceAccount", "name": "kai-opt-reservation",
+                                 "namespace": "kai-resource-reservation"}]}
+    assert [o["metadata"]["name"] for o in resv if o["kind"] == "ServiceAccount"] == ["kai-opt-reservation"]
+    off = parse_config({"runtime": {"gpu_sharing": {"enabled": False}}})
+    assert not [o for o in build_manifests("sched", config=off)
+                if "reservation" in o["metadata"]["name"] or "webhook" in o["metadata"]["name"].lower()
+                or o["kind"] in ("MutatingWebhookConfiguration", "Service")]
+
+
+def test_webhook_objects_and_the_one_secret_kai_opt_may_read() -> None:
+    objs = build_manifests("sched", "img:1")
+    [svc] = [o for o in objs if o["kind"] == "Service"]
+    assert svc["metadata"] == {"name": "kai-opt-webhook", "namespace": "sched", "labels": svc["metadata"]["labels"]}
+    assert svc["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+    [dep] = [o for o in objs if o["kind"] == "Deployment"]
+    [container] = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+    assert container["args"][-2:] == ["--webhook-port", "9443"]
+    [mwc] = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+    assert mwc["webhooks"][0]["clientConfig"]["service"] == {"namespace": "sched", "name": "kai-opt-webhook",
+                                                             "path": "/mutate-pods", "port": 443}
+    [tls_role] = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "kai-opt-webhook-tls"]
+    assert tls_role["metadata"]["namespace"] == "sched"
+    assert tls_role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["kai-opt-webhook-tls"], "verbs": ["get"]}]
+    [wh_role] = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "kai-opt-webhook"]
+    assert wh_role["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"],
+                                 "resources": ["mutatingwebhookconfigurations"], "resourceNames": ["kai-opt"],
+                                 "verbs": ["get", "patch"]}]
 
 
 @pytest.mark.parametrize(("args", "field"), [(["--namespace", "Not_A_Label"], "--namespace"),
@@ -73,6 +123,8 @@ def test_existing_kai_leaves_kais_crds_classes_and_queues_alone() -> None:
                           capture_output=True, text=True, check=True)
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                         "RoleBinding", "ConfigMap", "Deployment"]
+                                         "RoleBinding", "Namespace", "Role", "RoleBinding", "ServiceAccount", "Role",
+                                         "RoleBinding", "ConfigMap", "Service", "Role", "RoleBinding", "ClusterRole",
+                                         "ClusterRoleBinding", "MutatingWebhookConfiguration", "Deployment"]
     full = build_manifests()
     assert docs == [o for o in full if o["kind"] not in ("CustomResourceDefinition", "PriorityClass", "Queue")]

@@ -51,6 +51,10 @@ def run(
                                         "(default: $POD_NAME or the hostname, plus a random suffix)"),
     metrics_port: int | None = typer.Option(None, "--metrics-port", min=0, max=65535,
                                             help="serve /metrics, /healthz, /readyz on this port"),
+    webhook_port: int | None = typer.Option(None, "--webhook-port", min=0, max=65535,
+                                            help="serve the GPU-sharing admission webhook (HTTPS) on this port; its "
+                                            "certificate is kept in Secret kai-opt-webhook-tls of the Lease's "
+                                            "namespace and set as caBundle of MutatingWebhookConfiguration kai-opt"),
     once: bool = typer.Option(False, "--once", help="run one cycle, wait for its binds/evictions, exit"),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
@@ -70,9 +74,14 @@ def run(
     if metrics is not None and metrics_port is not None:
         port = metrics.serve(metrics_port)
         logging.getLogger("kai_opt.run").info("metrics on :%d (/metrics, /healthz, /readyz)", port)
-    runner = Runner(api, cfg, identity=ident, leader_elect=leader_elect,
-                    lease_namespace=default_namespace(lease_namespace or rt.leader_election.lease_namespace),
+    namespace = default_namespace(lease_namespace or rt.leader_election.lease_namespace)
+    runner = Runner(api, cfg, identity=ident, leader_elect=leader_elect, lease_namespace=namespace,
                     metrics=metrics, once=once)
+    webhook = None
+    if webhook_port is not None and rt.gpu_sharing.enabled:
+        from kai_opt.k8s.webhook_runtime import start_webhook
+
+        webhook = start_webhook(api, namespace, webhook_port)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("kai_opt.run").info("%s: stopping", signal.Signals(signum).name)
@@ -86,6 +95,8 @@ def run(
     try:
         code = runner.run()
     finally:
+        if webhook is not None:
+            webhook.stop()
         if metrics is not None:
             metrics.stop()
         api.close()

@@ -19,6 +19,11 @@ as bound from acceptance on (so the next cycle does not place it again), and the
 bound pod (409) as the final guard. Every write first asks `fence()` (leadership): a replica that lost its Lease
 drops its queued work.
 
+A pod sharing a GPU (`gpu-fraction` / `gpu-memory`) gets KAI's GPU-sharing contract before its Binding is posted
+(kai_opt/k8s/sharing.py: GPU group labels, the device's reservation pod and its report, the pod's shared-GPU
+ConfigMaps); the Binding then also records `received-resource-type` and the ConfigMap prefix. A reservation that
+does not report in time fails the bind with reason `reservation-timeout`; a failed bind removes the group labels.
+
 Pipelined placements are not bound: `nominate` writes `status.nominatedNodeName` (informational) and the engine
 places the pod again in a later cycle once its victims are gone. Consolidation moves are only evicted (their owner
 re-creates the pod, which is then placed like any other).
@@ -36,8 +41,10 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
+from kai_opt.config import GpuSharing
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.sharing import GpuSharingBinder, SharingError
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
 
 log = logging.getLogger(__name__)
@@ -81,7 +88,8 @@ class Binder:
                  retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 10.0,
                  fence: Callable[[], bool] = lambda: True,
                  on_result: Callable[[BindResult], None] | None = None,
-                 recheck: Callable[[BindRequest], str | None] | None = None) -> None:
+                 recheck: Callable[[BindRequest], str | None] | None = None,
+                 sharing: GpuSharing | None = None) -> None:
         self.api = api
         self.cache = cache
         self.limiter = limiter
@@ -93,6 +101,10 @@ class Binder:
         self.recheck = recheck  # None when it fits, else why not
         self.pool = WorkPool("binder", workers)
         self._stop = threading.Event()
+        # KAI's GPU-sharing contract (kai_opt/k8s/sharing.py): a shared pod's group, reservation and ConfigMaps
+        # are made before its Binding is posted, and undone when the bind fails
+        self.sharing = GpuSharingBinder(api, cache, sharing, write=self._write, stop=self._stop,
+                                        timeout=self.timeout) if sharing is not None and sharing.enabled else None
 
     # -- API -----------------------------------------------------------------------------------------------------
     def submit(self, requests: Iterable[BindRequest]) -> list[BindRequest]:
@@ -153,6 +165,9 @@ class Binder:
             except _NoFit as exc:
                 self._done(req, start, ok=False, reason="no-fit", message=str(exc))
                 return
+            except SharingError as exc:
+                self._done(req, start, ok=False, reason=exc.reason, message=str(exc))
+                return
             except Exception as exc:  # classified below; unexpected errors end the attempt
                 failure = classify(exc)
                 if failure.status in (409, 422) and self._bound_here(req):
@@ -188,7 +203,10 @@ class Binder:
         if misfit:
             raise _NoFit(misfit)
         meta: dict[str, Any] = {"name": req.name, "namespace": req.namespace, "uid": req.uid}
-        annotations = binding_annotations(self.cache.pod(req.namespace, req.name), req)
+        pod = self.cache.pod(req.namespace, req.name)
+        annotations = binding_annotations(pod, req)
+        if self.sharing is not None:
+            annotations.update(self.sharing.prepare(pod, req.node, req.devices))
         if annotations:
             meta["annotations"] = annotations
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
@@ -212,6 +230,8 @@ class Binder:
         if ok:
             self.cache.bind_accepted(req.uid)
         else:
+            if self.sharing is not None:
+                self.sharing.rollback(self.cache.pod(req.namespace, req.name), req.node, req.devices)
             self.cache.forget_bound(req.uid)
             if reason != "dropped":
                 log.warning("bind %s to %s failed (%s): %s", req.key, req.node, reason, message)

@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
 from kai_opt.k8s.coexist import kubelet_rejection
+from kai_opt.k8s.sharing import APP_LABEL, without_gpu
 from kai_opt.snapshot import RawObject, Snapshot
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,11 @@ class ClusterCache:
 
     def __init__(self, api: client.ApiClient, *, kinds: Iterable[Resource] = SCHEDULING_KINDS,
                  watch_timeout_s: float = 60.0, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 absent_recheck_s: float = 30.0, assume_ttl_s: float = 30.0, page_size: int = PAGE_SIZE) -> None:
+                 absent_recheck_s: float = 30.0, assume_ttl_s: float = 30.0, page_size: int = PAGE_SIZE,
+                 reservation_app: str | None = None) -> None:
         self.api = api
+        # pods with label app=<reservation_app> are GPU reservation pods: they hold no GPU in the snapshot
+        self.reservation_app = reservation_app
         self.watch_timeout_s = watch_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -585,6 +589,7 @@ class ClusterCache:
             per_kind = [(k, list(s.items.values())) for k, s in self._stores.items() if k in kinds]
         stamp = _now_rfc3339()
         ours = set(scheduler_names)
+        reservation_app = self.reservation_app
         out: list[RawObject] = []
         for (_av, kind), items in per_kind:
             if kind != "Pod":
@@ -601,6 +606,9 @@ class ClusterCache:
                     continue
                 memo_key = _memo_key("Pod", pod)
                 changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
+                if reservation_app and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app:
+                    pod = without_gpu(pod)  # a GPU reservation pod: the pods sharing its device account for it
+                    changes += ("reservation",)
                 group = groups.get(key)
                 if group and not (meta.get("annotations") or {}).get(PODGROUP_ANNOTATION):
                     meta = {**meta, "annotations": {**(meta.get("annotations") or {}), PODGROUP_ANNOTATION: group}}

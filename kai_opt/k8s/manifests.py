@@ -7,8 +7,15 @@ The ClusterRole grants exactly what the scheduler does: read (get/list/watch) No
 PriorityClasses, Topologies and the pod grouper's owner kinds; bind (pods/binding, which also records the GPU
 devices) and evict (pods/eviction); patch Pods (the grouper's pod-group-name annotation) and their status
 (nominatedNodeName); create and patch PodGroups (the grouper) and update/patch their status and Queue status;
-create/patch Events (core and events.k8s.io). A Role in its own namespace covers the leader-election Lease
-(get/create/update). Nothing else (no Secrets, no deletes, no Queue spec writes).
+create/patch Events (core and events.k8s.io); create and patch ConfigMaps (the shared-GPU ConfigMaps of GPU-sharing
+pods; never read, never deleted: they go with their pod). A Role in its own namespace covers the leader-election
+Lease (get/create/update). With GPU sharing on (`runtime.gpu_sharing.enabled`), the reservation namespace
+(`kai-resource-reservation`) is created with a Role letting kai-opt create and delete pods there (the GPU
+reservation pods), and a ServiceAccount for the reservation pods whose Role lets them get and patch pods there
+only (each reports its GPU in its own annotation). The GPU-sharing admission webhook comes with its Service, its
+MutatingWebhookConfiguration, and for its certificate a Role to create Secrets in kai-opt's namespace and read
+Secret kai-opt-webhook-tls only, plus get/patch of that one configuration (its caBundle). Nothing else (no
+other Secret read, no deletes outside the reservation namespace, no Queue spec writes).
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from kai_opt.config import Config, default_config_yaml
 from kai_opt.errors import InputError
 from kai_opt.k8s.client import KAI_GROUP, PODGROUP, QUEUE, SCHEDULING_GROUP, TOPOLOGY, crd_manifests, parse_yaml
 from kai_opt.k8s.grouper import OWNER_KINDS
+from kai_opt.k8s.webhook import DEFAULT_PORT as DEFAULT_WEBHOOK_PORT
+from kai_opt.k8s.webhook import SECRET_NAME, SERVICE_NAME, WEBHOOK_NAME, webhook_configuration
 
 NAME = "kai-opt"
 DEFAULT_NAMESPACE = "kai-opt"
 DEFAULT_IMAGE = f"kai-opt:{__version__}"
 METRICS_PORT = 8080
+WEBHOOK_PORT = DEFAULT_WEBHOOK_PORT
 CONFIG_PATH = "/etc/kai-opt/config.yaml"
 LEASE_NAME = NAME
 READ = ["get", "list", "watch"]
@@ -51,6 +61,7 @@ def cluster_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods/binding", "pods/eviction"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},  # nominatedNodeName (pipelined)
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch"]},  # shared-GPU ConfigMaps
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [SCHEDULING_GROUP], "resources": [PODGROUP.plural], "verbs": [*READ, "create", "patch"]},
         {"apiGroups": [SCHEDULING_GROUP], "resources": [QUEUE.plural], "verbs": READ},
@@ -68,17 +79,18 @@ def cluster_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def _deployment(namespace: str, image: str, replicas: int) -> dict[str, Any]:
+def _deployment(namespace: str, image: str, replicas: int, *, webhook: bool) -> dict[str, Any]:
     selector = {"app.kubernetes.io/name": NAME}
     container = {
         "name": NAME,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "args": ["run", "--config", CONFIG_PATH, "--leader-elect", "--lease-namespace", namespace,
-                 "--metrics-port", str(METRICS_PORT)],
+                 "--metrics-port", str(METRICS_PORT), *(["--webhook-port", str(WEBHOOK_PORT)] if webhook else [])],
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+                  *([{"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"}] if webhook else [])],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "initialDelaySeconds": 15,
                           "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "initialDelaySeconds": 5,
@@ -150,9 +162,13 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                              "name": f"{NAME}-leader-election"},
                  "subjects": subject})
+    objs += _reservation_objects(cfg, subject)
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{NAME}-config", namespace),
                  "data": {"config.yaml": _config_yaml(cfg)}})
-    objs.append(_deployment(namespace, image, replicas))
+    webhook = cfg.runtime.gpu_sharing.enabled
+    if webhook:
+        objs += _webhook_objects(cfg, namespace, subject)
+    objs.append(_deployment(namespace, image, replicas, webhook=webhook))
     if existing_kai:
         return json.loads(json.dumps(objs))
     for name, value in DEFAULT_PRIORITY_CLASSES.items():
@@ -166,6 +182,54 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
                           "resources": {"gpu": dict(unlimited), "cpu": dict(unlimited),
                                         "memory": dict(unlimited)}}})
     return json.loads(json.dumps(objs))  # no shared sub-objects (YAML anchors), safe to modify
+
+
+def _reservation_objects(cfg: Config, scheduler: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GPU sharing: the reservation namespace, kai-opt's Role there (create/delete the reservation pods), and the
+    reservation pods' ServiceAccount with its Role (get/patch pods there: a pod reports its GPU on itself)."""
+    sh = cfg.runtime.gpu_sharing
+    if not sh.enabled:
+        return []
+    ns, sa = sh.reservation_namespace, sh.reservation_service_account
+    rbac = "rbac.authorization.k8s.io"
+
+    def role(name: str, verbs: list[str], subjects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": _meta(name, ns),
+                 "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": verbs}]},
+                {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": _meta(name, ns),
+                 "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name}, "subjects": subjects}]
+
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)},
+        *role(f"{NAME}-manage-reservations", ["create", "delete"], scheduler),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(sa, ns)},
+        *role(sa, ["get", "patch"], [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]),
+    ]
+
+
+def _webhook_objects(cfg: Config, namespace: str, subject: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GPU sharing's admission webhook: its Service, its MutatingWebhookConfiguration (caBundle filled in by kai-opt
+    at start), and the rights kai-opt needs for its certificate: create Secrets in its own namespace and read only
+    Secret kai-opt-webhook-tls (a `create` cannot be limited to one name), get/patch only that configuration."""
+    rbac = "rbac.authorization.k8s.io"
+    name = f"{NAME}-webhook-tls"
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(SERVICE_NAME, namespace),
+         "spec": {"selector": {"app.kubernetes.io/name": NAME},
+                  "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]}},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": _meta(name, namespace),
+         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                   {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET_NAME], "verbs": ["get"]}]},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": _meta(name, namespace),
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name}, "subjects": subject},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": _meta(f"{NAME}-webhook"),
+         "rules": [{"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+                    "resourceNames": [WEBHOOK_NAME], "verbs": ["get", "patch"]}]},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": _meta(f"{NAME}-webhook"),
+         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": f"{NAME}-webhook"}, "subjects": subject},
+        webhook_configuration(namespace, list(cfg.scheduler_names),
+                              reservation_namespace=cfg.runtime.gpu_sharing.reservation_namespace),
+    ]
 
 
 def _config_yaml(cfg: Config) -> str:

@@ -12,6 +12,8 @@ itself.
   gpu-memory share = its part) plus the pod's must stay within 1, and the devices in use (recorded ones, plus one
   per whole GPU of pods without a device record, e.g. kube-scheduler's) must not exceed the node's GPUs.
 - A node that is gone does not fit.
+- A GPU reservation pod (label app=<the reservation app>, kai_opt.k8s.sharing) is left out, as in the snapshot: the
+  pods sharing its device hold that device's parts.
 
 A bind that does not fit is dropped: the binder reports it failed with reason `no-fit`, the cache forgets the
 assumption and the pod is placed again next cycle from a snapshot that shows the other pods.
@@ -28,6 +30,7 @@ from typing import Any
 from kai_opt.api import Node, Pod
 from kai_opt.errors import InputError
 from kai_opt.k8s.cache import ClusterCache
+from kai_opt.k8s.sharing import APP_LABEL
 from kai_opt.units import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -118,8 +121,11 @@ class PreBindCheck:
         if node_obj is not None and n is None:
             return None  # a node the snapshot cannot read either: not ours to judge here
         others: dict[str, Pod] = {}
+        reservation_app = self.cache.reservation_app
         for p in bound:
             puid = (p.get("metadata") or {}).get("uid")
+            if reservation_app and ((p.get("metadata") or {}).get("labels") or {}).get(APP_LABEL) == reservation_app:
+                continue  # a GPU reservation pod: the pods sharing its device account for it (as in the snapshot)
             if puid != uid and puid not in others and (parsed := self._pod(p)) is not None:
                 others[str(puid)] = parsed
         for auid, a in assumed:

@@ -134,7 +134,8 @@ class Runner:
             kinds += watch_kinds_of(getattr(_grouper, "OWNER_KINDS", []))
         self.cache = ClusterCache(api, kinds=kinds, watch_timeout_s=rt.watch_timeout_s,
                                   backoff_max_s=rt.backoff_max_s, absent_recheck_s=rt.absent_kind_recheck_s,
-                                  assume_ttl_s=rt.assume_ttl_s)
+                                  assume_ttl_s=rt.assume_ttl_s,
+                                  reservation_app=rt.gpu_sharing.reservation_app_label)
         le = rt.leader_election
         self.elector = LeaderElector(api, namespace=lease_namespace, name=le.lease_name, identity=identity,
                                      lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
@@ -149,7 +150,9 @@ class Runner:
                   "timeout_s": rt.request_timeout_s, "fence": fence}
         self.prebind = PreBindCheck(self.cache) if rt.prebind_recheck else None
         self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound,
-                             recheck=self._recheck if self.prebind is not None else None, **common)
+                             recheck=self._recheck if self.prebind is not None else None, sharing=rt.gpu_sharing,
+                             **common)
+        self.sharing_pool = WorkPool("gpu-sharing", 1)  # deletes reservation pods nobody shares any more
         self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)
         self.status = StatusWriter(api, self.cache, self.status_pool, self.limiter, self.recorder, fence=fence,
@@ -245,6 +248,7 @@ class Runner:
         self.metrics.ready = False
         self.binder.stop()
         self.evictor.stop()
+        self.sharing_pool.stop()
         self.binder.wait_idle(2.0)
         self.evictor.wait_idle(2.0)
         self.status_compute.stop(drop_queued=False)
@@ -280,6 +284,8 @@ class Runner:
             phases["fair_share"] = plan.phases.get("fair_share", 0.0)
             phases["solve"] = max(0.0, t2 - t1 - phases["fair_share"])
             self._apply(state, plan)
+            if self.binder.sharing is not None:
+                self.sharing_pool.submit("sync", self.binder.sharing.sync, replace=True)
             self.status_compute.submit("status", lambda: self._write_status(snap, state, plan, fs), replace=True)
             t3 = time.perf_counter()
             phases["apply"] = t3 - t2

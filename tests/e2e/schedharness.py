@@ -39,17 +39,62 @@ def fast_config(period: float = 0.2, **runtime: Any) -> Config:
     # in a cluster: test_run_cpsat.py
 
 
+RESERVATION_NS = "kai-resource-reservation"  # kai-opt's default for GPU reservation pods
+RESERVED_GPU = "run.ai/reserve_for_gpu_index"
+
+
 @pytest.fixture
-def fresh(cluster: LocalCluster) -> LocalCluster:
-    """`clean_cluster` plus what it leaves: Events, Leases and PodDisruptionBudgets of the tests' namespaces."""
+def fresh(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """`clean_cluster` plus what it leaves: Events, Leases and PodDisruptionBudgets of the tests' namespaces; with
+    what GPU nodes provide for GPU sharing: the reservation namespace, the `nvidia` RuntimeClass, and the node side
+    of every reservation pod's report (`gpu_node`) while the test runs."""
     reset_cluster(cluster)
     with cluster.api_client() as api:
         ensure_namespace(api, NS)
+        ensure_namespace(api, RESERVATION_NS)
+        with contextlib.suppress(ApiException):  # 409: there from an earlier test
+            request(api, "POST", "/apis/node.k8s.io/v1/runtimeclasses", body={
+                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                "handler": "nvidia"})
         for ns in (NS, "default"):
             delete_all(api, "v1", "events", ns)
             delete_all(api, "coordination.k8s.io/v1", "leases", ns)
             delete_all(api, "policy/v1", "poddisruptionbudgets", ns)
-    return cluster
+    with cluster.api_client() as api, gpu_node(api):
+        yield cluster
+
+
+@contextlib.contextmanager
+def gpu_node(api: ApiClient, namespace: str = RESERVATION_NS, *,
+             report: threading.Event | None = None) -> Iterator[None]:
+    """Plays the GPU nodes for GPU sharing (there is no device plugin here): every reservation pod in `namespace`
+    gets the annotation its container writes on a real node, `run.ai/reserve_for_gpu_index: GPU-<node>-<n>`, once
+    `report` is set (at once when None)."""
+    stop = threading.Event()
+    count = [0]
+
+    def loop() -> None:
+        while not stop.wait(0.05):
+            if report is not None and not report.is_set():
+                continue
+            with contextlib.suppress(Exception):  # the namespace may be reset meanwhile
+                for p in request(api, "GET", object_path("v1", "pods", namespace))["items"]:
+                    meta = p["metadata"]
+                    if (meta.get("annotations") or {}).get(RESERVED_GPU) or meta.get("deletionTimestamp"):
+                        continue
+                    count[0] += 1
+                    request(api, "PATCH", object_path("v1", "pods", namespace, meta["name"]),
+                            body={"metadata": {"annotations": {
+                                RESERVED_GPU: f"GPU-{p['spec'].get('nodeName')}-{count[0]}"}}},
+                            content_type="application/merge-patch+json")
+
+    thread = threading.Thread(target=loop, name="gpu-node", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 # -- objects -------------------------------------------------------------------------------------------------------

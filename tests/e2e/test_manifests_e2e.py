@@ -22,6 +22,8 @@ from .testcluster import LocalCluster, ensure_namespace
 pytestmark = pytest.mark.e2e
 
 NS = "kai-opt-e2e"
+RESV_NS = "kai-resource-reservation"
+RESV_SA = "kai-opt-reservation"
 
 # (verb, group, resource, subresource, namespace): what the scheduler does, written down independently of the
 # manifests (cache, binder, evictor, status, grouper, events, leader election)
@@ -40,6 +42,8 @@ NEEDED = [
     *[(v, "", "events", "", "team") for v in ("create", "patch")],
     *[(v, "events.k8s.io", "events", "", "team") for v in ("create", "patch")],
     *[(v, "coordination.k8s.io", "leases", "", NS) for v in ("get", "create", "update")],
+    *[(v, "", "configmaps", "", "team") for v in ("create", "patch")],  # shared-GPU ConfigMaps
+    *[(v, "", "pods", "", RESV_NS) for v in ("create", "delete")],  # GPU reservation pods
     *[(v, g, r, "", None) for g, r in [("batch", "jobs"), ("apps", "replicasets"), ("apps", "deployments"),
                                        ("apps", "statefulsets"), ("kubeflow.org", "pytorchjobs"),
                                        ("kubeflow.org", "tfjobs"), ("kubeflow.org", "mpijobs"),
@@ -66,13 +70,19 @@ FORBIDDEN = [
     ("create", "coordination.k8s.io", "leases", "", "default"),
     ("delete", "coordination.k8s.io", "leases", "", NS),
     ("get", "", "configmaps", "", NS),
+    ("get", "", "configmaps", "", "team"),
+    ("delete", "", "configmaps", "", "team"),
+    ("update", "", "configmaps", "", "team"),
+    ("create", "", "pods", "", NS),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", None),
     ("create", "", "serviceaccounts", "token", NS),
 ]
 
 
-def _allowed(api: client.ApiClient, verb: str, group: str, resource: str, sub: str, ns: str | None) -> bool:
-    attrs = {"verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": ns or ""}
+def _allowed(api: client.ApiClient, verb: str, group: str, resource: str, sub: str, ns: str | None,
+             name: str = "") -> bool:
+    attrs = {"verb": verb, "group": group, "resource": resource, "subresource": sub, "namespace": ns or "",
+             "name": name}
     review = request(api, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body={
         "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
         "spec": {"resourceAttributes": attrs}})
@@ -143,6 +153,30 @@ def test_service_account_may_do_what_the_scheduler_needs_and_nothing_more(instal
         assert denied == []
         allowed = [f for f in FORBIDDEN if _allowed(sa, *f)]
         assert allowed == []
+        # the webhook's certificate: create Secrets in its namespace, read only its own; its configuration's caBundle
+        named = [("create", "", "secrets", "", NS, ""), ("get", "", "secrets", "", NS, "kai-opt-webhook-tls"),
+                 *[(v, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None, "kai-opt")
+                   for v in ("get", "patch")]]
+        assert [n for n in named if not _allowed(sa, *n)] == []
+        not_named = [("get", "", "secrets", "", NS, "other"), ("update", "", "secrets", "", NS, "kai-opt-webhook-tls"),
+                     ("create", "", "secrets", "", "team", ""),
+                     *[(v, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None, "other")
+                       for v in ("get", "patch")],
+                     ("create", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None, "")]
+        assert [f for f in not_named if _allowed(sa, *f)] == []
+
+
+def test_reservation_service_account_may_only_read_and_patch_pods_of_its_namespace(installed: LocalCluster) -> None:
+    with installed.api_client() as admin:
+        apply_objects(admin, build_manifests(NS, "kai-opt:test"))
+        ensure_namespace(admin, "team")
+    with installed.service_account_client(RESV_NS, RESV_SA) as sa:
+        assert [n for n in [("get", "", "pods", "", RESV_NS), ("patch", "", "pods", "", RESV_NS)]
+                if not _allowed(sa, *n)] == []
+        assert [f for f in [("get", "", "pods", "", "team"), ("patch", "", "pods", "", "team"),
+                            ("create", "", "pods", "", RESV_NS), ("delete", "", "pods", "", RESV_NS),
+                            ("list", "", "pods", "", RESV_NS), ("get", "", "secrets", "", RESV_NS)]
+                if _allowed(sa, *f)] == []
 
 
 def test_service_account_real_calls(installed: LocalCluster) -> None:

@@ -347,6 +347,7 @@ _RESET_KINDS = (  # (apiVersion, plural); pods first so nothing is left bound to
     ("kai.scheduler/v1alpha1", "topologies"),
     ("scheduling.k8s.io/v1", "priorityclasses"),
     ("v1", "nodes"),
+    ("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations"),  # kai-opt's, left by a test
 )
 
 
