@@ -36,9 +36,10 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     pc_value = dict(DEFAULT_PRIORITY_CLASSES)
     pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
     global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
-    declared: dict[str, PodGroup] = {g.key: g for g in snapshot.podgroups}
+    declared_keys = [g.key for g in snapshot.podgroups]
+    declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
     values = _pod_values(pods, status, ours_names, node_index, col, declared)
-    groups = _podgroups(snapshot, pods, values, declared, topologies, queues, pc_value, global_default,
+    groups = _podgroups(declared_keys, pods, values, declared, topologies, queues, pc_value, global_default,
                         default_queue)
     arrays = _pod_arrays(values, status, len(pods), len(resources))
     pod_pg, pod_sg = _pod_groups(pods, values, groups, warnings)
@@ -395,13 +396,13 @@ class _Groups:
                 self.sg_parent[self.sg_lookup[(g, sg.name)]] = self.sg_lookup[(g, sg.parent)]
 
 
-def _podgroups(snapshot: Snapshot, pods: list[Pod], values: _PodValues, declared: dict[str, PodGroup],
+def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, declared: dict[str, PodGroup],
                topologies: list[TopologyIndex], queues: _Queues, pc_value: dict[str, int], global_default: int,
                default_queue: str) -> _Groups:
     """Podgroups: the declared ones, then (sorted) placeholders for missing ones and implicit ones for lone
     pods; each group's queue, priority, preemptibility, times, topology and first problem."""
     members, implicit, missing = values.members, values.implicit, values.missing
-    keys = [g.key for g in snapshot.podgroups] + sorted(k for k in members if k not in declared)
+    keys = declared_keys + sorted(k for k in members if k not in declared)
     out = _Groups(keys, {k: i for i, k in enumerate(keys)}, topologies,
                   {t.name: i for i, t in enumerate(topologies)})
     no_members: list[int] = []
