@@ -34,7 +34,7 @@ accepts, so the optimum bounds every engine's result (up to the LP tolerance).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linprog
@@ -195,29 +195,47 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
                            ) / MILLI
 
     cl = node_classes(state, cap, dev_free)
-    reps, devs = cl.rep, cl.dev_max
     pend = placeable_pods(state)
     pods = np.concatenate([pend, mov]).astype(np.int64)
-    if not len(pods) or not len(reps):
-        return Bound(fixed_gpus, fixed_weighted, fixed_gpus, "nothing to place", len(reps), cl.level, 0, 0, 0,
+    if not len(pods) or not len(cl.rep):
+        return Bound(fixed_gpus, fixed_weighted, fixed_gpus, "nothing to place", len(cl.rep), cl.level, 0, 0, 0,
                      time.perf_counter() - t0)
+    shape_rows, shape_of, first = _shapes(state, pods)
+    zs, zc, zg = _placement_vars(state, cl, shape_rows, first)
+    demand = _demand_vars(state, pend, shape_of)
+    n_z = len(zs)
+    ub = _Rows()
+    _capacity_rows(ub, state, cl, shape_rows, zs, zc, zg)
+    _queue_limit_rows(ub, state, fs, pods, mov, len(pend), demand, n_z)
+    results, status = _solve(ub, shape_rows, demand, zs, zg)
+    n_var = n_z + len(demand.cols)
+    return Bound(fixed_gpus + results[0], fixed_weighted + results[1], fixed_gpus, status, len(cl.rep), cl.level,
+                 len(shape_rows), n_var, len(ub.rhs) + len(shape_rows), time.perf_counter() - t0)
 
-    # shapes: what a pod needs, where it may go and its weight
+
+def _shapes(state: ClusterState, pods: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pods of the same shape (what a pod needs, where it may go and its weight) are alike to the LP: (shape
+    rows, each pod's shape, a pod of each shape)."""
     prio = np.where(state.pod_pg[pods] >= 0, state.pg_priority[np.maximum(state.pod_pg[pods], 0)], 0)
     skey = np.column_stack([state.pod_req[pods], state.pod_gpu_whole[pods], state.pod_gpu_frac[pods],
                             state.pod_gpu_mem[pods], state.pod_gpu_ndev[pods], state.pod_sig[pods], prio])
     shape_rows, shape_of = np.unique(skey, axis=0, return_inverse=True)
     shape_of = shape_of.ravel()
-    n_shapes = len(shape_rows)
-    first = np.zeros(n_shapes, dtype=np.int64)
-    first[shape_of[::-1]] = pods[::-1]  # a pod of each shape
+    first = np.zeros(len(shape_rows), dtype=np.int64)
+    first[shape_of[::-1]] = pods[::-1]
+    return shape_rows, shape_of, first
 
-    # variables z[s, c] where one pod of s fits one node of c, and its GPU share there
+
+def _placement_vars(state: ClusterState, cl: NodeClasses, shape_rows: np.ndarray,
+                    first: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Variables z[s, c] only where one pod of shape s fits one node of class c (resources, devices,
+    signature): (shape, class, the shape's milli-GPUs there) of each."""
+    reps, devs = cl.rep, cl.dev_max
     cls_cap = cl.cap_max  # [C, R]
     gpu_mem = state.node_gpu_mem_mib[reps]
     z_s, z_c, z_gpu = [], [], []
     sig_cache: dict[int, np.ndarray] = {}
-    for s in range(n_shapes):
+    for s in range(len(shape_rows)):
         p = int(first[s])
         req = state.pod_req[p]
         ok = np.ones(len(reps), dtype=bool)
@@ -246,67 +264,93 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
         z_c.append(cs)
         z_gpu.append(gpu[cs])
     zs, zc, zg = (np.concatenate(x).astype(np.int64) for x in (z_s, z_c, z_gpu))
-    n_z = len(zs)
+    return zs, zc, zg
 
-    # demand variables: x_g (all-or-nothing groups), u (elastic pods by shape), v (movable pods by shape)
+
+@dataclass
+class _Demand:
+    """Demand variables, after the z variables: x_g (all-or-nothing groups), u (elastic pods by shape), then v
+    (movable pods by shape)."""
+
+    cols: list[tuple[np.ndarray, np.ndarray, float]]  # (shape ids, pods per unit, upper bound)
+    pods: list[np.ndarray]  # rows of `pods` each variable stands for
+    per_unit: list[bool]  # True: one unit = one pod (u, v); False: one unit = the whole gang (x_g)
+    n_pending: int  # the first n_pending are x_g and u
+
+
+def _demand_vars(state: ClusterState, pend: np.ndarray, shape_of: np.ndarray) -> _Demand:
+    """A group that needs all its pending pods to reach minMember is one x_g; other groups' pending pods are
+    optional, per shape (u); the movable pods (after the pending ones in `pods`) per shape (v)."""
     pend_groups: dict[int, list[int]] = {}
     for i, p in enumerate(pend.tolist()):
         pend_groups.setdefault(int(state.pod_pg[p]), []).append(i)
-    demand_cols: list[tuple[np.ndarray, np.ndarray, float]] = []  # (shape ids, pods per unit, upper bound)
-    demand_pods: list[np.ndarray] = []  # rows of `pods` each variable stands for
-    per_unit: list[bool] = []  # True: one unit = one pod (u, v); False: one unit = the whole gang (x_g)
+    out = _Demand([], [], [], 0)
     act = np.isin(state.pod_status, (PodStatus.BOUND, PodStatus.PIPELINED))
     for g, rows in pend_groups.items():
         need = int(state.pg_min_member[g]) - int(act[state.group_pods(g)].sum())
         idx = np.asarray(rows)
         if need >= len(rows):
             sh, cnt = np.unique(shape_of[idx], return_counts=True)
-            demand_cols.append((sh, cnt.astype(np.float64), 1.0))
-            demand_pods.append(idx)
-            per_unit.append(False)
+            out.cols.append((sh, cnt.astype(np.float64), 1.0))
+            out.pods.append(idx)
+            out.per_unit.append(False)
         else:
             for s in np.unique(shape_of[idx]).tolist():
                 mine = idx[shape_of[idx] == s]
-                demand_cols.append((np.array([s]), np.array([1.0]), float(len(mine))))
-                demand_pods.append(mine)
-                per_unit.append(True)
-    n_pend_vars = len(demand_cols)
+                out.cols.append((np.array([s]), np.array([1.0]), float(len(mine))))
+                out.pods.append(mine)
+                out.per_unit.append(True)
+    out.n_pending = len(out.cols)
     off = len(pend)
     for s in np.unique(shape_of[off:]).tolist():
         mine = off + np.nonzero(shape_of[off:] == s)[0]
-        demand_cols.append((np.array([s]), np.array([1.0]), float(len(mine))))
-        demand_pods.append(mine)
-        per_unit.append(True)
-    n_var = n_z + len(demand_cols)
+        out.cols.append((np.array([s]), np.array([1.0]), float(len(mine))))
+        out.pods.append(mine)
+        out.per_unit.append(True)
+    return out
 
-    rows_ub: list[np.ndarray] = []
-    cols_ub: list[np.ndarray] = []
-    vals_ub: list[np.ndarray] = []
-    rhs_ub: list[float] = []
 
-    def add_rows(row_of: np.ndarray, cols: np.ndarray, vals: np.ndarray, rhs: np.ndarray) -> None:
+@dataclass
+class _Rows:
+    """The inequality rows (<=), as COO pieces."""
+
+    rows: list[np.ndarray] = field(default_factory=list)
+    cols: list[np.ndarray] = field(default_factory=list)
+    vals: list[np.ndarray] = field(default_factory=list)
+    rhs: list[float] = field(default_factory=list)
+
+    def add(self, row_of: np.ndarray, cols: np.ndarray, vals: np.ndarray, rhs: np.ndarray) -> None:
         """Rows `rhs` (one per distinct row id), scaled by their right-hand side."""
-        base = len(rhs_ub)
+        base = len(self.rhs)
         keep = vals != 0
         scale = np.maximum(np.abs(rhs), 1.0)
-        rows_ub.append(base + row_of[keep])
-        cols_ub.append(cols[keep])
-        vals_ub.append(vals[keep] / scale[row_of[keep]])
-        rhs_ub.extend((rhs / scale).tolist())
+        self.rows.append(base + row_of[keep])
+        self.cols.append(cols[keep])
+        self.vals.append(vals[keep] / scale[row_of[keep]])
+        self.rhs.extend((rhs / scale).tolist())
 
-    zcol = np.arange(n_z)
+
+def _capacity_rows(ub: _Rows, state: ClusterState, cl: NodeClasses, shape_rows: np.ndarray, zs: np.ndarray,
+                   zc: np.ndarray, zg: np.ndarray) -> None:
+    """Per class: one row per resource some shape requests (GPU always), and the two device rows (wholly free
+    devices; devices with more than half free)."""
+    zcol = np.arange(len(zs))
     for r in range(len(state.resources)):
         coef = zg.astype(np.float64) if r == R_GPU else shape_rows[zs, r].astype(np.float64)
         if r != R_GPU and not coef.any():
             continue
-        add_rows(zc, zcol, coef, cl.cap_sum[:, r].astype(np.float64))
+        ub.add(zc, zcol, coef, cl.cap_sum[:, r].astype(np.float64))
     whole_s = shape_rows[:, len(state.resources)].astype(np.float64)
     ndev_s = shape_rows[:, len(state.resources) + 3].astype(np.float64)
     share_sc = np.where(whole_s[zs] > 0, 0, zg / np.maximum(ndev_s[zs], 1))
-    add_rows(zc, zcol, whole_s[zs], cl.whole_sum.astype(np.float64))
-    add_rows(zc, zcol, whole_s[zs] + (share_sc > MILLI / 2) * ndev_s[zs], cl.big_sum.astype(np.float64))
+    ub.add(zc, zcol, whole_s[zs], cl.whole_sum.astype(np.float64))
+    ub.add(zc, zcol, whole_s[zs] + (share_sc > MILLI / 2) * ndev_s[zs], cl.big_sum.astype(np.float64))
 
-    # queue limits on placed pending work (movable pods' share may all be evicted: it adds room)
+
+def _queue_limit_rows(ub: _Rows, state: ClusterState, fs: FairShare, pods: np.ndarray, mov: np.ndarray, off: int,
+                      demand: _Demand, n_z: int) -> None:
+    """Queue limits on placed pending work (movable pods' share may all be evicted: it adds room); `off`: where
+    the movable pods start in `pods`."""
     charge = state.pod_queue_request(pods)
     mem = state.pod_gpu_mem[pods]
     if mem.any():  # gpu-memory pods at the largest GPU memory: the smallest share they can count
@@ -316,9 +360,10 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
     anc = np.zeros((state.n_queues, state.n_queues), dtype=bool)  # anc[q, a]: a is q or above it
     for q, chain in enumerate(state.q_ancestors):
         anc[q, chain] = True
-    var_leaf = np.asarray([int(leaf_of[d[0]]) for d in demand_pods[:n_pend_vars]], dtype=np.int64)
+    pend_vars = demand.pods[:demand.n_pending]
+    var_leaf = np.asarray([int(leaf_of[d[0]]) for d in pend_vars], dtype=np.int64)
     var_charge = np.asarray([charge[d].min(axis=0) if unit else charge[d].sum(axis=0)
-                             for d, unit in zip(demand_pods[:n_pend_vars], per_unit, strict=False)]
+                             for d, unit in zip(pend_vars, demand.per_unit, strict=False)]
                             ).reshape(-1, 3)
     movable_charge = state.pod_queue_request(mov, state.pod_node[mov]) if len(mov) else np.zeros((0, 3))
     lim_rows, lim_cols, lim_vals, lim_rhs = [], [], [], []
@@ -332,35 +377,39 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
         lim_vals.append(var_charge[sel, r])
         lim_rhs.append(room)
     if lim_rhs:
-        add_rows(np.concatenate(lim_rows).astype(np.int64), np.concatenate(lim_cols).astype(np.int64),
-                 np.concatenate(lim_vals).astype(np.float64), np.asarray(lim_rhs))
+        ub.add(np.concatenate(lim_rows).astype(np.int64), np.concatenate(lim_cols).astype(np.int64),
+               np.concatenate(lim_vals).astype(np.float64), np.asarray(lim_rhs))
 
-    # linking: pods of each shape placed on classes = what the demand variables ask for
+
+def _solve(ub: _Rows, shape_rows: np.ndarray, demand: _Demand, zs: np.ndarray,
+           zg: np.ndarray) -> tuple[list[float], str]:
+    """Link the pods of each shape placed on classes to what the demand variables ask for, and solve for GPUs,
+    then priority-weighted GPUs: (the two optima, nan where a solve failed; the status)."""
+    n_z, n_shapes = len(zs), len(shape_rows)
+    n_var = n_z + len(demand.cols)
     eq_r = [zs]
-    eq_c = [zcol]
+    eq_c = [np.arange(n_z)]
     eq_v = [np.ones(n_z)]
-    for j, (sh, cnt, _) in enumerate(demand_cols):
+    for j, (sh, cnt, _) in enumerate(demand.cols):
         eq_r.append(sh.astype(np.int64))
         eq_c.append(np.full(len(sh), n_z + j))
         eq_v.append(-cnt)
     a_eq = coo_array((np.concatenate(eq_v), (np.concatenate(eq_r), np.concatenate(eq_c))),
                      shape=(n_shapes, n_var)).tocsr()
-    n_ub = len(rhs_ub)
-    a_ub = coo_array((np.concatenate(vals_ub) if vals_ub else np.zeros(0),
-                      (np.concatenate(rows_ub) if rows_ub else np.zeros(0, dtype=np.int64),
-                       np.concatenate(cols_ub) if cols_ub else np.zeros(0, dtype=np.int64))),
-                     shape=(n_ub, n_var)).tocsr()
-    bounds = [(0.0, None)] * n_z + [(0.0, ub) for _, _, ub in demand_cols]
+    a_ub = coo_array((np.concatenate(ub.vals) if ub.vals else np.zeros(0),
+                      (np.concatenate(ub.rows) if ub.rows else np.zeros(0, dtype=np.int64),
+                       np.concatenate(ub.cols) if ub.cols else np.zeros(0, dtype=np.int64))),
+                     shape=(len(ub.rhs), n_var)).tocsr()
+    bounds = [(0.0, None)] * n_z + [(0.0, hi) for _, _, hi in demand.cols]
     weight = shape_rows[:, -1].astype(np.float64) / 100.0
     results = []
     statuses = []
     for w in (np.ones(n_shapes), weight):
         c = np.zeros(n_var)
         c[:n_z] = -(zg / MILLI) * w[zs]
-        res = linprog(c, A_ub=a_ub, b_ub=np.asarray(rhs_ub), A_eq=a_eq, b_eq=np.zeros(n_shapes), bounds=bounds,
+        res = linprog(c, A_ub=a_ub, b_ub=np.asarray(ub.rhs), A_eq=a_eq, b_eq=np.zeros(n_shapes), bounds=bounds,
                       method="highs-ipm")
         statuses.append(res.message if not res.success else "optimal")
         results.append(-float(res.fun) if res.success else float("nan"))
     status = statuses[0] if statuses[0] == statuses[1] else "; ".join(statuses)
-    return Bound(fixed_gpus + results[0], fixed_weighted + results[1], fixed_gpus, status, len(reps), cl.level,
-                 n_shapes, n_var, n_ub + n_shapes, time.perf_counter() - t0)
+    return results, status

@@ -499,16 +499,8 @@ def solve_with_victims(
                     releasable += freed
             uncounted.clear()
         else:
-            whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
-            before: dict[int, int] = {}
-            for p in chunk:
-                n = int(sess.node[p])
-                if feasible[n]:
-                    before.setdefault(n, int(whole_future[n]))
-            sess.evict_many(chunk, reason, g)
-            for p in chunk:
-                releasable += float(sess._evict_op[p].amount[R_GPU])
-            fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
+            for freed in _evict_chunk(sess, chunk, reason, g, feasible, fits):
+                releasable += freed
             hopeful = worth_trying(chunk) if worth_trying is not None else True
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
@@ -557,6 +549,22 @@ def solve_with_victims(
     if not accumulated:
         return Outcome(False, [], "no eligible victims")
     return Outcome(False, [], last_why)
+
+
+def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,
+                 fits: _FitCount) -> list[float]:
+    """Evict a chunk (once scenarios are simulated) and update the fit count of the feasible nodes it frees;
+    returns the GPUs each of its pods releases, in chunk order."""
+    whole_future = sess.whole_future  # read before the chunk's evictions (one refresh per chunk)
+    before: dict[int, int] = {}
+    for p in chunk:
+        n = int(sess.node[p])
+        if feasible[n]:
+            before.setdefault(n, int(whole_future[n]))
+    sess.evict_many(chunk, reason, g)
+    freed = [float(sess._evict_op[p].amount[R_GPU]) for p in chunk]
+    fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
+    return freed
 
 
 def _bound_pods(sess: Session, groups: list[int] | np.ndarray) -> np.ndarray:

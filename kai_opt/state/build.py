@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -25,12 +26,66 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     now = now if now is not None else (snapshot.now if snapshot.now is not None else time.time())
     ours_names = set(snapshot.scheduler_names)
     warnings: list[str] = [str(w) for w in snapshot.warnings]
-
-    N = len(snapshot.nodes)
     node_names = [n.name for n in snapshot.nodes]
     node_index = {n: i for i, n in enumerate(node_names)}
+    pods, status, resources = _kept_pods(snapshot, ours_names, node_index, warnings)
+    col = {r: i for i, r in enumerate(resources)}
+    nodes = _node_arrays(snapshot, col)
+    topologies = [_topology_index(t.name, t.levels, snapshot) for t in snapshot.topologies]
+    queues = _queue_arrays(snapshot)
+    pc_value = dict(DEFAULT_PRIORITY_CLASSES)
+    pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
+    global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
+    declared_keys = [g.key for g in snapshot.podgroups]
+    declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
+    values = _pod_values(pods, status, ours_names, node_index, col, declared)
+    groups = _podgroups(declared_keys, pods, values, declared, topologies, queues, pc_value, global_default,
+                        default_queue)
+    arrays = _pod_arrays(values, status, len(pods), len(resources))
+    pod_pg, pod_sg = _pod_groups(pods, values, groups, warnings)
+    pg_pod_start, pg_pods = _membership_csr(pod_pg, arrays.creation, arrays.prio, len(groups.keys))
+    usage = _node_usage(pods, nodes, arrays, node_names, values, warnings)
+    node_class = _node_classes(snapshot, values.sigs, topologies)  # nodes that every pod signature treats alike
+    return ClusterState(
+        now=now, resources=resources,
+        node_names=node_names, node_alloc=nodes.alloc, node_used=usage.node_used, node_releasing=usage.node_rel,
+        node_pipelined=usage.node_pipe,
+        node_ok=nodes.ok, node_gpu_mem_mib=nodes.gpu_mem, node_gpu_mem_known=nodes.gpu_mem_known,
+        node_labels=[n.labels for n in snapshot.nodes],
+        node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
+        dev_start=nodes.dev_start, dev_used=usage.dev_used, dev_releasing=usage.dev_rel,
+        dev_pipelined=usage.dev_pipe,
+        pods=pods, pod_status=arrays.status, pod_ours=arrays.ours, pod_node=arrays.node, pod_req=arrays.req,
+        pod_gpu_whole=arrays.whole, pod_gpu_frac=arrays.frac, pod_gpu_mem=arrays.mem, pod_gpu_ndev=arrays.ndev,
+        pod_dev_start=usage.pod_dev_start, pod_dev=usage.pod_dev, pod_pg=pod_pg, pod_sg=pod_sg,
+        pod_sig=arrays.sig, pod_priority=arrays.prio, pod_creation=arrays.creation, pod_start=arrays.start,
+        sigs=values.sigs,
+        pg_keys=groups.keys, pg_queue=np.array(groups.queue, dtype=np.int32),
+        pg_min_member=np.array(groups.min_member, dtype=np.int32),
+        pg_priority=np.array(groups.prio, dtype=np.int32), pg_preemptible=np.array(groups.preempt, dtype=bool),
+        pg_creation=np.array(groups.creation, dtype=np.float64),
+        pg_last_start=np.array(groups.last_start, dtype=np.float64),
+        pg_stale_since=np.array(groups.stale, dtype=np.float64), pg_implicit=groups.implicit_arr,
+        pg_pod_start=pg_pod_start, pg_pods=pg_pods, pg_topology=np.array(groups.topo, dtype=np.int32),
+        pg_required_level=np.array(groups.req, dtype=np.int32),
+        pg_preferred_level=np.array(groups.pref, dtype=np.int32), pg_problem=groups.problem,
+        pg_problem_message=groups.problem_msg,
+        sg_pg=np.array(groups.sg_pg, dtype=np.int32), sg_names=groups.sg_names,
+        sg_min_member=np.array(groups.sg_min, dtype=np.int32), sg_parent=np.array(groups.sg_parent, dtype=np.int32),
+        sg_topology=np.array(groups.sg_topo, dtype=np.int32),
+        sg_required_level=np.array(groups.sg_req, dtype=np.int32),
+        sg_preferred_level=np.array(groups.sg_pref, dtype=np.int32),
+        q_names=queues.names, q_parent=queues.parent, q_priority=queues.priority, q_creation=queues.creation,
+        q_deserved=queues.deserved, q_limit=queues.limit, q_oqw=queues.oqw, q_preempt_min_runtime=queues.pre,
+        q_reclaim_min_runtime=queues.rec,
+        topologies=topologies, warnings=warnings,
+    )
 
-    # -- resources, and pods: keep those that matter, decide status (one pass) -------------------------------------
+
+def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, int],
+               warnings: list[str]) -> tuple[list[Pod], list[int], tuple[str, ...]]:
+    """The pods that matter and their status, and the resource axis (node and pod resources), in one pass over
+    the snapshot's pods: finished pods, foreign pending pods and deleted pending pods play no part."""
     names: set[str] = set()
     for node in snapshot.nodes:
         names.update(node.allocatable)
@@ -55,71 +110,126 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         else:
             status.append(PodStatus.PENDING)
         pods.append(pod)
-    P = len(pods)
-    resources = resource_axis(names)
-    col = {r: i for i, r in enumerate(resources)}
-    R = len(resources)
+    return pods, status, resource_axis(names)
 
-    # -- nodes -----------------------------------------------------------------------------------------------------
-    node_alloc = np.zeros((N, R), dtype=np.int64)
+
+@dataclass
+class _Nodes:
+    alloc: np.ndarray  # int64[N, R]
+    ok: np.ndarray
+    gpu_mem: np.ndarray
+    gpu_mem_known: np.ndarray
+    gpus: np.ndarray  # int64[N] whole devices
+    dev_start: np.ndarray  # int64[N+1]
+
+
+def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
+    """Per-node arrays read from the nodes; a node's devices are its allocatable GPUs."""
+    N = len(snapshot.nodes)
+    alloc = np.zeros((N, len(col)), dtype=np.int64)
     for i, node in enumerate(snapshot.nodes):
         for r, v in node.allocatable.items():
-            node_alloc[i, col[r]] = v
-    node_ok = np.array([n.ready and not n.unschedulable for n in snapshot.nodes], dtype=bool)
-    node_gpu_mem = np.array([n.gpu_memory_mib if n.gpus else 0 for n in snapshot.nodes], dtype=np.int64)
-    node_gpu_mem_known = np.array([bool(n.gpus) and n.gpu_memory_known for n in snapshot.nodes], dtype=bool)
-    gpus = node_alloc[:, R_GPU] // 1000 if N else np.zeros(0, dtype=np.int64)
+            alloc[i, col[r]] = v
+    ok = np.array([n.ready and not n.unschedulable for n in snapshot.nodes], dtype=bool)
+    gpu_mem = np.array([n.gpu_memory_mib if n.gpus else 0 for n in snapshot.nodes], dtype=np.int64)
+    gpu_mem_known = np.array([bool(n.gpus) and n.gpu_memory_known for n in snapshot.nodes], dtype=bool)
+    gpus = alloc[:, R_GPU] // 1000 if N else np.zeros(0, dtype=np.int64)
     dev_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(gpus, out=dev_start[1:])
+    return _Nodes(alloc, ok, gpu_mem, gpu_mem_known, gpus, dev_start)
 
-    # -- topologies ------------------------------------------------------------------------------------------------
-    topologies = [_topology_index(t.name, t.levels, snapshot) for t in snapshot.topologies]
-    topo_by_name = {t.name: i for i, t in enumerate(topologies)}
 
-    # -- queues ----------------------------------------------------------------------------------------------------
-    Q = len(snapshot.queues)
-    q_names = [q.name for q in snapshot.queues]
-    q_index = {n: i for i, n in enumerate(q_names)}
-    q_parent = np.array([q_index[q.parent] if q.parent else -1 for q in snapshot.queues], dtype=np.int32)
-    q_priority = np.array([q.priority for q in snapshot.queues], dtype=np.int32)
-    q_creation = np.array([_t(q.meta.creation_timestamp) for q in snapshot.queues], dtype=np.float64)
-    q_deserved = np.array([[q.resource(r).quota for r in QUEUE_RESOURCES] for q in snapshot.queues],
-                          dtype=np.float64).reshape(Q, 3)
-    q_limit = np.array([[q.resource(r).limit for r in QUEUE_RESOURCES] for q in snapshot.queues],
-                       dtype=np.float64).reshape(Q, 3)
-    q_oqw = np.array([[q.resource(r).over_quota_weight for r in QUEUE_RESOURCES] for q in snapshot.queues],
-                     dtype=np.float64).reshape(Q, 3)
-    q_pre = _inherit([q.preempt_min_runtime_s for q in snapshot.queues], q_parent)
-    q_rec = _inherit([q.reclaim_min_runtime_s for q in snapshot.queues], q_parent)
-    q_leaf = np.ones(Q, dtype=bool)
-    q_leaf[q_parent[q_parent >= 0]] = False
+@dataclass
+class _Queues:
+    names: list[str]
+    index: dict[str, int]
+    parent: np.ndarray
+    priority: np.ndarray
+    creation: np.ndarray
+    deserved: np.ndarray
+    limit: np.ndarray
+    oqw: np.ndarray
+    pre: np.ndarray
+    rec: np.ndarray
+    leaf: list[bool]  # queues without child queues (only they hold work)
 
-    # -- priority classes ------------------------------------------------------------------------------------------
-    pc_value = dict(DEFAULT_PRIORITY_CLASSES)
-    pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
-    global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
 
-    def priority_of(class_name: str | None, pods: list[Pod]) -> int:
-        if class_name and class_name in pc_value:
-            return pc_value[class_name]
-        for p in pods:
-            if p.priority_class_name and p.priority_class_name in pc_value:
-                return pc_value[p.priority_class_name]
-        for p in pods:
-            if p.priority is not None:
-                return p.priority
-        return global_default
+def _queue_arrays(snapshot: Snapshot) -> _Queues:
+    """Per-queue arrays; the min-runtimes a queue leaves unset are its nearest ancestor's."""
+    queues = snapshot.queues
+    Q = len(queues)
+    names = [q.name for q in queues]
+    index = {n: i for i, n in enumerate(names)}
+    parent = np.array([index[q.parent] if q.parent else -1 for q in queues], dtype=np.int32)
+    leaf = np.ones(Q, dtype=bool)
+    leaf[parent[parent >= 0]] = False
+    return _Queues(
+        names=names, index=index, parent=parent,
+        priority=np.array([q.priority for q in queues], dtype=np.int32),
+        creation=np.array([_t(q.meta.creation_timestamp) for q in queues], dtype=np.float64),
+        deserved=np.array([[q.resource(r).quota for r in QUEUE_RESOURCES] for q in queues],
+                          dtype=np.float64).reshape(Q, 3),
+        limit=np.array([[q.resource(r).limit for r in QUEUE_RESOURCES] for q in queues],
+                       dtype=np.float64).reshape(Q, 3),
+        oqw=np.array([[q.resource(r).over_quota_weight for r in QUEUE_RESOURCES] for q in queues],
+                     dtype=np.float64).reshape(Q, 3),
+        pre=_inherit([q.preempt_min_runtime_s for q in queues], parent),
+        rec=_inherit([q.reclaim_min_runtime_s for q in queues], parent),
+        leaf=leaf.tolist())
 
-    # -- per-pod values and group membership, in one pass (Python lists; arrays are made once afterwards) ---------
-    declared_keys = [g.key for g in snapshot.podgroups]
-    declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
+
+def _priority_of(pods: list[Pod], pc_value: dict[str, int], global_default: int) -> int:
+    """The priority of a group without a class of its own: its first pod's known class, else its first pod's
+    priority, else the global default."""
+    for p in pods:
+        if p.priority_class_name and p.priority_class_name in pc_value:
+            return pc_value[p.priority_class_name]
+    for p in pods:
+        if p.priority is not None:
+            return p.priority
+    return global_default
+
+
+@dataclass
+class _PodValues:
+    """What the one pass over the kept pods reads: per-pod values as Python lists (arrays are made once
+    afterwards), group membership of our pods, and the scheduling signatures."""
+
+    ours: list[bool]
+    node: list[int]
+    cpu: list[int]
+    mem: list[int]
+    gpu: list[int]
+    npods: list[int]
+    extra: list[tuple[int, int, int]]  # (pod, column, value) of extended resources
+    whole: list[int]
+    frac: list[int]
+    gmem: list[int]
+    ndev: list[int]
+    prio: list[int]
+    sig: list[int]
+    creation: list[float]
+    start: list[float]
+    with_subgroup: list[int]
+    sigs: list[SchedulingSig]
+    explicit: dict[int, tuple[int, ...]]  # pod -> annotated device indexes within its node
+    gpu_groups: dict[int, str]
+    members: dict[str, list[int]]  # podgroup key -> our pods in it
+    implicit: set[str]  # keys of the implicit groups of lone pods
+    missing: set[str]  # keys pods name that no podgroup declares
+
+
+def _pod_values(pods: list[Pod], status: list[int], ours_names: set[str], node_index: dict[str, int],
+                col: dict[str, int], declared: dict[str, PodGroup]) -> _PodValues:
+    """Per-pod values and group membership, in one pass over the pods (the hot loop of a large snapshot)."""
+    P = len(pods)
     members: dict[str, list[int]] = {}
     implicit: set[str] = set()
     missing: set[str] = set()
     ours_l = [False] * P
     node_l = [-1] * P
     cpu_l, mem_l, gpu_l, npods_l = [0] * P, [0] * P, [0] * P, [0] * P
-    extra: list[tuple[int, int, int]] = []  # (pod, column, value) of extended resources
+    extra: list[tuple[int, int, int]] = []
     whole_l, frac_l, gmem_l, ndev_l = [0] * P, [0] * P, [0] * P, [1] * P
     prio_l, sig_l = [0] * P, [0] * P
     creation_l, start_l = [NAN] * P, [NAN] * P
@@ -191,43 +301,65 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
             with_subgroup.append(i)
     if not sigs:
         sigs.append(SchedulingSig((), (), ()))
-    pod_ours = np.array(ours_l, dtype=bool)
+    return _PodValues(ours_l, node_l, cpu_l, mem_l, gpu_l, npods_l, extra, whole_l, frac_l, gmem_l, ndev_l, prio_l,
+                      sig_l, creation_l, start_l, with_subgroup, sigs, explicit, gpu_groups, members, implicit,
+                      missing)
 
-    # -- podgroups: declared ones, placeholders for missing ones, implicit ones for lone pods ----------------------
-    pg_keys = declared_keys + sorted(k for k in members if k not in declared)
-    G = len(pg_keys)
-    pg_index = {k: i for i, k in enumerate(pg_keys)}
-    pg_queue_l = [-1] * G
-    pg_min_l = [1] * G
-    pg_prio_l = [0] * G
-    pg_preempt_l = [False] * G
-    pg_creation_l = [NAN] * G
-    pg_last_l = [NAN] * G
-    pg_stale_l = [NAN] * G
-    pg_implicit_l = [False] * G
-    pg_topo_l, pg_req_l, pg_pref_l = [-1] * G, [-1] * G, [-1] * G
-    pg_problem: list[str | None] = [None] * G
-    pg_problem_msg: list[str | None] = [None] * G
-    sg_pg: list[int] = []
-    sg_names: list[str] = []
-    sg_min: list[int] = []
-    sg_parent: list[int] = []
-    sg_topo: list[int] = []
-    sg_req: list[int] = []
-    sg_pref: list[int] = []
-    sg_lookup: dict[tuple[int, str], int] = {}
-    q_leaf_l = q_leaf.tolist()
 
-    def set_problem(g: int, reason: str, message: str) -> None:
-        if pg_problem[g] is None:
-            pg_problem[g], pg_problem_msg[g] = reason, message
+@dataclass
+class _Groups:
+    """Per-podgroup and per-subgroup values as Python lists, filled group by group."""
 
-    def topo_of(tc, g: int, where: str) -> tuple[int, int, int]:
+    keys: list[str]
+    index: dict[str, int]
+    topologies: list[TopologyIndex]
+    topo_by_name: dict[str, int]
+    queue: list[int] = field(init=False)  # [G]
+    min_member: list[int] = field(init=False)  # [G]
+    prio: list[int] = field(init=False)  # [G]
+    preempt: list[bool] = field(init=False)  # [G]
+    creation: list[float] = field(init=False)  # [G]
+    last_start: list[float] = field(init=False)  # [G]
+    stale: list[float] = field(init=False)  # [G]
+    implicit: list[bool] = field(init=False)  # [G]
+    topo: list[int] = field(init=False)  # [G]
+    req: list[int] = field(init=False)  # [G]
+    pref: list[int] = field(init=False)  # [G]
+    problem: list[str | None] = field(init=False)  # [G]
+    problem_msg: list[str | None] = field(init=False)  # [G]
+    sg_pg: list[int] = field(default_factory=list)
+    sg_names: list[str] = field(default_factory=list)
+    sg_min: list[int] = field(default_factory=list)
+    sg_parent: list[int] = field(default_factory=list)
+    sg_topo: list[int] = field(default_factory=list)
+    sg_req: list[int] = field(default_factory=list)
+    sg_pref: list[int] = field(default_factory=list)
+    sg_lookup: dict[tuple[int, str], int] = field(default_factory=dict)
+    implicit_arr: np.ndarray = field(init=False)  # bool[G], once every group is filled
+
+    def __post_init__(self) -> None:
+        G = len(self.keys)
+        self.queue, self.min_member, self.prio, self.preempt = [-1] * G, [1] * G, [0] * G, [False] * G
+        self.creation, self.last_start, self.stale = [NAN] * G, [NAN] * G, [NAN] * G
+        self.implicit = [False] * G
+        self.topo, self.req, self.pref = [-1] * G, [-1] * G, [-1] * G
+        self.problem, self.problem_msg = [None] * G, [None] * G
+
+    def set_problem(self, g: int, reason: str, message: str) -> None:
+        """A group's first problem is the one reported."""
+        if self.problem[g] is None:
+            self.problem[g], self.problem_msg[g] = reason, message
+
+    def topology_of(self, tc, g: int, where: str) -> tuple[int, int, int]:
+        """(topology, required level, preferred level) of a constraint (-1: none); a required topology or level
+        that does not exist is the group's problem. Without a named topology: the only one, else the first
+        holding the level."""
         if tc is None:
             return -1, -1, -1
+        topologies = self.topologies
         t = -1
         if tc.topology:
-            t = topo_by_name.get(tc.topology, -1)
+            t = self.topo_by_name.get(tc.topology, -1)
         elif len(topologies) == 1:
             t = 0
         else:
@@ -237,95 +369,126 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
                     break
         if t < 0:
             if tc.required_level:
-                set_problem(g, "TopologyDoesNotExist", f"{where}: topology {tc.topology!r} does not exist")
+                self.set_problem(g, "TopologyDoesNotExist", f"{where}: topology {tc.topology!r} does not exist")
             return -1, -1, -1
         levels = topologies[t].levels
         req = levels.index(tc.required_level) if tc.required_level in levels else -1
         pref = levels.index(tc.preferred_level) if tc.preferred_level in levels else -1
         if tc.required_level and req < 0:
-            set_problem(g, "TopologyLevelDoesNotExist",
-                        f"{where}: level {tc.required_level!r} is not in topology {topologies[t].name!r}")
+            self.set_problem(g, "TopologyLevelDoesNotExist",
+                             f"{where}: level {tc.required_level!r} is not in topology {topologies[t].name!r}")
         return t, req, pref
 
+    def add_subgroups(self, g: int, spec: PodGroup) -> None:
+        """The declared subgroups of group g, then their parents (a parent may be declared after its child)."""
+        for sg in spec.sub_groups:
+            self.sg_lookup[(g, sg.name)] = len(self.sg_pg)
+            self.sg_pg.append(g)
+            self.sg_names.append(sg.name)
+            self.sg_min.append(sg.min_member)
+            t, rq, pf = self.topology_of(sg.topology_constraint, g, f"subgroup {sg.name}")
+            self.sg_topo.append(t)
+            self.sg_req.append(rq)
+            self.sg_pref.append(pf)
+            self.sg_parent.append(-1)
+        for sg in spec.sub_groups:
+            if sg.parent is not None:
+                self.sg_parent[self.sg_lookup[(g, sg.name)]] = self.sg_lookup[(g, sg.parent)]
+
+
+def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, declared: dict[str, PodGroup],
+               topologies: list[TopologyIndex], queues: _Queues, pc_value: dict[str, int], global_default: int,
+               default_queue: str) -> _Groups:
+    """Podgroups: the declared ones, then (sorted) placeholders for missing ones and implicit ones for lone
+    pods; each group's queue, priority, preemptibility, times, topology and first problem."""
+    members, implicit, missing = values.members, values.implicit, values.missing
+    keys = declared_keys + sorted(k for k in members if k not in declared)
+    out = _Groups(keys, {k: i for i, k in enumerate(keys)}, topologies,
+                  {t.name: i for i, t in enumerate(topologies)})
     no_members: list[int] = []
-    for g, key in enumerate(pg_keys):
+    for g, key in enumerate(keys):
         idx = members.get(key, no_members)
         spec = declared.get(key)
         queue_name: str | None = None
         if spec is not None:
-            pg_min_l[g] = spec.min_member
+            out.min_member[g] = spec.min_member
             queue_name = spec.queue
             pc = spec.priority_class_name
-            prio = pc_value[pc] if pc and pc in pc_value else priority_of(None, [pods[i] for i in idx])
-            pg_prio_l[g] = prio
-            pg_preempt_l[g] = (spec.preemptibility == "preemptible") if spec.preemptibility else \
+            prio = pc_value[pc] if pc and pc in pc_value else _priority_of([pods[i] for i in idx], pc_value,
+                                                                           global_default)
+            out.prio[g] = prio
+            out.preempt[g] = (spec.preemptibility == "preemptible") if spec.preemptibility else \
                 prio < NON_PREEMPTIBLE_PRIORITY
-            pg_creation_l[g] = _t(spec.meta.creation_timestamp)
-            pg_last_l[g] = _t(spec.last_start)
-            pg_stale_l[g] = _t(spec.stale_since)
+            out.creation[g] = _t(spec.meta.creation_timestamp)
+            out.last_start[g] = _t(spec.last_start)
+            out.stale[g] = _t(spec.stale_since)
             if spec.topology_constraint is not None:
-                pg_topo_l[g], pg_req_l[g], pg_pref_l[g] = topo_of(spec.topology_constraint, g, "topologyConstraint")
-            for sg in spec.sub_groups:  # (usually none)
-                sg_lookup[(g, sg.name)] = len(sg_pg)
-                sg_pg.append(g)
-                sg_names.append(sg.name)
-                sg_min.append(sg.min_member)
-                t, rq, pf = topo_of(sg.topology_constraint, g, f"subgroup {sg.name}")
-                sg_topo.append(t)
-                sg_req.append(rq)
-                sg_pref.append(pf)
-                sg_parent.append(-1)
-            for sg in spec.sub_groups:
-                if sg.parent is not None:
-                    sg_parent[sg_lookup[(g, sg.name)]] = sg_lookup[(g, sg.parent)]
+                out.topo[g], out.req[g], out.pref[g] = out.topology_of(spec.topology_constraint, g,
+                                                                       "topologyConstraint")
+            if spec.sub_groups:  # (usually none)
+                out.add_subgroups(g, spec)
         else:
             mem = [pods[i] for i in idx]
-            pg_min_l[g] = 1 if key in implicit else max(1, len(mem))
-            prio = pg_prio_l[g] = priority_of(None, mem)
-            pg_preempt_l[g] = prio < NON_PREEMPTIBLE_PRIORITY
-            pg_creation_l[g] = min((_t(p.meta.creation_timestamp) for p in mem), default=NAN)
-            pg_implicit_l[g] = key in implicit
+            out.min_member[g] = 1 if key in implicit else max(1, len(mem))
+            prio = out.prio[g] = _priority_of(mem, pc_value, global_default)
+            out.preempt[g] = prio < NON_PREEMPTIBLE_PRIORITY
+            out.creation[g] = min((_t(p.meta.creation_timestamp) for p in mem), default=NAN)
+            out.implicit[g] = key in implicit
             if key in missing:
-                set_problem(g, "PodGroupDoesNotExist", f"podgroup {key} does not exist")
+                out.set_problem(g, "PodGroupDoesNotExist", f"podgroup {key} does not exist")
         if queue_name is None:
             queue_name = next((q for q in (pods[i].queue for i in idx) if q), None) or default_queue
-        q = q_index.get(queue_name, -1)
-        pg_queue_l[g] = q
+        q = queues.index.get(queue_name, -1)
+        out.queue[g] = q
         if q < 0:
-            set_problem(g, "QueueDoesNotExist", f"queue {queue_name!r} does not exist")
-        elif not q_leaf_l[q]:
-            set_problem(g, "QueueIsNotLeaf", f"queue {queue_name!r} has child queues; only leaf queues hold work")
-    pg_queue = np.array(pg_queue_l, dtype=np.int32)
-    pg_min = np.array(pg_min_l, dtype=np.int32)
-    pg_prio = np.array(pg_prio_l, dtype=np.int32)
-    pg_preempt = np.array(pg_preempt_l, dtype=bool)
-    pg_creation = np.array(pg_creation_l, dtype=np.float64)
-    pg_last_start = np.array(pg_last_l, dtype=np.float64)
-    pg_stale = np.array(pg_stale_l, dtype=np.float64)
-    pg_implicit = np.array(pg_implicit_l, dtype=bool)
-    pg_topo = np.array(pg_topo_l, dtype=np.int32)
-    pg_req_lvl = np.array(pg_req_l, dtype=np.int32)
-    pg_pref_lvl = np.array(pg_pref_l, dtype=np.int32)
+            out.set_problem(g, "QueueDoesNotExist", f"queue {queue_name!r} does not exist")
+        elif not queues.leaf[q]:
+            out.set_problem(g, "QueueIsNotLeaf", f"queue {queue_name!r} has child queues; only leaf queues hold work")
+    out.implicit_arr = np.array(out.implicit, dtype=bool)
+    return out
 
-    # -- per-pod arrays --------------------------------------------------------------------------------------------
-    pod_status = np.array(status, dtype=np.int8)
-    pod_node = np.array(node_l, dtype=np.int32)
-    pod_req = np.zeros((P, R), dtype=np.int64)
+
+@dataclass
+class _PodArrays:
+    status: np.ndarray
+    ours: np.ndarray
+    node: np.ndarray
+    req: np.ndarray
+    whole: np.ndarray
+    frac: np.ndarray
+    mem: np.ndarray
+    ndev: np.ndarray
+    sig: np.ndarray
+    prio: np.ndarray
+    creation: np.ndarray
+    start: np.ndarray
+
+
+def _pod_arrays(v: _PodValues, status: list[int], P: int, R: int) -> _PodArrays:
+    """The per-pod lists as arrays, each made once."""
+    req = np.zeros((P, R), dtype=np.int64)
     if P:
-        pod_req[:, R_CPU] = cpu_l
-        pod_req[:, R_MEM] = mem_l
-        pod_req[:, R_GPU] = gpu_l
-        pod_req[:, R_PODS] = npods_l
-    for i, c, v in extra:
-        pod_req[i, c] = v
-    pod_whole = np.array(whole_l, dtype=np.int32)
-    pod_frac = np.array(frac_l, dtype=np.int32)
-    pod_mem = np.array(gmem_l, dtype=np.int64)
-    pod_ndev = np.array(ndev_l, dtype=np.int32)
-    pod_sig = np.array(sig_l, dtype=np.int32)
-    pod_prio = np.array(prio_l, dtype=np.int32)
-    pod_creation = np.array(creation_l, dtype=np.float64)
-    pod_start = np.array(start_l, dtype=np.float64)
+        req[:, R_CPU] = v.cpu
+        req[:, R_MEM] = v.mem
+        req[:, R_GPU] = v.gpu
+        req[:, R_PODS] = v.npods
+    for i, c, x in v.extra:
+        req[i, c] = x
+    return _PodArrays(
+        status=np.array(status, dtype=np.int8), ours=np.array(v.ours, dtype=bool),
+        node=np.array(v.node, dtype=np.int32), req=req,
+        whole=np.array(v.whole, dtype=np.int32), frac=np.array(v.frac, dtype=np.int32),
+        mem=np.array(v.gmem, dtype=np.int64), ndev=np.array(v.ndev, dtype=np.int32),
+        sig=np.array(v.sig, dtype=np.int32), prio=np.array(v.prio, dtype=np.int32),
+        creation=np.array(v.creation, dtype=np.float64), start=np.array(v.start, dtype=np.float64))
+
+
+def _pod_groups(pods: list[Pod], v: _PodValues, groups: _Groups,
+                warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each pod's podgroup and subgroup (-1: none), in bulk from the membership lists; a subgroup the pod's
+    declared group does not declare is warned about."""
+    P = len(pods)
+    members, pg_index = v.members, groups.index
     pod_pg = np.full(P, -1, dtype=np.int32)
     if members:
         lens = np.fromiter((len(idx) for idx in members.values()), dtype=np.int64, count=len(members))
@@ -333,23 +496,48 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         pod_pg[flat] = np.repeat(np.fromiter((pg_index[k] for k in members), dtype=np.int64, count=len(members)),
                                  lens)
     pod_sg = np.full(P, -1, dtype=np.int32)
-    for i in with_subgroup:
+    pg_implicit = groups.implicit_arr
+    for i in v.with_subgroup:
         pod = pods[i]
-        sgi = sg_lookup.get((int(pod_pg[i]), pod.subgroup), -1)  # type: ignore[arg-type]
+        sgi = groups.sg_lookup.get((int(pod_pg[i]), pod.subgroup), -1)  # type: ignore[arg-type]
         if sgi < 0 and pod_pg[i] >= 0 and not pg_implicit[pod_pg[i]]:
             warnings.append(f"Pod {pod.key}: subgroup {pod.subgroup!r} is not declared by its podgroup")
         pod_sg[i] = sgi
+    return pod_pg, pod_sg
 
-    # group membership CSR (pods of each group in task order: priority desc, then creation, then name)
+
+def _membership_csr(pod_pg: np.ndarray, pod_creation: np.ndarray, pod_prio: np.ndarray,
+                    G: int) -> tuple[np.ndarray, np.ndarray]:
+    """Group membership CSR (pg_pod_start, pg_pods): the pods of each group in task order (priority desc, then
+    creation, then index)."""
     pg_pod_start = np.zeros(G + 1, dtype=np.int64)
     counts = np.bincount(pod_pg[pod_pg >= 0], minlength=G) if G else np.zeros(0, dtype=np.int64)
     np.cumsum(counts, out=pg_pod_start[1:])
     ours_idx = np.nonzero(pod_pg >= 0)[0]
     order = np.lexsort((ours_idx, np.nan_to_num(pod_creation[ours_idx], nan=np.inf), -pod_prio[ours_idx],
                         pod_pg[ours_idx]))
-    pg_pods = ours_idx[order].astype(np.int64)
+    return pg_pod_start, ours_idx[order].astype(np.int64)
 
-    # -- node usage and GPU devices --------------------------------------------------------------------------------
+
+@dataclass
+class _Usage:
+    node_used: np.ndarray
+    node_rel: np.ndarray
+    node_pipe: np.ndarray
+    dev_used: np.ndarray
+    dev_rel: np.ndarray
+    dev_pipe: np.ndarray
+    pod_dev_start: np.ndarray
+    pod_dev: np.ndarray
+
+
+def _node_usage(pods: list[Pod], nodes: _Nodes, a: _PodArrays, node_names: list[str], v: _PodValues,
+                warnings: list[str]) -> _Usage:
+    """What pods hold on each node and device (bound and releasing pods, and pipelined pods' claims); warns of
+    over-full nodes and of pending gpu-memory pods that no node's GPU memory is known to fit."""
+    N, P = len(node_names), len(pods)
+    pod_status, pod_node, pod_req, node_alloc = a.status, a.node, a.req, nodes.alloc
+    R = node_alloc.shape[1]
     holders = np.nonzero((pod_status == PodStatus.BOUND) | (pod_status == PodStatus.RELEASING)
                          | (pod_status == PodStatus.PIPELINED))[0]
     releasing = pod_status == PodStatus.RELEASING
@@ -368,13 +556,14 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
             np.add.at(node_pipe, pod_node[piped], pod_req[piped])
 
     dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev, dev_warn = assign_devices(
-        dev_start=dev_start, node_gpu_mem_mib=node_gpu_mem, holders=holders, pod_node=pod_node,
-        releasing=releasing, whole=pod_whole, frac=pod_frac, mem=pod_mem, ndev=pod_ndev, explicit=explicit,
-        groups=gpu_groups, n_pods=P, pod_name=lambda i: pods[i].key, node_name=lambda n: node_names[n],
+        dev_start=nodes.dev_start, node_gpu_mem_mib=nodes.gpu_mem, holders=holders, pod_node=pod_node,
+        releasing=releasing, whole=a.whole, frac=a.frac, mem=a.mem, ndev=a.ndev, explicit=v.explicit,
+        groups=v.gpu_groups, n_pods=P, pod_name=lambda i: pods[i].key, node_name=lambda n: node_names[n],
         pipelined=pipelined)
     warnings.extend(dev_warn)
     if N:
         # GPU usage per node from the devices (gpu-memory pods are converted there)
+        gpus = nodes.gpus
         has_dev = gpus > 0
         dev_node = np.repeat(np.arange(N), gpus)
         for dev_arr, node_arr in ((dev_used, node_used), (dev_rel, node_rel), (dev_pipe, node_pipe)):
@@ -386,37 +575,12 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         for n in over[:20].tolist():
             warnings.append(f"Node {node_names[n]}: pods on it hold more than its allocatable")
 
-    by_mem = np.flatnonzero((pod_mem > 0) & pod_ours & (pod_status == PodStatus.PENDING))
+    pod_mem = a.mem
+    by_mem = np.flatnonzero((pod_mem > 0) & a.ours & (pod_status == PodStatus.PENDING))
     if len(by_mem):
         warnings.extend(gpu_memory_warnings([pods[i].key for i in by_mem.tolist()], pod_mem[by_mem],
-                                            node_gpu_mem_known, node_gpu_mem))
-
-    # -- node classes: nodes that every pod signature treats alike ------------------------------------------------
-    node_class = _node_classes(snapshot, sigs, topologies)
-
-    return ClusterState(
-        now=now, resources=resources,
-        node_names=node_names, node_alloc=node_alloc, node_used=node_used, node_releasing=node_rel,
-        node_pipelined=node_pipe,
-        node_ok=node_ok, node_gpu_mem_mib=node_gpu_mem, node_gpu_mem_known=node_gpu_mem_known,
-        node_labels=[n.labels for n in snapshot.nodes],
-        node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
-        dev_start=dev_start, dev_used=dev_used, dev_releasing=dev_rel, dev_pipelined=dev_pipe,
-        pods=pods, pod_status=pod_status, pod_ours=pod_ours, pod_node=pod_node, pod_req=pod_req,
-        pod_gpu_whole=pod_whole, pod_gpu_frac=pod_frac, pod_gpu_mem=pod_mem, pod_gpu_ndev=pod_ndev,
-        pod_dev_start=pod_dev_start, pod_dev=pod_dev, pod_pg=pod_pg, pod_sg=pod_sg, pod_sig=pod_sig,
-        pod_priority=pod_prio, pod_creation=pod_creation, pod_start=pod_start, sigs=sigs,
-        pg_keys=pg_keys, pg_queue=pg_queue, pg_min_member=pg_min, pg_priority=pg_prio, pg_preemptible=pg_preempt,
-        pg_creation=pg_creation, pg_last_start=pg_last_start, pg_stale_since=pg_stale, pg_implicit=pg_implicit,
-        pg_pod_start=pg_pod_start, pg_pods=pg_pods, pg_topology=pg_topo, pg_required_level=pg_req_lvl,
-        pg_preferred_level=pg_pref_lvl, pg_problem=pg_problem, pg_problem_message=pg_problem_msg,
-        sg_pg=np.array(sg_pg, dtype=np.int32), sg_names=sg_names, sg_min_member=np.array(sg_min, dtype=np.int32),
-        sg_parent=np.array(sg_parent, dtype=np.int32), sg_topology=np.array(sg_topo, dtype=np.int32),
-        sg_required_level=np.array(sg_req, dtype=np.int32), sg_preferred_level=np.array(sg_pref, dtype=np.int32),
-        q_names=q_names, q_parent=q_parent, q_priority=q_priority, q_creation=q_creation, q_deserved=q_deserved,
-        q_limit=q_limit, q_oqw=q_oqw, q_preempt_min_runtime=q_pre, q_reclaim_min_runtime=q_rec,
-        topologies=topologies, warnings=warnings,
-    )
+                                            nodes.gpu_mem_known, nodes.gpu_mem))
+    return _Usage(node_used, node_rel, node_pipe, dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev)
 
 
 def _t(x: float | None) -> float:
