@@ -142,33 +142,26 @@ class PreBindCheck:
         return check_fit(n, others.values(), pod, devices)
 
     def _pod(self, raw: dict[str, Any]) -> Pod | None:
-        meta = raw.get("metadata") or {}
-        uid, rv = str(meta.get("uid")), str(meta.get("resourceVersion"))
-        with self._lock:
-            hit = self._pods.get(uid)
-        if hit is not None and hit[0] == rv:
-            return hit[1]
-        try:
-            parsed: Pod | None = Pod.from_k8s(raw)
-        except (InputError, ValueError, TypeError):
-            parsed = None
-        with self._lock:
-            self._pods[uid] = (rv, parsed)
-        return parsed
+        return self._parsed(self._pods, "uid", raw, Pod.from_k8s)
 
     def _node(self, raw: dict[str, Any]) -> Node | None:
+        return self._parsed(self._nodes, "name", raw, Node.from_k8s)
+
+    def _parsed(self, memo: dict[str, tuple[str, Any]], key: str, raw: dict[str, Any], parse: Any) -> Any:
+        """parse(raw), remembered in `memo` by (metadata[key], resourceVersion); None for an object that does not
+        parse (the snapshot reports it)."""
         meta = raw.get("metadata") or {}
-        name, rv = str(meta.get("name")), str(meta.get("resourceVersion"))
+        ident, rv = str(meta.get(key)), str(meta.get("resourceVersion"))
         with self._lock:
-            hit = self._nodes.get(name)
+            hit = memo.get(ident)
         if hit is not None and hit[0] == rv:
             return hit[1]
         try:
-            parsed: Node | None = Node.from_k8s(raw)
+            parsed = parse(raw)
         except (InputError, ValueError, TypeError):
             parsed = None
         with self._lock:
-            self._nodes[name] = (rv, parsed)
+            memo[ident] = (rv, parsed)
         return parsed
 
     def _prune(self) -> None:
