@@ -5,6 +5,7 @@ leave), and the window holds the work a better plan can come from."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kai_opt.config import Config
 from kai_opt.engine import greedy_plan
@@ -84,3 +85,47 @@ def test_the_model_shrinks_with_the_fixed_work_of_a_large_greedy_plan() -> None:
     assert scope_mod.pair_budget(cfg, large) < scope_mod.pair_budget(cfg, small)
     assert scope_mod.move_budget(cfg, large) < scope_mod.move_budget(cfg, small)
     assert scope_mod.model_seconds(cfg, 10**9) == 0.1  # never below a tenth of the budget
+
+
+@pytest.mark.parametrize("family", ["contention", "gangs", "openb"])
+def test_every_victim_unit_may_serve_the_group_the_greedy_evicted_it_for(family: str) -> None:
+    """Each victim unit has its own beneficiaries: two units of one group evicted for the same group both name it
+    (the units once shared one dict, and the second unit lost the beneficiary: an infeasible hint)."""
+    from kai_opt.bench.instances import Instance
+
+    config = Config.model_validate({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 1}})
+    checked = 0
+    for seed in range(3):
+        st = build_state(Instance(family, 200, seed).snapshot())
+        fs = compute_fair_share(st)
+        greedy = greedy_plan(st, fs, config)
+        _sess, scope = model_scope(st, fs, config, greedy)
+        index = {gs.group: i for i, gs in enumerate(scope.groups)}
+        evicted = {e.pod: e for e in greedy.evictions}
+        assert len({id(v.reason_for) for v in scope.victims}) == len(scope.victims)
+        for v in scope.victims:
+            for p in v.pods:
+                e = evicted[p]
+                if e.reason in ("reclaim", "preempt") and e.beneficiary in index:
+                    assert index[e.beneficiary] in v.beneficiaries
+                    checked += 1
+    assert checked > 0
+
+
+def test_victim_units_of_one_group_do_not_share_their_beneficiaries() -> None:
+    from kai_opt.bench.instances import Instance
+    from kai_opt.state import PodStatus
+
+    config = Config.model_validate({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 1}})
+    st = build_state(Instance("fractions", 100, 0).snapshot())
+    fs = compute_fair_share(st)
+    sess, scope = model_scope(st, fs, config, greedy_plan(st, fs, config))
+    running = set(np.flatnonzero(sess.status == PodStatus.BOUND).tolist())
+    units = scope_mod._victims(sess, scope.groups, running)  # every running pod a candidate: many units per group
+    by_group: dict[int, list] = {}
+    for v in units:
+        by_group.setdefault(v.group, []).append(v)
+    several = [vs for vs in by_group.values() if len(vs) > 1]
+    assert several
+    for vs in several:
+        assert len({id(v.reason_for) for v in vs}) == len(vs)

@@ -37,7 +37,7 @@ PAIRS_PER_SECOND = 3_000  # and at most this many per second of the time budget 
 # node where shares go, one per device and share size): what one model can build, solve and decode in time
 
 
-FIXED_PER_DECISION = 0.00004  # s per decision of the greedy plan the CP-SAT stage spends whatever the model's
+FIXED_PER_DECISION = 0.00007  # s per decision of the greedy plan the CP-SAT stage spends whatever the model's
 # size: replaying the decisions outside the window, then checking and scoring the whole plan
 
 
@@ -503,9 +503,9 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int]) -> l
         extras = bound[m:] if len(bound) > m else []
         core = bound[:m] if len(bound) > m else bound
         for p in reversed(extras):
-            out.append(Victim(v, [p], False, list(bens), bens))
+            out.append(Victim(v, [p], False, list(bens), dict(bens)))  # each unit its own (build_scope adds)
         if core:
-            out.append(Victim(v, core, True, list(bens), bens))
+            out.append(Victim(v, core, True, list(bens), dict(bens)))
     return out
 
 
