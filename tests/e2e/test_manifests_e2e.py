@@ -3,7 +3,6 @@ allows every verb the scheduler needs and nothing more (access reviews and real 
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.k8s.client import apply_objects, object_path, request
 from kai_opt.k8s.manifests import NAME, build_manifests
 
-from .testcluster import LocalCluster, ensure_namespace
+from .testcluster import LocalCluster, delete_cluster_rbac, ensure_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -104,10 +103,7 @@ def installed(clean_cluster: LocalCluster) -> Iterator[LocalCluster]:
         yield clean_cluster
     finally:
         with clean_cluster.api_client() as api:
-            for path in (f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{NAME}",
-                         f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{NAME}"):
-                with contextlib.suppress(ApiException):
-                    request(api, "DELETE", path)
+            delete_cluster_rbac(api, NAME)
 
 
 def test_manifests_apply_cleanly_and_idempotently(installed: LocalCluster) -> None:

@@ -34,7 +34,7 @@ from .schedharness import (
     scheduler,
     wait_for,
 )
-from .testcluster import LocalCluster, ensure_namespace
+from .testcluster import LocalCluster, delete_cluster_rbac, ensure_namespace
 
 pytestmark = pytest.mark.e2e
 __all__ = ["fresh"]  # the fixture
@@ -212,10 +212,7 @@ def test_the_manifests_rbac_is_enough_for_gpu_sharing(fresh: LocalCluster) -> No
                 assert not errors, errors
     finally:
         with fresh.api_client() as api:
-            for path in (f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{NAME}",
-                         f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{NAME}"):
-                with contextlib.suppress(ApiException):
-                    request(api, "DELETE", path)
+            delete_cluster_rbac(api, NAME)
 
 
 def test_webhook_injects_the_shared_gpu_configmaps_into_the_right_container(fresh: LocalCluster) -> None:

@@ -366,6 +366,14 @@ def reset_cluster(cluster: LocalCluster) -> None:
                     request(api, "DELETE", path, query={"gracePeriodSeconds": 0})
 
 
+def delete_cluster_rbac(api: ApiClient, name: str) -> None:
+    """Delete the ClusterRoleBinding and ClusterRole `name` (cluster-scoped: a namespace reset leaves them)."""
+    for path in (f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+                 f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}"):
+        with contextlib.suppress(ApiException):
+            request(api, "DELETE", path)
+
+
 def ensure_namespace(api: ApiClient, name: str) -> None:
     """Create namespace `name` unless it exists."""
     try:
