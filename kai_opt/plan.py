@@ -79,6 +79,8 @@ class Plan:
     pending: dict[int, list[Reason]] = field(default_factory=dict)  # podgroup -> reasons
     solver: SolverInfo = field(default_factory=SolverInfo)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    turns: list[int] = field(default_factory=list)  # podgroups in the order the engine first placed a pod of
+    # theirs (its decision order; empty when not known)
 
     @property
     def binds(self) -> list[Placement]:

@@ -54,3 +54,47 @@ def test_greedy_plan_is_a_solution_of_the_model_on_random_clusters(objs: list) -
 def test_greedy_plan_is_a_solution_of_the_model_on_every_bench_family(family: str, seed: int) -> None:
     state = build_state(Instance(family, 30, seed).snapshot())
     assert_hint_feasible(state)
+
+
+def _preempt_after_reclaim() -> ClusterState:
+    """Queue a holds 1 of its fair share of 3 GPUs. Its pending gang `p` (lower index, 2 pods x 1 GPU, only on node
+    n1 where a's low-priority pod holds 1 of 2 GPUs) cannot reclaim there and later preempts; `r` (1 pod x 2 GPUs)
+    reclaims one of b's pods first, when a's allocation is 1 + 2: the reclaim rule holds at r's turn, not with p's
+    work counted."""
+    from builders import node, pod, podgroup, queue
+
+    objs = [node("n1", gpus=2, labels={"slot": "one"}), node("n2", gpus=4),
+            queue("a", gpu=(3, 1, -1)), queue("b", gpu=(3, 1, -1)),
+            podgroup("low", "a"), pod("low-0", "low", gpus=1, node_name="n1"),
+            podgroup("b1", "b"), pod("b1-0", "b1", gpus=2, node_name="n2"),
+            podgroup("b2", "b"), pod("b2-0", "b2", gpus=2, node_name="n2"),
+            podgroup("p", "a", min_member=2, priority_class="build-preemptible"),
+            pod("p-0", "p", gpus=1, nodeSelector={"slot": "one"}),
+            pod("p-1", "p", gpus=1, nodeSelector={"slot": "one"}),
+            podgroup("r", "a", priority_class="build-preemptible", created_min=1), pod("r-0", "r", gpus=2)]
+    return build_state(snapshot(objs))
+
+
+def test_plan_turns_are_the_decision_order_and_the_reclaim_row_counts_only_earlier_turns() -> None:
+    state = _preempt_after_reclaim()
+    fs = compute_fair_share(state)
+    greedy = greedy_plan(state, fs, CONFIG)
+    names = [state.pg_keys[g] for g in greedy.turns]
+    reasons = {state.pods[e.pod].name: e.reason for e in greedy.evictions}
+    assert names == ["default/r", "default/p"], names  # r reclaimed, then p preempted (p has the lower index)
+    assert sorted(reasons.items()) == [("b1-0", "reclaim"), ("low-0", "preempt")] or \
+        sorted(reasons.items()) == [("b2-0", "reclaim"), ("low-0", "preempt")], reasons
+    assert_hint_feasible(state)
+
+
+def test_reclaim_row_leaves_out_later_turns_of_groups_outside_the_model() -> None:
+    """As above with a one-pod window: `p` keeps the greedy's decisions outside the model (its placement and its
+    preempt eviction are in the model's session), yet r's reclaim row must not count them."""
+    state = _preempt_after_reclaim()
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 5, "seed": 0,
+                                                         "max_model_pods": 1}})
+    fs = compute_fair_share(state)
+    _sess, scope = model_scope(state, fs, config, greedy_plan(state, fs, config))
+    assert [state.pg_keys[g] for g in scope.excluded] == ["default/p"]
+    assert [state.pg_keys[g.group] for g in scope.groups] == ["default/r"]
+    assert_hint_feasible(state, config)

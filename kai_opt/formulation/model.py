@@ -421,6 +421,22 @@ def share_size(st, p: int, n: int) -> tuple[int, int]:
     return int(st.pod_gpu_per_device(p, n)), int(st.pod_gpu_ndev[p])
 
 
+def _late_work(st, scope: Scope, wanted: set[tuple[int, int]], scale: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """(queue, turn) -> what the excluded groups' fixed decisions of later turns added to the queue's allocation
+    (scaled like the model's queue rows): the session holds it, the greedy's check at that turn did not."""
+    anc = st.q_ancestors
+    out = {k: np.zeros(3) for k in wanted}
+    by_queue: dict[int, list[tuple[int, np.ndarray]]] = defaultdict(list)
+    for (q, turn), acc in out.items():
+        by_queue[q].append((turn, acc))
+    for t, leaf, amount in scope.late_work:
+        for q in anc[leaf]:
+            for turn, acc in by_queue.get(q, ()):
+                if t > turn:
+                    acc += amount
+    return {k: np.round(v * scale).astype(np.int64) for k, v in out.items()}
+
+
 def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evicted: list) -> None:
     st, fs, m = sess.state, sess.fs, b.model
     groups, shapes, victims = scope.groups, scope.shapes, scope.victims
@@ -500,6 +516,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
     for i, g in enumerate(groups):
         for s in g.shapes:
             placed_g[i].append((s, qreqs[s], len(shapes[s].pods)))
+    late = _late_work(st, scope, {(q, scope.turn[j]) for j in rec_groups for q in anc[groups[j].queue]}, scale)
     done: dict[tuple[int, int], int] = {}  # (queue, resource) -> groups (rank order) already in its running sum
     running: dict[tuple[int, int], tuple[cp_model.IntVar | None, int]] = {}  # (queue, r) -> (sum var, its max)
     for j in rec_groups:
@@ -527,6 +544,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 running[key] = (prev, most)
                 done[key] = j + 1
                 cap = fs.fair_share[q, r] * scale[r] / mult
-                big = int(alloc[q, r]) + most + 1
-                m.add(int(alloc[q, r]) + (prev if prev is not None else 0) - evicted_amount(q, r)
+                at_turn = int(alloc[q, r]) - int(late[(q, scope.turn[j])][r])
+                big = max(at_turn, 0) + most + 1
+                m.add(at_turn + (prev if prev is not None else 0) - evicted_amount(q, r)
                       <= int(np.floor(cap + EPS)) + big * (1 - uses[j]))

@@ -79,9 +79,17 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     # among plans placing as much, the fewest moves (each move 1 < MOVE_SCALE, one unit of work placed): tiers
     # 2-3 may get too little time to undo needless moves (topology-100-s0: 148 moved pods otherwise)
     m.maximize(built.value * MOVE_SCALE - moves if built.move else built.value)
+    det_used = 0.0  # deterministic mode: the solves' deterministic time, so no wall clock decides a result
+
+    def spent() -> float:
+        return det_used if cfg.deterministic else time.perf_counter() - start
+
     before = _without_moves(solver, built, cfg, seconds * tier1_share * MOVE_FREE_SHARE) if built.move else None
-    _params(solver, cfg, seconds * tier1_share - (time.perf_counter() - start), len(m.proto.variables))
+    if before is not None or built.move:
+        det_used += solver.response_proto.deterministic_time
+    _params(solver, cfg, seconds * tier1_share - spent(), len(m.proto.variables))
     status = solver.solve(m)
+    det_used += solver.response_proto.deterministic_time
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         v1 = float(solver.value(built.value))
         bound1 = solver.best_objective_bound
@@ -101,7 +109,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     w = cfg.objective
     m.maximize(built.packing * w.packing_weight - built.eviction_cost * max(1, w.eviction_weight // 1000))
     _hint_all(m, first)
-    left = seconds - (time.perf_counter() - start)
+    left = seconds - spent()
     if left <= 0.02:
         return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
                            "no time left for tiers 2-3")

@@ -128,6 +128,10 @@ class Scope:
     pools: list[Pool] = field(default_factory=list)
     movers: list[Mover] = field(default_factory=list)
     move_for: list[int] = field(default_factory=list)  # scope groups a move may serve (consolidation's rules)
+    turn: dict[int, int] = field(default_factory=dict)  # scope group -> its turn in the greedy's queue order
+    # what the excluded groups' fixed decisions changed per leaf queue, at their turn: (turn, leaf queue, queue
+    # resources placed less evicted); a reclaimer's fair-share check sees only the turns before its own
+    late_work: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
 
 def _shape_key(sess: Session, p: int) -> tuple:
@@ -143,8 +147,9 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     st = sess.state
     notes: list[str] = []
     ready = acts.pending_groups()
-    # queue order of the greedy's allocate pass: a group's rank is its first placement turn, others last
-    order = {g: i for i, g in enumerate(dict.fromkeys(int(st.pod_pg[p.pod]) for p in greedy.placements))}
+    # the greedy's decision order: a group's rank is its first placement turn, others last
+    turns = greedy.turns or list(dict.fromkeys(int(st.pod_pg[p.pod]) for p in greedy.placements))
+    order = {g: i for i, g in enumerate(turns)}
     ready.sort(key=lambda g: (order.get(g, math.inf), -int(st.pg_priority[g]), st.pg_keys[g]))
     groups: list[GroupScope] = []
     shapes: list[Shape] = []
@@ -163,6 +168,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
     window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods))
     excluded = [g for g in ready if g not in window]
+    turn_of = {g: i for i, g in enumerate(ready)}
+    late_work = fixed_work(sess, greedy, excluded, turn_of)
     apply_fixed(sess, greedy, excluded)
     for g in (g for g in ready if g in window):  # (apply_fixed changed no pending pod of these groups)
         pods = st.group_pods(g)
@@ -194,7 +201,12 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     if excluded:
         notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity, a sub-group's "
                      f"required topology or the {max_pods}-pod window) keep the greedy plan's decisions")
-    victims = _victims(sess, groups, {e.pod for e in greedy.evictions})
+    scope_groups = {gs.group for gs in groups}
+    # victim groups the greedy evicted for a scoped group by a rule it judged at that group's turn (the session's
+    # ledger here is a later one): their units exist whatever the cycle-start rules below say
+    chosen = {int(st.pod_pg[e.pod]) for e in greedy.evictions
+              if e.reason in ("reclaim", "preempt") and e.beneficiary in scope_groups}
+    victims = _victims(sess, groups, {e.pod for e in greedy.evictions}, chosen)
     # improve on the greedy plan, never against it: what it places stays placed (maybe elsewhere), and only pods it
     # evicts may be evicted (fewer is better). The greedy's consolidation moves are part of the session already
     # (apply_consolidation), so the groups they made room for are held like any other.
@@ -227,7 +239,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     model_nodes = np.unique(np.concatenate([s.nodes for s in shapes])) if shapes else np.zeros(0, dtype=np.int64)
     in_model = set(model_nodes.tolist())
     victims = [v for v in victims if any(int(sess.node[p]) in in_model for p in v.pods)]
-    scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for)
+    scope = Scope(groups, shapes, victims, model_nodes, excluded, notes, keep, pools, move_for=move_for,
+                  turn={i: turn_of[gs.group] for i, gs in enumerate(groups)}, late_work=late_work)
     _add_movers(sess, acts, scope, movable[roomy[sess.node[movable]]], per_shape_nodes,
                 move_budget(sess.cfg, decisions))
     return scope
@@ -266,6 +279,34 @@ def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter
             left -= size[g]
     rank = {g: i for i, g in enumerate(eligible)}
     return sorted(set(chosen), key=rank.__getitem__)
+
+
+def fixed_work(sess: Session, greedy: Plan, groups: list[int],
+               turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
+    """(turn, leaf queue, queue request) of what the greedy placed for `groups` (positive) and evicted for them
+    (negative), summed per group and leaf queue: the allocation changes apply_fixed is about to make."""
+    st = sess.state
+    outside = set(groups)
+    rows: list[tuple[int, int, int]] = []  # (pod, node, sign)
+    for pl in greedy.placements:
+        g = int(st.pod_pg[pl.pod])
+        if not pl.moved and g in outside and int(sess.status[pl.pod]) == PodStatus.PENDING:
+            rows.append((pl.pod, pl.node, 1))
+    evicts = [e for e in greedy.evictions if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND]
+    rows.extend((e.pod, int(sess.node[e.pod]), -1) for e in evicts)
+    if not rows:
+        return []
+    pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
+    amount = sess.queue_request(pods, nodes) * sign[:, None]
+    beneficiary = st.pod_pg[pods].copy()
+    if evicts:
+        beneficiary[-len(evicts):] = [e.beneficiary for e in evicts]
+    leaf = st.pg_queue[st.pod_pg[pods]]
+    sums: dict[tuple[int, int], np.ndarray] = {}
+    for b, q, a in zip(beneficiary.tolist(), leaf.tolist(), amount, strict=True):
+        k = (turn_of[b], q)
+        sums[k] = sums[k] + a if k in sums else a.copy()
+    return [(t, q, a) for (t, q), a in sorted(sums.items())]
 
 
 def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
@@ -449,9 +490,11 @@ def apply_consolidation(sess: Session, greedy: Plan) -> None:
             sess.place(pl.pod, pl.node, tuple(base + d for d in pl.devices), pipelined=True, moved=True)
 
 
-def _victims(sess: Session, groups: list[GroupScope], candidates: set[int]) -> list[Victim]:
+def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
+             chosen: frozenset[int] | set[int] = frozenset()) -> list[Victim]:
     """Running units some scoped group may evict, with the rule that allows it (KAI's preempt and reclaim), among
-    the groups of the `candidates` pods (the greedy plan's victims)."""
+    the groups of the `candidates` pods (the greedy plan's victims); groups in `chosen` are kept with no
+    beneficiary the rules here allow (build_scope adds the greedy's)."""
     st, fs = sess.state, sess.fs
     if not groups:
         return []
@@ -495,7 +538,7 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int]) -> l
                     rule[key] = fits_strategy(fs, sess.ledger, requests[i], rq, wq, sess.ledger.allocated[wq])
                 if rule[key]:
                     bens[i] = "reclaim"
-        if not bens:
+        if not bens and v not in chosen:
             continue
         pods = st.group_pods(v)
         bound = pods[sess.status[pods] == PodStatus.BOUND].tolist()

@@ -272,9 +272,11 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     pods = sum(len(s.pods) for s in scope.shapes) + sum(len(mv.pods) for mv in scope.movers)
     decisions = len(greedy.placements) + len(greedy.evictions)
     # the decode and check run as much slower than their CPU time as the build did (a loaded machine)
-    slowdown = min(SLOWDOWN_MAX, max(1.0, info.build_s / max(time.process_time() - cpu_start, 1e-3)))
+    slowdown = 1.0 if config.solver.deterministic else min(
+        SLOWDOWN_MAX, max(1.0, info.build_s / max(time.process_time() - cpu_start, 1e-3)))
     reserve = max(budget * DECODE_RESERVE, (DECODE_PER_POD * pods + CHECK_PER_DECISION * decisions) * slowdown)
-    left = budget - reserve - info.build_s
+    # deterministic mode: the budget less the reserve, no wall clock (a deterministic limit, reproducible)
+    left = budget - reserve - (0.0 if config.solver.deterministic else info.build_s)
     if left <= 0.01 and not config.solver.deterministic:
         slow = f", {slowdown:.1f}x its CPU time" if slowdown > 1.2 else ""
         return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "

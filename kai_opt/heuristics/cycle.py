@@ -46,6 +46,7 @@ def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
 
 def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: str) -> Plan:
     st = sess.state
+    turns = list(dict.fromkeys(int(st.pod_pg[p]) for p in sess.placements))  # (insertion order: decision order)
     placements: list[Placement] = sorted(sess.placements.values(), key=lambda p: p.pod)
     placements += sorted(sess.moves.values(), key=lambda p: p.pod)
     evictions: list[Eviction] = sorted(sess.evictions.values(), key=lambda e: e.pod)
@@ -54,4 +55,4 @@ def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: s
     for g in sorted(set(st.pod_pg[still].tolist())):
         pending[g] = reasons.get(g) or [Reason("Pending", "waiting for its turn: earlier pods of this elastic "
                                                           "group were placed this cycle")]
-    return Plan(engine=engine, placements=placements, evictions=evictions, pending=pending)
+    return Plan(engine=engine, placements=placements, evictions=evictions, pending=pending, turns=turns)
