@@ -119,7 +119,7 @@ class UsageLedger:
         cap = np.zeros(3)
         for b in self.buckets:
             when = self._when(b, now)
-            if when < first:
+            if when < first or b.start > now:
                 continue
             w = decay(now - when, window.half_life_s)
             cap += b.capacity * w
