@@ -132,8 +132,9 @@ class UsageLedger:
 
     # -- persistence (JSON) ----------------------------------------------------------------------------------------
     def to_json(self) -> str:
-        data = {"version": LEDGER_VERSION, "bucket_s": self.bucket_s, "last": self.last,
-                "buckets": [{"start": b.start, "capacity": b.capacity.tolist(),
+        data = {"version": LEDGER_VERSION, "bucket_s": float(self.bucket_s),
+                "last": None if self.last is None else float(self.last),
+                "buckets": [{"start": float(b.start), "capacity": b.capacity.tolist(),
                              "queues": {k: v.tolist() for k, v in sorted(b.queues.items())}} for b in self.buckets]}
         return json.dumps(data, separators=(",", ":"))
 
