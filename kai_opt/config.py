@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from kai_opt import __version__
 from kai_opt.errors import ConfigError
@@ -239,7 +250,16 @@ class WindowType(StrEnum):
     tumbling = "tumbling"
 
 
-class ExtraParams(_Model):
+class _KaiModel(_Model):
+    """A section mirroring a KAI-Scheduler one: its fields are also read by KAI's camelCase names, so KAI's
+    SchedulingShard usageDBConfig block can be pasted as it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False,
+                              alias_generator=AliasGenerator(validation_alias=lambda n: AliasChoices(n, to_camel(n))),
+                              populate_by_name=True)
+
+
+class ExtraParams(_KaiModel):
     """KAI's usageParams.extraParams of its Prometheus client (same names, snake_case)."""
 
     gpu_allocation_metric: str = Field("kai_queue_allocated_gpus", min_length=1, description="PromQL of each "
@@ -260,7 +280,7 @@ class ExtraParams(_Model):
                                        "the window, seconds (KAI's queryResolution)")
 
 
-class UsageParams(_Model):
+class UsageParams(_KaiModel):
     """KAI's usageDBConfig.usageParams: which past usage counts and how much. Durations: seconds, or KAI's
     strings (10m, 1h30m, 1w)."""
 
@@ -289,7 +309,7 @@ class UsageParams(_Model):
         return self
 
 
-class UsageLedgerConfig(_Model):
+class UsageLedgerConfig(_KaiModel):
     """kai-opt's own usage record (client_type: ledger): per-queue resource-seconds kept in a ConfigMap."""
 
     config_map_name: str = Field("kai-opt-usage", pattern=_DNS_SUBDOMAIN_RE, description="name of the "
@@ -300,11 +320,11 @@ class UsageLedgerConfig(_Model):
                              "bucket (the ledger's resolution: window_size / bucket buckets per queue)")
 
 
-class UsageDB(_Model):
+class UsageDB(_KaiModel):
     """Time-based fair share: where past usage comes from (KAI's usageDBConfig). Off unless client_type is set."""
 
-    client_type: str = Field("", description="'' (off), prometheus (KAI's metrics, a range query per "
-                             "resource) or ledger (kai-opt records what is allocated into a ConfigMap)")
+    client_type: str = Field("", description="'' (off), prometheus (KAI's queries over its queue metrics) or "
+                             "ledger (kai-opt records what is allocated into a ConfigMap)")
     connection_string: str = Field("", description="Prometheus base URL, e.g. http://prometheus:9090 (KAI's "
                                    "connectionString)")
     connection_string_env_var: str = Field("", description="environment variable holding the URL instead "
@@ -358,9 +378,11 @@ class Config(_Model):
     reclaim_saturation_multiplier: float = Field(1.0, ge=1.0, le=1e6,
                                                  description="reclaimer allocated x this must stay "
                                                  "within fair share (larger = more conservative)")
-    k_value: float = Field(1.0, ge=0, le=1e6, description="time-based fair share: how much past usage lowers a "
-                           "queue's over-quota share, max(0, w + k_value * (w - usage)) (KAI's kValue)")
-    usage_db: UsageDB = Field(UsageDB(), description="time-based fair share: the source of past usage")
+    k_value: float = Field(1.0, ge=0, le=1e6, validation_alias=AliasChoices("k_value", "kValue"),
+                           description="time-based fair share: how much past usage lowers a queue's over-quota "
+                           "share, max(0, w + k_value * (w - usage)) (KAI's kValue)")
+    usage_db: UsageDB = Field(UsageDB(), validation_alias=AliasChoices("usage_db", "usageDBConfig"),
+                              description="time-based fair share: the source of past usage (KAI's usageDBConfig)")
     schedule_period_s: float = Field(1.0, gt=0, le=3600, description="in-cluster: seconds between cycles")
     solver: Solver = Solver()
     runtime: Runtime = Field(Runtime(), description="in-cluster scheduler (kai-opt run)")

@@ -217,3 +217,16 @@ def test_bad_time_based_fair_share_config_is_one_line_naming_the_field(data: dic
         parse_config(data, source="cfg.yaml")
     text = str(err.value)
     assert "\n" not in text and f"field {field}" in text and words in text, text
+
+
+def test_kais_camel_case_block_can_be_pasted() -> None:
+    """A SchedulingShard's kValue and usageDBConfig, as KAI spells them, read the same as kai-opt's names."""
+    kai = parse_config({"kValue": 0.5, "usageDBConfig": {
+        "clientType": "prometheus", "connectionString": "http://prometheus-operated:9090",
+        "usageParams": {"windowSize": "1w", "windowType": "sliding", "halfLifePeriod": "10m",
+                        "extraParams": {"gpuAllocationMetric": "my_gpus", "queryResolution": "30s"}}}})
+    ours = parse_config({"k_value": 0.5, "usage_db": {
+        "client_type": "prometheus", "connection_string": "http://prometheus-operated:9090",
+        "usage_params": {"window_size": 604800, "window_type": "sliding", "half_life_period": 600,
+                         "extra_params": {"gpu_allocation_metric": "my_gpus", "query_resolution": 30}}}})
+    assert kai == ours
