@@ -230,3 +230,27 @@ def test_kais_camel_case_block_can_be_pasted() -> None:
         "usage_params": {"window_size": 604800, "window_type": "sliding", "half_life_period": 600,
                          "extra_params": {"gpu_allocation_metric": "my_gpus", "query_resolution": 30}}}})
     assert kai == ours
+
+
+def test_manifests_grant_the_ledger_configmap_only_when_configured() -> None:
+    from kai_opt.k8s.manifests import build_manifests
+
+    def ledger_roles(cfg: object) -> list[dict]:
+        objs = build_manifests("sched", "img:1", config=cfg)  # type: ignore[arg-type]
+        return [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "kai-opt-usage-ledger"]
+
+    assert ledger_roles(parse_config({})) == []
+    roles = ledger_roles(parse_config({"usage_db": {"client_type": "ledger"}}))
+    assert len(roles) == 1 and roles[0]["metadata"]["namespace"] == "sched"
+    assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kai-opt-usage"],
+                                  "verbs": ["get", "update"]}]
+
+
+def test_queue_usage_is_a_metric_and_goes_with_its_queue() -> None:
+    from kai_opt.k8s.metrics import SchedulerMetrics
+
+    m = SchedulerMetrics()
+    m.queue_usage("team-a", {"gpu": 0.24, "cpu": 0.0, "memory": 0.0})
+    assert 'kai_opt_queue_usage{queue="team-a",resource="gpu"} 0.24' in m.text()
+    m.remove_queue("team-a")
+    assert "team-a" not in m.text()

@@ -377,6 +377,8 @@ class Runner:
             self.metrics.queue(name, {r: float(fs.fair_share[q, i]) for i, r in enumerate(QR)},
                                {r: float(fs.allocated[q, i]) for i, r in enumerate(QR)},
                                {r: float(fs.requested[q, i]) for i, r in enumerate(QR)})
+            if fs.usage is not None:
+                self.metrics.queue_usage(name, {r: float(fs.usage[q, i]) for i, r in enumerate(QR)})
 
     def _writes_queues(self) -> bool:
         return writes_queue_status(self.config.runtime.queue_status.value, self.kai)
