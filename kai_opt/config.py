@@ -5,12 +5,25 @@ Every field has a default, so an empty file (or no file) is a valid configuratio
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from kai_opt import __version__
 from kai_opt.errors import ConfigError
@@ -190,6 +203,153 @@ class Runtime(_Model):
     gpu_sharing: GpuSharing = Field(GpuSharing(), description="KAI's GPU-sharing contract when binding")
 
 
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration(v: Any) -> Any:
+    """Seconds from a number or a duration as KAI writes them ("10m", "1h30m", "1w"; d and w as in its docs)."""
+    if not isinstance(v, str):
+        return v
+    text = v.strip()
+    if not text:
+        raise ValueError("empty duration")
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"not a duration: {v!r} (seconds, or like 10m, 1h30m, 1w)") from None
+    return total
+
+
+def parse_time(v: Any) -> Any:
+    """Unix seconds from a number or an RFC 3339 timestamp (KAI's metav1.Time)."""
+    if not isinstance(v, str):
+        return v
+    try:
+        t = datetime.fromisoformat(v.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an RFC 3339 time: {v!r}") from None
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class WindowType(StrEnum):
+    """KAI's windowType: sliding (the last windowSize) or tumbling (reset every windowSize from
+    tumblingWindowStartTime). KAI's cron windows are not supported."""
+
+    sliding = "sliding"
+    tumbling = "tumbling"
+
+
+class _KaiModel(_Model):
+    """A section mirroring a KAI-Scheduler one: its fields are also read by KAI's camelCase names, so KAI's
+    SchedulingShard usageDBConfig block can be pasted as it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False,
+                              alias_generator=AliasGenerator(validation_alias=lambda n: AliasChoices(n, to_camel(n))),
+                              populate_by_name=True)
+
+
+class ExtraParams(_KaiModel):
+    """KAI's usageParams.extraParams of its Prometheus client (same names, snake_case)."""
+
+    gpu_allocation_metric: str = Field("kai_queue_allocated_gpus", min_length=1, description="PromQL of each "
+                                       "queue's allocated GPUs (label queue_name; KAI's gpuAllocationMetric)")
+    cpu_allocation_metric: str = Field("kai_queue_allocated_cpu_cores", min_length=1,
+                                       description="PromQL of each queue's allocated CPU cores")
+    memory_allocation_metric: str = Field("kai_queue_allocated_memory_bytes", min_length=1,
+                                          description="PromQL of each queue's allocated memory bytes")
+    gpu_capacity_metric: str = Field('sum(kube_node_status_capacity{resource="nvidia_com_gpu"})', min_length=1,
+                                     description="PromQL of the cluster's GPU capacity")
+    cpu_capacity_metric: str = Field('sum(kube_node_status_capacity{resource="cpu"})', min_length=1,
+                                     description="PromQL of the cluster's CPU capacity (cores)")
+    memory_capacity_metric: str = Field('sum(kube_node_status_capacity{resource="memory"})', min_length=1,
+                                        description="PromQL of the cluster's memory capacity (bytes)")
+    usage_query_timeout: Duration = Field(10.0, gt=0, le=3600, description="timeout of one round of usage "
+                                          "queries, seconds (KAI's usageQueryTimeout)")
+    query_resolution: Duration = Field(60.0, gt=0, le=86_400, description="step between the samples summed over "
+                                       "the window, seconds (KAI's queryResolution)")
+
+
+class UsageParams(_KaiModel):
+    """KAI's usageDBConfig.usageParams: which past usage counts and how much. Durations: seconds, or KAI's
+    strings (10m, 1h30m, 1w)."""
+
+    half_life_period: Duration | None = Field(None, ge=0, le=MAX_DURATION_S, description="a sample this old "
+                                              "counts half (exponential decay); null or 0 = no decay (KAI's "
+                                              "halfLifePeriod)")
+    window_size: Duration = Field(604_800.0, gt=0, le=MAX_DURATION_S, description="the period of past usage "
+                                  "considered, seconds (KAI's windowSize, 1 week)")
+    window_type: WindowType = Field(WindowType.sliding, description="sliding or tumbling (KAI's windowType)")
+    tumbling_window_start_time: Annotated[float, BeforeValidator(parse_time)] | None = Field(
+        None, description="tumbling windows start here and every window_size after (unix seconds or RFC 3339; "
+        "required for tumbling, KAI's tumblingWindowStartTime)")
+    fetch_interval: Duration = Field(60.0, gt=0, le=86_400, description="Prometheus: seconds between usage "
+                                     "queries (KAI's fetchInterval); ledger: seconds between ConfigMap writes")
+    staleness_period: Duration = Field(300.0, gt=0, le=MAX_DURATION_S, description="usage older than this is "
+                                       "stale (a warning; it is still used, as KAI); ledger: the longest gap "
+                                       "between two records that counts (KAI's stalenessPeriod)")
+    wait_timeout: Duration = Field(60.0, gt=0, le=3600, description="longest wait for the first usage at start "
+                                   "(KAI's waitTimeout)")
+    extra_params: ExtraParams = Field(ExtraParams(), description="Prometheus metrics and query settings")
+
+    @model_validator(mode="after")
+    def _tumbling(self) -> UsageParams:
+        if self.window_type == WindowType.tumbling and self.tumbling_window_start_time is None:
+            raise ValueError("window_type tumbling needs tumbling_window_start_time")
+        return self
+
+
+class UsageLedgerConfig(_KaiModel):
+    """kai-opt's own usage record (client_type: ledger): per-queue resource-seconds kept in a ConfigMap."""
+
+    config_map_name: str = Field("kai-opt-usage", pattern=_DNS_SUBDOMAIN_RE, description="name of the "
+                                 "ConfigMap holding the ledger")
+    config_map_namespace: str = Field("", description="its namespace ('' = the pod's own namespace in a "
+                                      "cluster, else default)")
+    bucket: Duration = Field(3600.0, gt=0, le=MAX_DURATION_S, description="seconds of usage summed into one "
+                             "bucket (the ledger's resolution: window_size / bucket buckets per queue)")
+
+
+class UsageDB(_KaiModel):
+    """Time-based fair share: where past usage comes from (KAI's usageDBConfig). Off unless client_type is set."""
+
+    client_type: str = Field("", description="'' (off), prometheus (KAI's queries over its queue metrics) or "
+                             "ledger (kai-opt records what is allocated into a ConfigMap)")
+    connection_string: str = Field("", description="Prometheus base URL, e.g. http://prometheus:9090 (KAI's "
+                                   "connectionString)")
+    connection_string_env_var: str = Field("", description="environment variable holding the URL instead "
+                                           "(KAI's connectionStringEnvVar)")
+    usage_params: UsageParams = Field(UsageParams(), description="window, decay and fetching")
+    ledger: UsageLedgerConfig = Field(UsageLedgerConfig(), description="the ConfigMap ledger (client_type: "
+                                      "ledger)")
+
+    @field_validator("client_type")
+    @classmethod
+    def _client(cls, v: str) -> str:
+        if v not in ("", "prometheus", "ledger"):
+            raise ValueError("must be '', prometheus or ledger")
+        return v
+
+    @model_validator(mode="after")
+    def _connection(self) -> UsageDB:
+        if self.client_type == "prometheus":
+            if self.connection_string and self.connection_string_env_var:
+                raise ValueError("set connection_string or connection_string_env_var, not both")
+            if not self.connection_string and not self.connection_string_env_var:
+                raise ValueError("client_type prometheus needs connection_string or connection_string_env_var")
+        return self
+
+
 class Config(_Model):
     engine: Engine = Field(Engine.cpsat, description="cpsat (optimization, hinted by and falling back to the greedy "
                            "plan) or greedy (KAI-like heuristics only)")
@@ -218,6 +378,11 @@ class Config(_Model):
     reclaim_saturation_multiplier: float = Field(1.0, ge=1.0, le=1e6,
                                                  description="reclaimer allocated x this must stay "
                                                  "within fair share (larger = more conservative)")
+    k_value: float = Field(1.0, ge=0, le=1e6, validation_alias=AliasChoices("k_value", "kValue"),
+                           description="time-based fair share: how much past usage lowers a queue's over-quota "
+                           "share, max(0, w + k_value * (w - usage)) (KAI's kValue)")
+    usage_db: UsageDB = Field(UsageDB(), validation_alias=AliasChoices("usage_db", "usageDBConfig"),
+                              description="time-based fair share: the source of past usage (KAI's usageDBConfig)")
     schedule_period_s: float = Field(1.0, gt=0, le=3600, description="in-cluster: seconds between cycles")
     solver: Solver = Solver()
     runtime: Runtime = Field(Runtime(), description="in-cluster scheduler (kai-opt run)")

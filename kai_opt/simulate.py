@@ -7,6 +7,10 @@ and pods that were already being released are gone.
 
 A simulation stops early once the cluster has settled: a cycle changed nothing and no later cycle of the run could
 (see `settled`), since every further cycle would repeat the same empty plan.
+
+With past usage (time-based fair share, a usage file) the run keeps a usage ledger: it starts from the file's
+amounts and adds what each queue held between cycles, so the usage term moves as the run goes. Such a run never
+stops early (the fair share changes with every cycle's usage).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from kai_opt.api import Pod, PodPhase
 from kai_opt.api.meta import ObjectMeta
 from kai_opt.config import Config
 from kai_opt.engine import run_cycle
+from kai_opt.fairshare.usage_ledger import UsageLedger, UsageWindow, held
+from kai_opt.loaders.usage_file import UsageFile
 from kai_opt.plan import Plan
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import ClusterState, PodStatus, build_state
@@ -124,6 +130,7 @@ class CycleReport:
     cycle: int
     summary: dict
     wall_s: float
+    queues: dict[str, dict[str, float]] = field(default_factory=dict)  # with usage: per queue GPUs (see simulate)
 
 
 @dataclass
@@ -184,26 +191,60 @@ def _group_start(state: ClusterState, g: int) -> float | None:
 
 def simulate(snapshot: Snapshot, config: Config, cycles: int, *, now: float | None = None,
              period_s: float | None = None, progress: Callable[[str], None] | None = None,
-             stop_when_settled: bool = True) -> SimulationResult:
+             stop_when_settled: bool = True, usage: UsageFile | None = None,
+             queue_stats: bool = False) -> SimulationResult:
     """`progress`, when given, is told the cycle and its phase as they go. With `stop_when_settled`, the run ends
-    after the first cycle that leaves the cluster settled (`settled`); `result.settled_after` names it."""
+    after the first cycle that leaves the cluster settled (`settled`); `result.settled_after` names it. With
+    `usage` (past usage as of the first cycle), every cycle's fair share has a usage term. With usage or
+    `queue_stats`, each report records per queue: GPUs allocated at the cycle's start and after its plan, GPU fair
+    share and (with usage) GPU usage."""
+    queue_stats = queue_stats or usage is not None
     result = SimulationResult()
     t = now if now is not None else (snapshot.now if snapshot.now is not None else time.time())
     step = period_s if period_s is not None else config.schedule_period_s
     last = t + step * (cycles - 1)  # the time of the run's last cycle
+    params = config.usage_db.usage_params
+    ledger = window = None
+    if usage is not None:
+        ledger = UsageLedger.seeded(usage.used, usage.capacity, at=t, bucket_s=config.usage_db.ledger.bucket)
+        window = UsageWindow.of(params)
     for c in range(cycles):
         state = build_state(snapshot, now=t, default_queue=config.default_queue)
+        history = None
+        if queue_stats:
+            amounts, capacity = held(state)  # held since the last cycle: what the last plan left
+            if result.cycles:
+                _after(result.cycles[-1], amounts)
+            if ledger is not None and window is not None:
+                ledger.record(t, amounts, capacity, max_gap_s=math.inf)
+                ledger.prune(window, t)
+                history = ledger.usage(window, t)
         start = time.perf_counter()
         tell = None if progress is None else (lambda what, c=c: progress(f"cycle {c + 1}/{cycles}: {what}"))
-        plan, _ = run_cycle(state, config, progress=tell)
+        plan, fs = run_cycle(state, config, progress=tell, history=history)
         wall = time.perf_counter() - start
-        result.cycles.append(CycleReport(c + 1, plan_summary(state, plan), wall))
+        report = CycleReport(c + 1, plan_summary(state, plan), wall)
+        if queue_stats:
+            report.queues = {name: {"gpu_allocated": float(fs.allocated[q, 0]),
+                                    "gpu_fair_share": float(fs.fair_share[q, 0])}
+                             for q, name in enumerate(state.q_names)}
+            if fs.usage is not None:
+                for q, name in enumerate(state.q_names):
+                    report.queues[name]["gpu_usage"] = float(fs.usage[q, 0])
+        result.cycles.append(report)
         changed = bool(plan.placements or plan.evictions)
         snapshot = apply_plan(snapshot, state, plan, now=t)
         result.stable = not changed
-        if stop_when_settled and settled(state, plan, config, last):
+        if ledger is None and stop_when_settled and settled(state, plan, config, last):
             result.settled_after = c + 1
             break
         t += step
     result.final = snapshot
+    if queue_stats and result.cycles:
+        _after(result.cycles[-1], held(build_state(snapshot, now=t, default_queue=config.default_queue))[0])
     return result
+
+
+def _after(report: CycleReport, amounts: dict[str, np.ndarray]) -> None:
+    for name, row in report.queues.items():
+        row["gpu_allocated_after"] = float(amounts.get(name, np.zeros(3))[0])

@@ -11,9 +11,11 @@ from rich.tree import Tree
 
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.config import load_config
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.report import fair_share_table
 from kai_opt.loaders import load_snapshot
+from kai_opt.loaders.usage_file import load_usage_file
 from kai_opt.state import build_state
 from kai_opt.state.resources import QR
 from kai_opt.units import format_quantity
@@ -24,16 +26,25 @@ def fairshare(
     snapshot: Path = typer.Argument(..., help="Snapshot file or directory"),
     output: Output = typer.Option(Output.table, "--output", "-o", help="table or json"),
     steps: bool = typer.Option(False, "--steps", help="Include the division steps of each queue"),
+    usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue (time-based fair "
+                                      "share); adds each queue's usage term"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML (k_value)"),
 ) -> None:
     """The queue tree with deserved, limit, over-quota weight, fair share, allocatable share, allocated,
-    requested and the DRF (dominant resource) share per resource."""
-    state = build_state(load_snapshot(snapshot))
-    fs = compute_fair_share(state, trace=steps)
+    requested and the DRF (dominant resource) share per resource; with --usage, each queue's past usage (the
+    time-based fair share term, normalised to the window's capacity) too."""
+    cfg = load_config(config)
+    history = load_usage_file(usage).history() if usage is not None else None
+    state = build_state(load_snapshot(snapshot), default_queue=cfg.default_queue)
+    fs = compute_fair_share(state, trace=steps, history=history, k_value=cfg.k_value)
     rows = fair_share_table(state, fs)
     if output == Output.json:
-        print_json({"total": {res: float(fs.total[r]) for r, res in enumerate(QR)}, "queues": rows})
+        data: dict[str, Any] = {"total": {res: float(fs.total[r]) for r, res in enumerate(QR)}, "queues": rows}
+        if history is not None:
+            data["k_value"] = cfg.k_value
+        print_json(data)
         return
-    render(rows, fs.total.tolist())
+    render(rows, fs.total.tolist(), k_value=cfg.k_value if history is not None else None)
 
 
 def _value(res: str, x: float) -> str:
@@ -46,10 +57,13 @@ def _value(res: str, x: float) -> str:
     return format_quantity("memory", x)
 
 
-def render(rows: list[dict[str, Any]], total: list[float]) -> None:
+def render(rows: list[dict[str, Any]], total: list[float], k_value: float | None = None) -> None:
     c = console()
     head = ", ".join(f"{res} {_value(res, t)}" for res, t in zip(QR, total, strict=True))
-    legend = escape("(per resource: allocated/fair share [deserved, limit, weight])")
+    legend = escape("(per resource: allocated/fair share [deserved, limit, weight"
+                    + (", usage" if k_value is not None else "") + "])")
+    if k_value is not None:
+        legend += escape(f"  time-based fair share: k_value {k_value:g}, usage = past usage / window capacity")
     tree = Tree(f"[bold]Cluster[/] {head}   {legend}")
     nodes: dict[str | None, Any] = {None: tree}
     remaining = list(rows)
@@ -61,9 +75,10 @@ def render(rows: list[dict[str, Any]], total: list[float]) -> None:
             parts = []
             for res in QR:
                 e = row[res]
+                used = f", u{e['usage']:.3g}" if "usage" in e else ""
                 parts.append(f"{res} {_value(res, e['allocated'])}/{_value(res, e['fair_share'])} "
                              "[dim]" + escape(f"[{_value(res, e['deserved'])}, {_value(res, e['limit'])}, "
-                                              f"w{fmt_num(e['over_quota_weight'])}]") + "[/]")
+                                              f"w{fmt_num(e['over_quota_weight'])}{used}]") + "[/]")
             label = f"[bold]{row['name']}[/] prio {row['priority']} drf {row['drf_share']:.2f}  " + "  ".join(parts)
             node = nodes[row["parent"]].add(label)
             nodes[row["name"]] = node

@@ -9,12 +9,16 @@ from rich.table import Table
 
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json, status_line
+from kai_opt.cli.simulate_plot import plot_queues
 from kai_opt.config import load_config
 from kai_opt.loaders import load_snapshot
+from kai_opt.loaders.usage_file import load_usage_file
 from kai_opt.simulate import MAX_CYCLES
 from kai_opt.simulate import simulate as run_simulation
 from kai_opt.state import build_state
 from kai_opt.summary import summarize
+
+MAX_PERIOD_S = 30 * 86400.0  # --period above this is a usage error
 
 
 @app.command()
@@ -24,19 +28,32 @@ def simulate(
                                help="Cycles to run at most (the run stops once the cluster has settled)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
     output: Output = typer.Option(Output.table, "--output", "-o", help="table or json"),
+    usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue as of the first "
+                                      "cycle (time-based fair share); the run adds what queues hold as it goes"),
+    period: float | None = typer.Option(None, "--period", min=0.001, max=MAX_PERIOD_S,
+                                        help="Seconds between cycles (default: schedule_period_s)"),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: GPUs allocated and fair share per leaf "
+                                     "queue over the cycles (and the usage term with --usage)"),
 ) -> None:
     """Run up to N cycles, applying each plan in memory (binds run, pipelined pods wait for their victims, evicted
     pods return to pending), then report every cycle and whether the last one changed nothing (stable). The run
-    stops early once the cluster has settled: a cycle changed nothing and no later cycle could."""
+    stops early once the cluster has settled: a cycle changed nothing and no later cycle could (not with --usage:
+    the usage term changes every cycle)."""
     cfg = load_config(config)
+    past = load_usage_file(usage) if usage is not None else None
     with status_line("loading the snapshot") as say:
         snap = load_snapshot(snapshot)
-        result = run_simulation(snap, cfg, cycles, progress=say)
+        result = run_simulation(snap, cfg, cycles, progress=say, usage=past, period_s=period,
+                                queue_stats=plot is not None)
     assert result.final is not None
-    end = summarize(build_state(result.final, default_queue=cfg.default_queue))
-    data = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary} for c in result.cycles],
+    end_state = build_state(result.final, default_queue=cfg.default_queue)
+    end = summarize(end_state)
+    data = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary,
+                        **({"queues": c.queues} if past is not None else {})} for c in result.cycles],
             "stable": result.stable, "settled_after": result.settled_after,
             "end": {k: end[k] for k in ("nodes", "gpus", "pods", "pending_podgroups")}}
+    if plot is not None:
+        plot_queues(result, plot, [n for q, n in enumerate(end_state.q_names) if end_state.q_is_leaf[q]])
     if output == Output.json:
         print_json(data)
         return

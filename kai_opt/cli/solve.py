@@ -14,6 +14,7 @@ from kai_opt.cli.app import OutputWithYaml, app
 from kai_opt.cli.render import console, fmt_num, print_json, status_line, warn_skipped
 from kai_opt.config import Engine, load_config
 from kai_opt.loaders import load_snapshot
+from kai_opt.loaders.usage_file import load_usage_file
 
 if TYPE_CHECKING:
     from kai_opt.plan import Plan
@@ -26,9 +27,12 @@ def solve(
     engine: Engine | None = typer.Option(None, "--engine", "-e", help="greedy or cpsat (default: from config)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
+    usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue for time-based "
+                                      "fair share (k_value from the config)"),
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
     cfg = load_config(config)
+    history = load_usage_file(usage).history() if usage is not None else None
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
         warn_skipped(snap.warnings)
@@ -39,7 +43,8 @@ def solve(
 
         say(f"building the cluster state ({len(snap.nodes)} nodes, {len(snap.pods)} pods)")
         state = build_state(snap, default_queue=cfg.default_queue)
-        plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: say(f"planning: {what}"))
+        plan, _fs = run_cycle(state, cfg, engine=engine, progress=lambda what: say(f"planning: {what}"),
+                              history=history)
     data = plan.to_dict(state)
     data["summary"] = plan_summary(state, plan)
     if output == OutputWithYaml.json:

@@ -37,7 +37,8 @@ def explain_queue(ctx: Context, q: int) -> dict[str, Any]:
             "queue": mine.name, "steps": list(mine.steps),
         }
 
-    again = compute_fair_share(st, total=fs.total, recorder=record, watch=set(path))
+    again = compute_fair_share(st, total=fs.total, recorder=record, watch=set(path), history=fs.history,
+                               k_value=fs.k_value)
     consistent = bool(np.allclose(again.fair_share[path], fs.fair_share[path]))
     allocatable = fs.allocatable_share[q]
     drf = float(fs.dominant_share()[q])

@@ -16,6 +16,11 @@ all surplus before the next: a level's leftovers are handed out right after its 
 of every level first, so a lower level could take whole units the higher level lost to rounding), and a leftover
 unit never takes a queue above its remaining request (KAI may overshoot by a fraction of a unit).
 Requestable = request capped by the limit (-1: no cap). Weight 0 gets no over-quota.
+Time-based fair share (kai_opt/fairshare/history.py): when a queue of the round's priority level has past usage,
+each round's weights become KAI's max(0, W' + kValue * (W' - usage)) with W' the weight normalised as above; with
+no usage the division is exactly the plain one. A lone queue at its level still takes what is left (its
+normalised weight is 1 whatever its usage, unless the usage floors it at 0, which the lone-queue rule ignores as it
+ignores a weight of 0).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from kai_opt.fairshare.history import share_weight
 
 UNLIMITED = -1.0
 
@@ -39,6 +46,7 @@ class QueueShare:
     priority: int
     creation: float
     request: float
+    usage: float = 0.0  # past usage normalised to the window's capacity (time-based fair share)
     fair_share: float = 0.0
     steps: list[str] = field(default_factory=list)  # a readable trace (kai-opt explain --queue)
 
@@ -62,8 +70,9 @@ class QueueShare:
             self.steps.append(f"{why}: +{amount:g} -> {self.fair_share:g}")
 
 
-def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False) -> float:
-    """Set `fair_share` of each sibling queue; returns what is left undivided."""
+def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False, k_value: float = 0.0) -> float:
+    """Set `fair_share` of each sibling queue; returns what is left undivided. `k_value`: KAI's kValue, how much
+    past usage (QueueShare.usage) lowers the over-quota weights."""
     remaining = total
     for q in queues:
         amount = min(total if q.deserved == UNLIMITED else q.deserved, q.requestable)
@@ -71,14 +80,14 @@ def divide(total: float, queues: Sequence[QueueShare], *, trace: bool = False) -
         remaining -= amount
     if remaining <= 1e-9:
         return 0.0
-    return _divide_over_quota(remaining, queues, trace)
+    return _divide_over_quota(remaining, queues, trace, k_value)
 
 
 def _order_key(q: QueueShare) -> tuple[float, str]:
     return (q.creation if not math.isnan(q.creation) else math.inf, q.name)
 
 
-def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool) -> float:
+def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool, k_value: float) -> float:
     by_priority: dict[int, list[QueueShare]] = {}
     for q in sorted(queues, key=_order_key):
         by_priority.setdefault(q.priority, []).append(q)
@@ -86,12 +95,12 @@ def _divide_over_quota(total: float, queues: Sequence[QueueShare], trace: bool) 
     for prio in sorted(by_priority, reverse=True):
         if remaining <= 0:
             break
-        remaining, remembered = _rounds(remaining, by_priority[prio], trace)
+        remaining, remembered = _rounds(remaining, by_priority[prio], trace, k_value)
         remaining = _leftovers(remaining, by_priority[prio], remembered, trace)
     return remaining
 
 
-def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, dict[int, float]]:
+def _rounds(total: float, group: list[QueueShare], trace: bool, k_value: float) -> tuple[float, dict[int, float]]:
     remembered: dict[int, float] = {}
     if len(group) == 1:  # KAI: a queue alone at its priority takes what is left, whatever its weight
         q = group[0]
@@ -99,6 +108,7 @@ def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, 
         if give > 0:
             q.give(give, f"over-quota (only queue at priority {q.priority})", trace)
         return total - give, remembered
+    historic = k_value > 0 and any(q.usage != 0 for q in group)
     round_no = 0
     while True:
         round_no += 1
@@ -106,6 +116,9 @@ def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, 
         if weights_total == 0:
             break
         weights = {q.index: q.weight / weights_total for q in group if not q.satisfied}
+        if historic:
+            weights = {q.index: share_weight(weights[q.index], q.usage, k_value) for q in group
+                       if q.index in weights}
         weight_sum = sum(weights.values())
         if weight_sum == 0:
             break
@@ -129,7 +142,8 @@ def _rounds(total: float, group: list[QueueShare], trace: bool) -> tuple[float, 
                     remembered[q.index] = share - give
             if give == 0:
                 continue
-            q.give(give, f"over-quota round {round_no} (share {share:g})", trace)
+            why = f"over-quota round {round_no} (share {share:g}"
+            q.give(give, why + (f", usage {q.usage:g})" if historic else ")"), trace)
             total -= give
             another_round = another_round or requested < share
         if not another_round or total == 0:

@@ -28,6 +28,8 @@ def fair_share_table(state: ClusterState, fs: FairShare) -> list[dict[str, Any]]
                 "allocated_non_preemptible": float(fs.allocated_np[q, r]),
                 "requested": float(fs.requested[q, r]),
             }
+            if fs.usage is not None:  # time-based fair share: the queue's normalised past usage
+                entry["usage"] = float(fs.usage[q, r])
             if fs.steps is not None:
                 entry["steps"] = list(fs.steps[q][r])
             row[res] = entry

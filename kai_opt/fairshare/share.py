@@ -3,6 +3,8 @@
 Cluster total = allocatable of Ready, schedulable nodes minus what other schedulers' pods hold there.
 A queue's request = allocated (bound pods) + pending pods of its subtree. Top-level queues divide the total;
 the children of a queue divide their parent's fair share, level by level (kai_opt.fairshare.division).
+With past usage (time-based fair share, kai_opt.fairshare.history) each queue's normalised usage enters the
+over-quota division of its sibling set, weighed by kValue.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from kai_opt.fairshare.division import QueueShare, divide
+from kai_opt.fairshare.history import DEFAULT_K_VALUE, HistoricalUsage
 from kai_opt.state import ClusterState, PodStatus
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR
 from kai_opt.usage import queue_usage
@@ -37,6 +40,9 @@ class FairShare:
     allocated_np: np.ndarray  # float64[Q, 3] non-preemptible part
     requested: np.ndarray  # float64[Q, 3] allocated + pending, subtree
     steps: list[list[list[str]]] | None = None  # [queue][resource] -> readable division steps
+    history: HistoricalUsage | None = None  # past usage the division used (time-based fair share)
+    k_value: float = DEFAULT_K_VALUE
+    usage: np.ndarray | None = None  # float64[Q, 3]: `history` in state order
 
     @cached_property
     def allocatable_share(self) -> np.ndarray:
@@ -84,6 +90,8 @@ def divide_tree(
     names: list[str],
     requested: np.ndarray,  # float64[Q, 3], subtree sums
     *,
+    usage: np.ndarray | None = None,  # float64[Q, 3] normalised past usage (None: time-based fair share off)
+    k_value: float = DEFAULT_K_VALUE,
     trace: bool = False,
     recorder: DivisionRecorder | None = None,
     watch: set[int] | None = None,
@@ -105,9 +113,10 @@ def divide_tree(
                 continue
             shares = [QueueShare(index=q, name=names[q], deserved=float(deserved[q, r]), limit=float(limit[q, r]),
                                  weight=float(weight[q, r]), priority=int(priority[q]),
-                                 creation=float(creation[q]), request=float(requested[q, r])) for q in siblings]
+                                 creation=float(creation[q]), request=float(requested[q, r]),
+                                 usage=0.0 if usage is None else float(usage[q, r])) for q in siblings]
             record = recorder is not None and (watch is None or not watch.isdisjoint(siblings))
-            left = divide(amount, shares, trace=trace or record)
+            left = divide(amount, shares, trace=trace or record, k_value=0.0 if usage is None else k_value)
             if record and recorder is not None:
                 recorder(parent_q, r, amount, shares, left)
             for s in shares:
@@ -119,12 +128,16 @@ def divide_tree(
 
 
 def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None,
-                       recorder: DivisionRecorder | None = None, watch: set[int] | None = None) -> FairShare:
+                       recorder: DivisionRecorder | None = None, watch: set[int] | None = None,
+                       history: HistoricalUsage | None = None, k_value: float = DEFAULT_K_VALUE) -> FairShare:
+    """`history`: past usage per queue (time-based fair share; None = off, the plain division)."""
     usage = queue_usage(state)
     total = cluster_total(state) if total is None else total
+    past = history.matrix(state.q_names) if history is not None else None
     fair, steps = divide_tree(total, state.q_parent, state.q_deserved, state.q_limit, state.q_oqw, state.q_priority,
                               state.q_creation, state.q_names, usage.requested, trace=trace, recorder=recorder,
-                              watch=watch)
+                              watch=watch, usage=past, k_value=k_value)
     return FairShare(total=total, deserved=state.q_deserved.copy(), limit=state.q_limit.copy(),
                      over_quota_weight=state.q_oqw.copy(), fair_share=fair, allocated=usage.allocated,
-                     allocated_np=usage.allocated_np, requested=usage.requested, steps=steps)
+                     allocated_np=usage.allocated_np, requested=usage.requested, steps=steps, history=history,
+                     k_value=k_value, usage=past)

@@ -129,6 +129,22 @@ def _deployment(namespace: str, image: str, replicas: int, *, webhook: bool) -> 
     }
 
 
+def _usage_ledger_objects(cfg: Config, namespace: str, subject: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Time-based fair share with kai-opt's ledger: get/update of that one ConfigMap (creating it is in the
+    ClusterRole already, for the shared-GPU ConfigMaps)."""
+    if cfg.usage_db.client_type != "ledger":
+        return []
+    led = cfg.usage_db.ledger
+    ns = led.config_map_namespace or namespace
+    rbac = "rbac.authorization.k8s.io"
+    name = f"{NAME}-usage-ledger"
+    return [{"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": _meta(name, ns),
+             "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [led.config_map_name],
+                        "verbs": ["get", "update"]}]},
+            {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": _meta(name, ns),
+             "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name}, "subjects": subject}]
+
+
 def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMAGE, *, replicas: int = 2,
                     config: Config | None = None, existing_kai: bool = False) -> list[dict[str, Any]]:
     """The objects to apply, in apply order (CRDs and the Namespace first).
@@ -163,6 +179,7 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
                              "name": f"{NAME}-leader-election"},
                  "subjects": subject})
     objs += _reservation_objects(cfg, subject)
+    objs += _usage_ledger_objects(cfg, namespace, subject)
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{NAME}-config", namespace),
                  "data": {"config.yaml": _config_yaml(cfg)}})
     webhook = cfg.runtime.gpu_sharing.enabled

@@ -10,7 +10,9 @@ plan: kai_opt.plan.FAILURE_STAGES x FAILURE_KINDS),
 because the pod no longer fit its node: reason = the resource, gpu-device or node-gone),
 `kai_opt_pods_rejected_by_kubelet_total{reason}` (our pods the kubelet set Failed at admission: OutOfcpu, ...),
 `kai_opt_queue_fair_share{queue,resource}`, `kai_opt_queue_allocated{...}`,
-`kai_opt_queue_requested{...}`, `kai_opt_leader` (1 while this replica leads), `kai_opt_ready`.
+`kai_opt_queue_requested{...}`, `kai_opt_queue_usage{queue,resource}` (time-based fair share: past usage over
+the window's capacity; only while usage is configured), `kai_opt_leader` (1 while this replica leads),
+`kai_opt_ready`.
 
 /readyz is ok once the watch cache has synced, on the leader and on a standby replica alike (a standby can take
 over at once; rollouts wait for every replica to be ready); which replica leads is `kai_opt_leader`.
@@ -61,10 +63,13 @@ class SchedulerMetrics:
         self._fair_share = Gauge("kai_opt_queue_fair_share", "Fair share of a queue", labels, registry=r)
         self._allocated = Gauge("kai_opt_queue_allocated", "Resources allocated to a queue", labels, registry=r)
         self._requested = Gauge("kai_opt_queue_requested", "Resources requested by a queue", labels, registry=r)
+        self._usage = Gauge("kai_opt_queue_usage", "Past usage of a queue over the window's cluster capacity "
+                            "(time-based fair share)", labels, registry=r)
         self._leader = Gauge("kai_opt_leader", "1 while this replica is the leader", registry=r)
         self._ready_gauge = Gauge("kai_opt_ready", "1 while the scheduler reports ready", registry=r)
         self._solver_gap.set(math.nan)
         self._queue_series: dict[str, set[str]] = {}
+        self._usage_series: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._ready = False
         self.healthy = True  # liveness: set False when the scheduler loop is wedged
@@ -121,12 +126,21 @@ class SchedulerMetrics:
                     else:
                         _remove(gauge, name, res)
 
+    def queue_usage(self, name: str, usage: dict[str, float]) -> None:
+        """Set a queue's time-based fair share usage per resource."""
+        with self._lock:
+            for res, value in usage.items():
+                self._usage.labels(queue=name, resource=res).set(value)
+            self._usage_series.setdefault(name, set()).update(usage)
+
     def remove_queue(self, name: str) -> None:
         """Drop every series of a queue that no longer exists."""
         with self._lock:
             for res in self._queue_series.pop(name, set()):
                 for gauge in (self._fair_share, self._allocated, self._requested):
                     _remove(gauge, name, res)
+            for res in self._usage_series.pop(name, set()):
+                _remove(self._usage, name, res)
 
     def leader(self, is_leader: bool) -> None:
         self._leader.set(1 if is_leader else 0)

@@ -40,6 +40,7 @@ from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector
 from kai_opt.k8s.recheck import PreBindCheck
 from kai_opt.k8s.status import StatusWriter
+from kai_opt.k8s.usage_store import UsageSource
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
 from kai_opt.plan import Plan
 from kai_opt.snapshot import Snapshot
@@ -160,6 +161,8 @@ class Runner:
                                    defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
         self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
+        usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
+        self.usage: UsageSource | None = usage if usage.enabled else None
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -182,6 +185,8 @@ class Runner:
                     return 0
                 self.metrics.leader(True)
                 self.elector.run_in_background(self._stop, self._lost)
+            if self.usage is not None:
+                self.usage.start()
             self._loop()
         finally:
             self._shutdown()
@@ -246,6 +251,8 @@ class Runner:
 
     def _shutdown(self) -> None:
         self.metrics.ready = False
+        if self.usage is not None:  # a lost leader does not write the ledger: the new leader owns it
+            self.usage.stop(flush=not self.lost_leadership)
         self.binder.stop()
         self.evictor.stop()
         self.sharing_pool.stop()
@@ -279,7 +286,8 @@ class Runner:
             state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
             t1 = time.perf_counter()
             phases["snapshot"] = t1 - tg
-            plan, fs = run_cycle(state, self.config)
+            history = self.usage.for_cycle(state) if self.usage is not None else None
+            plan, fs = run_cycle(state, self.config, history=history)
             t2 = time.perf_counter()
             phases["fair_share"] = plan.phases.get("fair_share", 0.0)
             phases["solve"] = max(0.0, t2 - t1 - phases["fair_share"])
@@ -369,6 +377,8 @@ class Runner:
             self.metrics.queue(name, {r: float(fs.fair_share[q, i]) for i, r in enumerate(QR)},
                                {r: float(fs.allocated[q, i]) for i, r in enumerate(QR)},
                                {r: float(fs.requested[q, i]) for i, r in enumerate(QR)})
+            if fs.usage is not None:
+                self.metrics.queue_usage(name, {r: float(fs.usage[q, i]) for i, r in enumerate(QR)})
 
     def _writes_queues(self) -> bool:
         return writes_queue_status(self.config.runtime.queue_status.value, self.kai)
