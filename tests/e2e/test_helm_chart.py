@@ -27,7 +27,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "image": {"repository": "registry.local/ml/kai-opt", "tag": "1.2.3", "pullPolicy": "Always"},
         "config": {"schedule_period_s": 0.5, "runtime": {"client_qps": 50, "gpu_sharing": {
             "reservation_timeout_s": 60}}},
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": None},  # null deletes, as in helm
         "priorityClassName": "system-cluster-critical", "nodeSelector": {"node-role": "control"},
         "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
         "gpuSharing": {"reservationNamespace": "gpu-resv", "reservationServiceAccount": "resv",
