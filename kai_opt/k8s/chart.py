@@ -4,12 +4,13 @@ committed chart is not what this writes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from kai_opt import __version__
-from kai_opt.k8s.chart_values import COMMENTS, DEFAULTS
+from kai_opt.k8s.chart_values import COMMENTS, DEFAULTS, values_schema
 from kai_opt.k8s.client import crd_manifests, parse_yaml
 from kai_opt.k8s.manifests import HELPERS, documents
 from kai_opt.k8s.tmpl import helm_template
@@ -39,7 +40,8 @@ def _values_yaml() -> str:
 def chart_files() -> dict[str, str]:
     """Path inside the chart -> text."""
     files = {"Chart.yaml": _chart_yaml(), "values.yaml": _values_yaml(), "templates/_helpers.tpl": HELPERS,
-             ".helmignore": "*.orig\n*.tmp\n"}
+             ".helmignore": "*.orig\n*.tmp\n",
+             "values.schema.json": json.dumps(values_schema(), indent=2) + "\n"}
     for doc in documents():
         files[f"templates/{doc.file}"] = GENERATED + helm_template(doc)
     for crd in parse_yaml(crd_manifests()):

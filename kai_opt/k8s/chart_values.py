@@ -123,3 +123,42 @@ def _unknown(values: dict[str, Any], defaults: dict[str, Any], prefix: str) -> N
             raise InputError(f"unknown value {prefix}{key}", field=f"{prefix}{key}")
         if isinstance(item, dict) and defaults[key] and key not in ("resources", "labels"):
             _unknown(item, defaults[key], f"{prefix}{key}.")
+
+
+_FREE_FORM = ("config", "resources", "nodeSelector", "labels")  # mappings whose keys are not the chart's
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+_SPECIAL: dict[str, dict[str, Any]] = {
+    "replicas": {"type": "integer", "minimum": 1},
+    "metrics.port": _PORT, "webhook.port": _PORT,
+    "image.repository": {"type": "string", "minLength": 1, "pattern": r"^\S+$"},
+    "image.tag": {"type": ["string", "number"]},
+    "schedulerNames": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+    "engine": {"type": "string", "enum": ["cpsat", "greedy"]},
+    "podDisruptionBudget.maxUnavailable": {"type": ["integer", "string"]},
+    "tolerations": {"type": "array", "items": {"type": "object"}},
+}
+
+
+def values_schema() -> dict[str, Any]:
+    """The chart's values.schema.json: the same rules `check` applies (helm refuses what kai-opt refuses: unknown
+    values, a replica count below 1, a port outside 1-65535)."""
+    return {"$schema": "https://json-schema.org/draft-07/schema#", "title": "kai-opt chart values",
+            **_schema(DEFAULTS, "")}
+
+
+def _schema(node: Any, path: str) -> dict[str, Any]:
+    if path.removesuffix(".") in _SPECIAL:
+        return dict(_SPECIAL[path.removesuffix(".")])
+    if isinstance(node, bool):
+        return {"type": "boolean"}
+    if isinstance(node, int):
+        return {"type": "integer"}
+    if isinstance(node, str):
+        return {"type": "string"}
+    if isinstance(node, list):
+        return {"type": "array"}
+    key = path.removesuffix(".").rsplit(".", 1)[-1]
+    if key in _FREE_FORM:
+        return {"type": "object"}
+    return {"type": "object", "additionalProperties": False,
+            "properties": {k: _schema(v, f"{path}{k}.") for k, v in node.items()}}

@@ -77,3 +77,14 @@ def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
     assert not [line for line in proc.stdout.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))]
 
+
+
+@pytest.mark.parametrize("values", [{"replicas": 0}, {"replica": 2}, {"metrics": {"port": 70000}},
+                                    {"gpuSharing": {"enable": False}}, {"config": "engine: greedy"}])
+def test_helm_and_kai_opt_refuse_the_same_bad_values(values: dict[str, Any], tmp_path: Path) -> None:
+    f = write_values(tmp_path / "values.yaml", values)
+    proc = helm("template", "kai-opt", str(CHART), "-f", str(f), check=False)
+    assert proc.returncode != 0 and "schema" in proc.stderr, proc.stderr
+    cli = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "-f", str(f)],
+                         capture_output=True, text=True, check=False)
+    assert cli.returncode == 2 and cli.stdout == "" and cli.stderr.count("\n") == 1, cli.stderr
