@@ -278,7 +278,8 @@ def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
                   crd_timeout: float = 60.0) -> list[str]:
     """Create each object, or replace it when it exists (CRDs and Namespaces first; new CRDs are waited for
     until Established). Returns lines like "queue.scheduling.run.ai/team-a created". Like kubectl, this writes
-    spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update."""
+    spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update.
+    A replace drops fields other managers set: `kai-opt manifests --apply` uses server-side apply (k8s/ssa.py)."""
     objs = list(objects)
     first = [o for o in objs if o["kind"] in ("CustomResourceDefinition", "Namespace")]
     rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
