@@ -46,3 +46,21 @@ def test_chart_ships_the_same_crds() -> None:
              for doc in parse_yaml(f.read_text(encoding="utf-8"))]
     assert sorted(chart, key=lambda c: c["metadata"]["name"]) == sorted(
         parse_yaml(crd_manifests()), key=lambda c: c["metadata"]["name"])
+
+
+def test_queue_status_writes_only_fields_of_kais_schema() -> None:
+    """A field the CRD prunes would differ from the live status every cycle (a write per queue per cycle)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from kai_opt.k8s.status import queue_status
+
+    [queue_crd] = [c for c in parse_yaml(crd_manifests()) if c["metadata"]["name"] == "queues.scheduling.run.ai"]
+    schema = queue_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    row = np.array([[1.0, 1000.0, 1e9]])
+    fs = SimpleNamespace(allocated=row, allocated_np=row, requested=row, fair_share=row)
+    out = queue_status({"metadata": {"name": "q"}, "status": {"conditions": [{"type": "Valid", "status": "False"}]}},
+                       fs, 0, ["child"], None, "t")  # type: ignore[arg-type]
+    assert {"allocated", "requested", "childQueues", "conditions"} <= set(out)
+    assert set(out) <= set(schema)
