@@ -45,7 +45,7 @@ COMMENTS: dict[str, str] = {
                    "(no default queue or classes rendered; `helm install` skips existing CRDs by itself)",
     "engine": "cpsat (optimization, hinted by and falling back to the greedy engine) or greedy",
     "schedulerNames": "pods with one of these schedulerName are kai-opt's",
-    "config": "the kai-opt configuration (`kai-opt config schema`); engine, schedulerNames, defaultQueue.name "
+    "config": "the kai-opt configuration (`kai-opt config --reference`); engine, schedulerNames, defaultQueue.name "
               "and gpuSharing override its engine, scheduler_names, default_queue and runtime.gpu_sharing",
     "resources": "the scheduler container's resources",
     "priorityClassName": "PriorityClass of the scheduler pods (empty: none)",
