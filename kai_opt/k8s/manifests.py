@@ -187,7 +187,7 @@ def _reservation_docs() -> list[Doc]:
 
     return [
         Doc("reservation-namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(RESV_NS)},
-            SHARING),
+            all_of(SHARING, flag("gpuSharing.createReservationNamespace"))),
         *role("manage", manage, ["create", "delete"], _subject()),
         Doc("reservation-serviceaccount.yaml", {"apiVersion": "v1", "kind": "ServiceAccount",
                                                 "metadata": _meta(RESV_SA, RESV_NS)}, SHARING),

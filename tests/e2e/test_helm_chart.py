@@ -31,6 +31,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "priorityClassName": "system-cluster-critical", "nodeSelector": {"node-role": "control"},
         "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
         "gpuSharing": {"reservationNamespace": "gpu-resv", "reservationServiceAccount": "resv",
+                       "createReservationNamespace": False,
                        "reservationImage": "registry.local/ml/kai-opt:resv"},
         "webhook": {"port": 10443, "certManager": {"enabled": True}},
         "metrics": {"port": 9090, "service": {"enabled": False},
