@@ -70,12 +70,13 @@ def test_reservation_namespace_rbac_is_scoped_to_it() -> None:
     off = parse_config({"runtime": {"gpu_sharing": {"enabled": False}}})
     assert not [o for o in build_manifests("sched", config=off)
                 if "reservation" in o["metadata"]["name"] or "webhook" in o["metadata"]["name"].lower()
-                or o["kind"] in ("MutatingWebhookConfiguration", "Service")]
+                or o["kind"] == "MutatingWebhookConfiguration"
+                or (o["kind"] == "Service" and o["metadata"]["name"] != "kai-opt-metrics")]
 
 
 def test_webhook_objects_and_the_one_secret_kai_opt_may_read() -> None:
     objs = build_manifests("sched", "img:1")
-    [svc] = [o for o in objs if o["kind"] == "Service"]
+    [svc] = [o for o in objs if o["kind"] == "Service" and "webhook" in o["metadata"]["name"]]
     assert svc["metadata"] == {"name": "kai-opt-webhook", "namespace": "sched", "labels": svc["metadata"]["labels"]}
     assert svc["spec"]["ports"] == [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
     [dep] = [o for o in objs if o["kind"] == "Deployment"]
@@ -125,6 +126,7 @@ def test_existing_kai_leaves_kais_crds_classes_and_queues_alone() -> None:
     assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                                          "RoleBinding", "Namespace", "Role", "RoleBinding", "ServiceAccount", "Role",
                                          "RoleBinding", "ConfigMap", "Service", "Role", "RoleBinding", "ClusterRole",
-                                         "ClusterRoleBinding", "MutatingWebhookConfiguration", "Deployment"]
+                                         "ClusterRoleBinding", "MutatingWebhookConfiguration", "Service",
+                                         "PodDisruptionBudget", "Deployment"]
     full = build_manifests()
     assert docs == [o for o in full if o["kind"] not in ("CustomResourceDefinition", "PriorityClass", "Queue")]

@@ -168,6 +168,17 @@ def request(api: client.ApiClient, method: str, path: str, *, body: Any = None,
     return json.loads(raw) if raw else None
 
 
+def request_status(api: client.ApiClient, method: str, path: str, *, body: Any = None,
+                   query: dict[str, Any] | None = None, timeout: Any = DEFAULT_TIMEOUT,
+                   content_type: str | None = None) -> tuple[int, Any]:
+    """`request` that also returns the HTTP status (a server-side apply answers 201 when it created the object)."""
+    resp = _send(api, method, path, body=body, query=query, timeout=timeout, content_type=content_type)
+    raw = resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=raw.decode("utf-8", "replace"), data=None)
+    return int(resp.status), (json.loads(raw) if raw else None)
+
+
 def _send(api: client.ApiClient, method: str, path: str, *, body: Any, query: dict[str, Any] | None,
           timeout: Any, content_type: str | None) -> Any:
     params = [(k, v) for k, v in (query or {}).items() if v is not None]
@@ -230,7 +241,7 @@ def parse_yaml(text: str) -> list[dict[str, Any]]:
     return out
 
 
-class _Discovery:
+class Discovery:
     """kind -> (plural, namespaced) per apiVersion, asked from the server once."""
 
     def __init__(self, api: client.ApiClient) -> None:
@@ -267,11 +278,12 @@ def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
                   crd_timeout: float = 60.0) -> list[str]:
     """Create each object, or replace it when it exists (CRDs and Namespaces first; new CRDs are waited for
     until Established). Returns lines like "queue.scheduling.run.ai/team-a created". Like kubectl, this writes
-    spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update."""
+    spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update.
+    A replace drops fields other managers set: `kai-opt manifests --apply` uses server-side apply (k8s/ssa.py)."""
     objs = list(objects)
     first = [o for o in objs if o["kind"] in ("CustomResourceDefinition", "Namespace")]
     rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
-    disco = _Discovery(api)
+    disco = Discovery(api)
     done: list[str] = []
     for batch in (first, rest):
         for obj in batch:
@@ -282,7 +294,7 @@ def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
     return done
 
 
-def _apply_one(api: client.ApiClient, disco: _Discovery, obj: dict[str, Any]) -> str:
+def _apply_one(api: client.ApiClient, disco: Discovery, obj: dict[str, Any]) -> str:
     api_version, kind = obj["apiVersion"], obj["kind"]
     meta = obj.get("metadata") or {}
     name = meta.get("name")

@@ -8,8 +8,8 @@ reasons: [{reason, message}], transitionID, lastTransitionTime}` built verbatim 
 an unchanged entry keeps its ID and time. The entry is removed once no pod of the group is pending. A PodGroup the
 snapshot rejected (malformed) gets the same entry with the snapshot's issue as reason and message.
 
-Queue status: `allocated`, `allocatedNonPreemptible`, `requested` and `fairShare` (resource lists: nvidia.com/gpu
-in devices, cpu, memory in bytes; subtree sums at the start of the cycle), `childQueues`, and a `Valid` condition
+Queue status: `allocated`, `allocatedNonPreemptible` and `requested` (resource lists: nvidia.com/gpu in devices,
+cpu, memory in bytes; subtree sums at the start of the cycle), `childQueues`, and a `Valid` condition
 that is False (with the issue) while the queue is rejected (e.g. its parent does not exist) and set back to True
 once it is fixed.
 
@@ -178,7 +178,8 @@ def queue_status(obj: dict[str, Any] | None, fs: FairShare | None, q: int, child
         out["allocated"] = resource_list(fs.allocated[q])
         out["allocatedNonPreemptible"] = resource_list(fs.allocated_np[q])
         out["requested"] = resource_list(fs.requested[q])
-        out["fairShare"] = resource_list(fs.fair_share[q])
+        # rule: only fields of KAI's Queue status schema (the CRD prunes others, and a pruned field would differ
+        # from the desired status every cycle: a write per queue per cycle); fair share is in the metrics
         out["childQueues"] = sorted(children)
     conds = [c for c in (status.get("conditions") or []) if isinstance(c, dict)]
     valid = next((c for c in conds if c.get("type") == VALID_CONDITION), None)

@@ -42,7 +42,7 @@ def test_apiserver_serves_our_crds_with_rbac(clean_cluster: LocalCluster) -> Non
     assert err.value.status == 403
 
 
-def test_crd_schema_keeps_queue_status_extras_and_rejects_bad_podgroups(clean_cluster: LocalCluster) -> None:
+def test_crd_schema_is_kais_and_rejects_bad_podgroups(clean_cluster: LocalCluster) -> None:
     with clean_cluster.api_client() as api:
         co = client.CustomObjectsApi(api)
         co.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", {
@@ -51,8 +51,9 @@ def test_crd_schema_keeps_queue_status_extras_and_rejects_bad_podgroups(clean_cl
         co.patch_cluster_custom_object_status("scheduling.run.ai", "v2", "queues", "q", {
             "status": {"allocated": {"nvidia.com/gpu": "1"}, "fairShare": {"gpu": 1.5}}})
         q = co.get_cluster_custom_object("scheduling.run.ai", "v2", "queues", "q")
-        assert q["status"] == {"allocated": {"nvidia.com/gpu": "1"}, "fairShare": {"gpu": 1.5}}
-        assert q["spec"]["resources"]["gpu"]["lendingLimit"] == 1
+        # KAI's schema: the fields KAI knows are kept, the ones it lacks (fairShare, lendingLimit) are pruned
+        assert q["status"] == {"allocated": {"nvidia.com/gpu": "1"}}
+        assert q["spec"]["resources"]["gpu"] == {"quota": 2, "limit": 4, "overQuotaWeight": 1}
         ensure_namespace(api, "crd-test")
         with pytest.raises(client.ApiException) as err:
             co.create_namespaced_custom_object("scheduling.run.ai", "v2alpha2", "crd-test", "podgroups", {

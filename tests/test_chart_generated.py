@@ -1,0 +1,121 @@
+"""The chart is generated from the manifests' descriptions (one source): the committed chart is what scripts/gen-chart
+writes, the template renderer keeps its rules, and the values behave as documented. (`helm template` equal to
+`kai-opt manifests` on a real helm: tests/e2e/test_helm_chart.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kai_opt.config import Config, parse_config
+from kai_opt.errors import InputError
+from kai_opt.k8s.chart import CHART_DIR, chart_files
+from kai_opt.k8s.chart_values import merge
+from kai_opt.k8s.manifests import build_manifests, image_values, render_manifests
+from kai_opt.k8s.tmpl import Context, Doc, Val, When, flag, helm_template, render, resolve, value
+from kai_opt.k8s.webhook import webhook_configuration
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_committed_chart_is_what_gen_chart_writes() -> None:
+    root = REPO / CHART_DIR
+    want = chart_files()
+    have = {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8") for p in root.rglob("*") if p.is_file()}
+    assert sorted(have) == sorted(want), "run scripts/gen-chart"
+    stale = [name for name in want if have[name] != want[name]]
+    assert stale == [], f"run scripts/gen-chart: {stale}"
+
+
+@pytest.mark.parametrize("values", [{}, {"schedulerNames": ["a", "b"]},
+                                    {"gpuSharing": {"reservationNamespace": "resv"}}])
+def test_the_charts_webhook_configuration_is_the_runtimes(values: dict) -> None:
+    [mwc] = [o for o in render_manifests(values, "sched") if o["kind"] == "MutatingWebhookConfiguration"]
+    full = merge({"schedulerNames": ["kai-opt"], "gpuSharing": {"reservationNamespace": "kai-resource-reservation"}},
+                 values)
+    assert mwc == webhook_configuration("sched", full["schedulerNames"],
+                                        reservation_namespace=full["gpuSharing"]["reservationNamespace"])
+
+
+def test_when_and_val_resolve_and_template() -> None:
+    doc = Doc("x.yaml", {"kind": "X", "n": value("n"), "opt": When(flag("on"), value("n")),
+                         "items": ["a", When(flag("on"), "b")]}, flag("show"))
+    ctx = Context({"n": 3, "on": False, "show": True}, "ns")
+    assert render([doc], ctx) == [{"kind": "X", "n": 3, "items": ["a"]}]
+    assert render([doc], Context({"n": 3, "on": True, "show": False}, "ns")) == []
+    assert resolve(doc.body, Context({"n": 1, "on": True, "show": True}, "ns")) == {
+        "kind": "X", "n": 1, "opt": 1, "items": ["a", "b"]}
+    text = helm_template(doc)
+    assert text.splitlines() == ["{{- if .Values.show }}", "kind: X", "n: {{ .Values.n | toJson }}",
+                                 "{{- if .Values.on }}", "opt: {{ .Values.n | toJson }}", "{{- end }}", "items:",
+                                 "- a", "{{- if .Values.on }}", "- b", "{{- end }}", "{{- end }}"]
+
+
+def test_a_list_items_first_entry_cannot_be_conditional() -> None:
+    doc = Doc("x.yaml", {"items": [{"a": When(flag("on"), 1), "b": 2}]})
+    with pytest.raises(ValueError, match="first entry"):
+        helm_template(doc)
+    assert resolve(doc.body, Context({"on": False}, "ns")) == {"items": [{"b": 2}]}
+    assert Val(".Release.Namespace", lambda c: c.namespace).py(Context({}, "ns")) == "ns"
+
+
+def test_values_merge_like_helm() -> None:
+    assert merge({"a": {"b": 1, "c": [1]}, "d": 1}, {"a": {"c": [2]}, "d": None}) == {"a": {"b": 1, "c": [2]}}
+
+
+def test_the_configmap_holds_the_given_config() -> None:
+    cfg = parse_config({"engine": "greedy", "schedule_period_s": 0.5, "scheduler_names": ["x", "y"],
+                        "default_queue": "q0", "runtime": {"client_qps": 50, "gpu_sharing": {
+                            "enabled": False, "reservation_namespace": "resv"}}})
+    [cm] = [o for o in build_manifests("sched", "img:1", config=cfg) if o["kind"] == "ConfigMap"]
+    assert parse_config(yaml.safe_load(cm["data"]["config.yaml"])) == cfg.model_copy(update={
+        "runtime": cfg.runtime.model_copy(update={"gpu_sharing": cfg.runtime.gpu_sharing.model_copy(
+            update={"reservation_image": "img:1"})})})
+    [dep] = [o for o in build_manifests("sched", "img:1", config=cfg) if o["kind"] == "Deployment"]
+    assert "--webhook-port" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    default = next(o for o in build_manifests() if o["kind"] == "ConfigMap")["data"]["config.yaml"]
+    assert parse_config(yaml.safe_load(default)) == Config()
+
+
+def test_top_level_values_override_the_config_value() -> None:
+    [cm] = [o for o in render_manifests({"engine": "greedy", "config": {"engine": "cpsat", "schedule_period_s": 2}},
+                                        "ns") if o["kind"] == "ConfigMap"]
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["engine"] == "greedy" and cfg["schedule_period_s"] == 2
+
+
+@pytest.mark.parametrize(("image", "values"), [("img:1", {"repository": "img", "tag": "1"}),
+                                                ("reg:5000/kai-opt", {"repository": "reg:5000/kai-opt", "tag": ""}),
+                                                ("reg:5000/kai-opt:2", {"repository": "reg:5000/kai-opt", "tag": "2"})])
+def test_image_round_trips(image: str, values: dict) -> None:
+    assert image_values(image) == values
+    [dep] = [o for o in build_manifests(image=image) if o["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+@pytest.mark.parametrize(("values", "field"), [({"replica": 2}, "replica"), ({"metrics": {"port": 0}}, "metrics.port"),
+                                               ({"gpuSharing": {"enable": True}}, "gpuSharing.enable"),
+                                               ({"config": []}, "config")])
+def test_bad_values_are_input_errors(values: dict, field: str) -> None:
+    with pytest.raises(InputError) as err:
+        render_manifests(values)
+    assert err.value.field == field
+
+
+def test_cli_values_file_then_explicit_options(tmp_path: Path) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text("replicas: 3\ncreateNamespace: false\npodDisruptionBudget: {enabled: false}\n")
+    proc = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "-n", "x", "-f", str(f),
+                           "--replicas", "1"], capture_output=True, text=True, check=True)
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert docs == render_manifests({"replicas": 1, "podDisruptionBudget": {"enabled": False}}, "x")
+    assert "Namespace" not in [d["kind"] for d in docs if d["metadata"]["name"] == "x"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    proc = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "-f", str(bad)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mapping" in proc.stderr
