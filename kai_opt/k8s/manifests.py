@@ -16,6 +16,10 @@ only (each reports its GPU in its own annotation). The GPU-sharing admission web
 MutatingWebhookConfiguration, and for its certificate a Role to create Secrets in kai-opt's namespace and read
 Secret kai-opt-webhook-tls only, plus get/patch of that one configuration (its caBundle). Nothing else (no
 other Secret read, no deletes outside the reservation namespace, no Queue spec writes).
+
+With `runtime.binder: kai` (the default with `--existing-kai`, unless the config sets `binder`) KAI's binder binds:
+kai-opt gets create/get/list/watch/delete on BindRequests instead of pods/binding and ConfigMap writes, and no
+reservation namespace objects (KAI's binder makes the reservation pods in its own).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from typing import Any
 
 from kai_opt import __version__
 from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
-from kai_opt.config import Config, default_config_yaml
+from kai_opt.config import BinderKind, Config, default_config_yaml
 from kai_opt.errors import InputError
 from kai_opt.k8s.client import KAI_GROUP, PODGROUP, QUEUE, SCHEDULING_GROUP, TOPOLOGY, crd_manifests, parse_yaml
 from kai_opt.k8s.grouper import OWNER_KINDS
+from kai_opt.k8s.kaibind import API_VERSION as BINDREQUEST_API_VERSION
+from kai_opt.k8s.kaibind import PLURAL as BINDREQUEST_PLURAL
 from kai_opt.k8s.webhook import DEFAULT_PORT as DEFAULT_WEBHOOK_PORT
 from kai_opt.k8s.webhook import SECRET_NAME, SERVICE_NAME, WEBHOOK_NAME, webhook_configuration
 
@@ -53,15 +59,19 @@ def _meta(name: str, namespace: str | None = None, **extra: Any) -> dict[str, An
     return meta
 
 
-def cluster_rules() -> list[dict[str, Any]]:
+def cluster_rules(binder: BinderKind = BinderKind.kai_opt) -> list[dict[str, Any]]:
     """The ClusterRole's rules (least privilege; see the module docstring)."""
+    kai = binder == BinderKind.kai
     rules: list[dict[str, Any]] = [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
         {"apiGroups": [""], "resources": ["pods"], "verbs": [*READ, "patch"]},
-        {"apiGroups": [""], "resources": ["pods/binding", "pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"] if kai else ["pods/binding", "pods/eviction"],
+         "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},  # nominatedNodeName (pipelined)
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch"]},  # shared-GPU ConfigMaps
+        *([{"apiGroups": [BINDREQUEST_API_VERSION.split("/")[0]], "resources": [BINDREQUEST_PLURAL],
+            "verbs": ["create", *READ, "delete"]}] if kai else
+          [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "patch"]}]),  # shared-GPU ConfigMaps
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [SCHEDULING_GROUP], "resources": [PODGROUP.plural], "verbs": [*READ, "create", "patch"]},
         {"apiGroups": [SCHEDULING_GROUP], "resources": [QUEUE.plural], "verbs": READ},
@@ -144,11 +154,13 @@ def build_manifests(namespace: str = DEFAULT_NAMESPACE, image: str = DEFAULT_IMA
     if replicas < 1:
         raise InputError(f"replicas must be at least 1, got {replicas}", field="--replicas")
     cfg = config or Config()
+    if existing_kai and "binder" not in cfg.runtime.model_fields_set:  # one binder: KAI's
+        cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"binder": BinderKind.kai})})
     objs: list[dict[str, Any]] = [] if existing_kai else list(parse_yaml(crd_manifests()))
     objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace)})
     objs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)})
     objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(NAME),
-                 "rules": cluster_rules()})
+                 "rules": cluster_rules(cfg.runtime.binder)})
     subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]
     objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(NAME),
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
@@ -188,7 +200,7 @@ def _reservation_objects(cfg: Config, scheduler: list[dict[str, Any]]) -> list[d
     """GPU sharing: the reservation namespace, kai-opt's Role there (create/delete the reservation pods), and the
     reservation pods' ServiceAccount with its Role (get/patch pods there: a pod reports its GPU on itself)."""
     sh = cfg.runtime.gpu_sharing
-    if not sh.enabled:
+    if not sh.enabled or cfg.runtime.binder == BinderKind.kai:  # KAI's binder makes its reservation pods
         return []
     ns, sa = sh.reservation_namespace, sh.reservation_service_account
     rbac = "rbac.authorization.k8s.io"
