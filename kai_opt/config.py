@@ -161,9 +161,12 @@ class GpuSharing(_Model):
 class KaiBinder(_Model):
     """`binder: kai`: the BindRequests (scheduling.run.ai/v1alpha2) kai-opt hands to KAI-Scheduler's binder."""
 
-    backoff_limit: int = Field(1, ge=0, le=100, description="the BindRequest's backoffLimit: KAI's binder tries "
-                               "again while failedAttempts is below it; a BindRequest is failed (the pod placed "
-                               "again next cycle) once its phase is Failed with failedAttempts >= backoffLimit")
+    backoff_limit: int = Field(3, ge=0, le=100, description="the BindRequest's backoffLimit: KAI's binder tries "
+                               "again while failedAttempts is below it (its first try of a shared pod can fail on "
+                               "its own cache); a BindRequest is failed (the pod placed again next cycle) once its "
+                               "phase is Failed with failedAttempts >= backoffLimit. KAI's binder (72de64f) counts "
+                               "only the first failed attempt, so above 1 a bind that keeps failing ends at "
+                               "bind_timeout_s")
     bind_timeout_s: float = Field(120.0, gt=0, le=3600, description="a BindRequest neither bound nor failed this "
                                   "long after kai-opt wrote it (KAI's binder not running, or retrying) is deleted "
                                   "and the bind failed (reason bind-request-timeout)")
