@@ -177,7 +177,7 @@ def test_hand_off_records_devices_then_writes_the_bindrequest_and_holds_the_pod(
 def test_a_failed_bindrequest_is_a_failed_bind_and_the_pod_is_placed_again(fake: FakeApi) -> None:
     c = _cache(_pod("p", "u1", gpus=1))
     results: list[BindResult] = []
-    b = _binder(c, results)
+    b = _binder(c, results, backoff_limit=1)
     b.submit([BindRequest("ns", "p", "u1", "n1", (0,))])
     assert b.wait_idle(5)
     [(_, body)] = fake.of("POST", BR_PATH)
@@ -336,3 +336,16 @@ def test_a_sharing_pod_without_a_device_fails_without_a_bindrequest(fake: FakeAp
     assert b.wait_idle(5)
     assert [(r.ok, r.reason) for r in results] == [(False, "invalid")] and not fake.of("POST")
     b.stop()
+
+
+def test_the_runner_hands_off_with_binder_kai_and_binds_itself_otherwise() -> None:
+    from kai_opt.config import parse_config
+    from kai_opt.k8s.runner import Runner
+
+    kai = Runner(None, parse_config({"runtime": {"binder": "kai"}}), identity="t",  # type: ignore[arg-type]
+                 leader_elect=False)
+    assert kai.binder.kai is not None and kai.binder.sharing is None, "KAI's binder does the GPU-sharing contract"
+    assert (kaibind.API_VERSION, kaibind.KIND) in kai.cache._stores
+    own = Runner(None, parse_config({}), identity="t", leader_elect=False)  # type: ignore[arg-type]
+    assert own.binder.kai is None and own.binder.sharing is not None
+    assert (kaibind.API_VERSION, kaibind.KIND) not in own.cache._stores
