@@ -370,3 +370,5 @@ class KaiBindRequests:
             t = self._tracked.pop(uid, None)
         if t is not None:
             self.done(t.req, t.start, ok=ok, reason=reason, message=message)
+        elif not ok:
+            self.cache.forget_bound(uid)  # a hold of ours without a bind in progress

@@ -108,6 +108,10 @@ def test_kais_binder_binds_what_kai_opt_hands_it(kai_cluster: LocalCluster, peer
         with kai_binder(kai_cluster, peer) as binder, scheduler(kai_cluster, config()):
             wait_for("every pod bound by KAI's binder",
                      lambda: {n for n, p in pods(api).items() if bound_by_kai(p)} == names, timeout=90)
+            # (KAI's binder writes Succeeded after the bind; a first try of a shared pod may have failed on its cache)
+            wait_for("every BindRequest Succeeded", lambda: {n for n, b in bindrequests(api).items()
+                                                             if (b.get("status") or {}).get("phase") == "Succeeded"}
+                     == names)
             assert binder.running(), binder.log_tail()
         all_pods, brs = pods(api), bindrequests(api)
         assert set(brs) == names
@@ -164,13 +168,14 @@ def test_a_bindrequest_kais_binder_fails_is_a_failed_bind_and_the_pod_is_retried
             assert "reservation" in failed_binding(api, "f", "bind-request-failed")[0]["message"]
             assert not pods(api)["f"]["spec"].get("nodeName")
             # (KAI's binder may still be retrying the deleted one: the GPU reports only once the new one is there)
-            second = wait_for("a new BindRequest", lambda: (b := bindrequests(api).get("f")) is not None
-                              and b["metadata"]["uid"] != first and b["metadata"]["uid"])
+            wait_for("a new BindRequest", lambda: (b := bindrequests(api).get("f")) is not None
+                     and b["metadata"]["uid"] != first)
             report.set()
             wait_for("f bound by KAI's binder", lambda: bound_by_kai(pods(api)["f"]), timeout=60)
             assert binder.running(), binder.log_tail()
         assert bound(api) == {"f": "n1"}
-        assert bindrequests(api)["f"]["metadata"]["uid"] == second, "kept: its pod is bound"
+        # kept while its pod runs (a later one than the failed: KAI's first try of it may fail on its cache too)
+        assert bindrequests(api)["f"]["metadata"]["uid"] != first
 
 
 def test_a_bindrequest_set_to_failed_is_a_failed_bind_and_the_pod_is_retried(
