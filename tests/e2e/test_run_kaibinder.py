@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.client import MERGE_PATCH, apply_objects, object_path, request
+from kai_opt.k8s.manifests import NAME, build_manifests
 
 from .kaipeer import KaiPeer, bindrequest_crd, build_binder, kai_binder
 from .schedharness import (
@@ -35,7 +36,7 @@ from .schedharness import (
     scheduler,
     wait_for,
 )
-from .testcluster import LocalCluster, ensure_namespace
+from .testcluster import LocalCluster, delete_cluster_rbac, ensure_namespace
 
 # a cold build of KAI's binder (Go modules from the proxy) takes a while: it runs in the first test's setup
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -201,3 +202,28 @@ def test_a_bindrequest_set_to_failed_is_a_failed_bind_and_the_pod_is_retried(
                 assert binder.running(), binder.log_tail()
         final = bindrequests(api)["w"]
         assert final["metadata"]["uid"] == second["metadata"]["uid"] and final["status"]["phase"] == "Succeeded"
+
+
+def test_the_existing_kai_manifests_rbac_lets_kai_opt_hand_off_and_clean_up(
+        kai_cluster: LocalCluster, peer: KaiPeer) -> None:
+    """kai-opt as the ServiceAccount of `kai-opt manifests --existing-kai` (binder: kai): it writes, watches and
+    deletes BindRequests and records devices on pods with that RBAC alone."""
+    sa_ns = "kai-opt-sa"
+    objs = [o for o in build_manifests(sa_ns, "kai-opt:test", existing_kai=True)
+            if o["kind"] not in ("Deployment", "MutatingWebhookConfiguration")]  # no webhook server runs here
+    with kai_cluster.api_client() as api:
+        try:
+            apply_objects(api, objs)
+            create(api, [namespace(), node("n1", 1), queue("team"), pod("w", queue_name="team", gpus=1)])
+            token = kai_cluster.service_account_token(sa_ns, NAME)
+            with scheduler(kai_cluster, config(), token=token):
+                first = wait_for("w's BindRequest", lambda: bindrequests(api).get("w"))
+                request(api, "PATCH", object_path(BR, "bindrequests", NS, "w") + "/status",
+                        content_type=MERGE_PATCH, body={"status": {"phase": "Failed", "failedAttempts": 3}})
+                wait_for("deleted and written again", lambda: (b := bindrequests(api).get("w")) is not None
+                         and b["metadata"]["uid"] != first["metadata"]["uid"])
+                with kai_binder(kai_cluster, peer, log_name="kai-binder-rbac"):
+                    wait_for("w bound by KAI's binder", lambda: bound_by_kai(pods(api)["w"]), timeout=60)
+            assert pods(api)["w"]["metadata"]["annotations"]["kai-opt.io/gpu-devices"] == "0"
+        finally:
+            delete_cluster_rbac(api, NAME)
