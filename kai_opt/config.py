@@ -45,6 +45,14 @@ class Engine(StrEnum):
     cpsat = "cpsat"
 
 
+class BinderKind(StrEnum):
+    """Who binds kai-opt's placements: kai-opt itself (pods/binding), or KAI-Scheduler's binder (kai-opt writes
+    BindRequests), so a cluster running KAI keeps one binder."""
+
+    kai_opt = "kai-opt"
+    kai = "kai"
+
+
 class QueueStatus(StrEnum):
     """Whether `kai-opt run` writes Queue status: always, never, or auto: only while KAI-Scheduler is not
     installed (its queue controller writes Queue status then)."""
@@ -163,6 +171,20 @@ class GpuSharing(_Model):
                                    "names (k8s.device-plugin.nvidia.com/gpu=ID), for a device plugin using CDI")
 
 
+class KaiBinder(_Model):
+    """`binder: kai`: the BindRequests (scheduling.run.ai/v1alpha2) kai-opt hands to KAI-Scheduler's binder."""
+
+    backoff_limit: int = Field(3, ge=0, le=100, description="the BindRequest's backoffLimit: KAI's binder tries "
+                               "again while failedAttempts is below it (its first try of a shared pod can fail on "
+                               "its own cache); a BindRequest is failed (the pod placed again next cycle) once its "
+                               "phase is Failed with failedAttempts >= backoffLimit. KAI's binder (72de64f) counts "
+                               "only the first failed attempt, so above 1 a bind that keeps failing ends at "
+                               "bind_timeout_s")
+    bind_timeout_s: float = Field(120.0, gt=0, le=3600, description="a BindRequest neither bound nor failed this "
+                                  "long after kai-opt wrote it (KAI's binder not running, or retrying) is deleted "
+                                  "and the bind failed (reason bind-request-timeout)")
+
+
 class Runtime(_Model):
     """The in-cluster scheduler (`kai-opt run`): watch cache, binder, evictor, status writer."""
 
@@ -201,6 +223,11 @@ class Runtime(_Model):
     leader_election: LeaderElection = Field(LeaderElection(), description="leader election (kai-opt run "
                                             "--leader-elect)")
     gpu_sharing: GpuSharing = Field(GpuSharing(), description="KAI's GPU-sharing contract when binding")
+    binder: BinderKind = Field(BinderKind.kai_opt, description="kai-opt: kai-opt binds (pods/binding, and carries "
+                               "out gpu_sharing itself); kai: kai-opt writes KAI-Scheduler's BindRequests and "
+                               "KAI's binder binds (reservation pods and shared-GPU ConfigMaps too); the default of "
+                               "`kai-opt manifests --existing-kai`")
+    kai_binder: KaiBinder = Field(KaiBinder(), description="BindRequests for KAI's binder (binder: kai)")
 
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
-from kai_opt.config import parse_config
+from kai_opt.config import BinderKind, parse_config
 from kai_opt.errors import InputError
 from kai_opt.k8s.client import crd_manifests, parse_yaml
 from kai_opt.k8s.grouper import OWNER_KINDS
@@ -123,10 +123,31 @@ def test_existing_kai_leaves_kais_crds_classes_and_queues_alone() -> None:
     proc = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "--existing-kai"],
                           capture_output=True, text=True, check=True)
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    # KAI's binder binds (binder: kai), so no reservation namespace objects of kai-opt's
     assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                         "RoleBinding", "Namespace", "Role", "RoleBinding", "ServiceAccount", "Role",
                                          "RoleBinding", "ConfigMap", "Service", "Role", "RoleBinding", "ClusterRole",
                                          "ClusterRoleBinding", "MutatingWebhookConfiguration", "Service",
                                          "PodDisruptionBudget", "Deployment"]
-    full = build_manifests()
+    full = build_manifests(config=parse_config({"runtime": {"binder": "kai"}}))
     assert docs == [o for o in full if o["kind"] not in ("CustomResourceDefinition", "PriorityClass", "Queue")]
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert parse_config(yaml.safe_load(cm["data"]["config.yaml"])).runtime.binder == "kai"
+
+
+def test_existing_kai_keeps_a_binder_the_config_names() -> None:
+    objs = build_manifests(config=parse_config({"runtime": {"binder": "kai-opt"}}), existing_kai=True)
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    assert parse_config(yaml.safe_load(cm["data"]["config.yaml"])).runtime.binder == "kai-opt"
+    assert "kai-resource-reservation" in [o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"]
+
+
+def test_kai_binder_rules_write_bindrequests_instead_of_binding() -> None:
+    rules = cluster_rules(BinderKind.kai)
+    [br] = [r for r in rules if "bindrequests" in r["resources"]]
+    assert br == {"apiGroups": ["scheduling.run.ai"], "resources": ["bindrequests"],
+                  "verbs": ["create", "get", "list", "watch", "delete"]}
+    assert not any(res in r["resources"] for r in rules for res in ("pods/binding", "configmaps"))
+    assert any("pods/eviction" in r["resources"] for r in rules)
+    # the only delete is of BindRequests
+    assert [r["resources"] for r in rules if "delete" in r["verbs"]] == [["bindrequests"]]
+    assert not any("bindrequests" in r["resources"] for r in cluster_rules())

@@ -24,6 +24,10 @@ A pod sharing a GPU (`gpu-fraction` / `gpu-memory`) gets KAI's GPU-sharing contr
 ConfigMaps); the Binding then also records `received-resource-type` and the ConfigMap prefix. A reservation that
 does not report in time fails the bind with reason `reservation-timeout`; a failed bind removes the group labels.
 
+With `runtime.binder: kai` the bind is handed to KAI-Scheduler's binder instead (kai_opt/k8s/kaibind.py): the
+worker writes the pod's BindRequest (after the same fence and re-check), the pod counts as bound while it is
+pending, and the bind's result is reported when the watch shows it bound or its BindRequest failed (`sync`).
+
 Pipelined placements are not bound: `nominate` writes `status.nominatedNodeName` (informational) and the engine
 places the pod again in a later cycle once its victims are gone. Consolidation moves are only evicted (their owner
 re-creates the pod, which is then placed like any other).
@@ -41,9 +45,10 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
-from kai_opt.config import GpuSharing
+from kai_opt.config import GpuSharing, KaiBinder
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.kaibind import KaiBindRequests
 from kai_opt.k8s.sharing import GpuSharingBinder, SharingError
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
 
@@ -89,7 +94,7 @@ class Binder:
                  fence: Callable[[], bool] = lambda: True,
                  on_result: Callable[[BindResult], None] | None = None,
                  recheck: Callable[[BindRequest], str | None] | None = None,
-                 sharing: GpuSharing | None = None) -> None:
+                 sharing: GpuSharing | None = None, kai: KaiBinder | None = None) -> None:
         self.api = api
         self.cache = cache
         self.limiter = limiter
@@ -105,6 +110,11 @@ class Binder:
         # are made before its Binding is posted, and undone when the bind fails
         self.sharing = GpuSharingBinder(api, cache, sharing, write=self._write, stop=self._stop,
                                         timeout=self.timeout) if sharing is not None and sharing.enabled else None
+        # binder: kai: KAI's binder binds (and does the GPU-sharing contract itself), from our BindRequests
+        self.kai = KaiBindRequests(api, cache, kai, write=self._write, done=self._done, make_request=BindRequest,
+                                   timeout=self.timeout) if kai is not None else None
+        if self.kai is not None:
+            self.sharing = None
 
     # -- API -----------------------------------------------------------------------------------------------------
     def submit(self, requests: Iterable[BindRequest]) -> list[BindRequest]:
@@ -112,7 +122,7 @@ class Binder:
         accepted pod as bound on its node from now on."""
         accepted = []
         for req in requests:
-            if self._stop.is_set() or self.pool.busy(req.uid):
+            if self._stop.is_set() or self.pool.busy(req.uid) or (self.kai is not None and self.kai.tracking(req.uid)):
                 continue
             self.cache.assume_bound(req.uid, req.namespace, req.name, req.node, req.devices)
             if self.pool.submit(req.uid, lambda req=req: self._bind(req)):
@@ -156,6 +166,9 @@ class Binder:
         attempt = 0
         while True:
             try:
+                if self.kai is not None:
+                    self._hand_off(req, start)
+                    return
                 self._post_binding(req)
                 self._done(req, start, ok=True)
                 return
@@ -213,6 +226,16 @@ class Binder:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
         request(self.api, "POST", object_path("v1", "pods", req.namespace, req.name) + "/binding", body=body,
                 timeout=self.timeout)
+
+    def _hand_off(self, req: BindRequest, start: float) -> None:
+        """binder: kai: write the pod's BindRequest; its result comes from `KaiBindRequests.sync`."""
+        assert self.kai is not None
+        self._write()
+        misfit = self.recheck(req) if self.recheck is not None else None
+        if misfit:
+            raise _NoFit(misfit)
+        self.kai.hand_off(req, start)
+        self.cache.bind_accepted(req.uid)
 
     def _bound_here(self, req: BindRequest) -> bool:
         try:

@@ -454,6 +454,15 @@ class ClusterCache:
                 else:
                     self._set_bound(uid, Assumed(a.namespace, a.name, a.node, a.devices, time.monotonic()))
 
+    def hold_bound(self, uid: str, namespace: str, name: str, node: str, devices: tuple[int, ...]) -> None:
+        """Someone else binds this pod for us (KAI's binder, from our pending BindRequest): it counts as bound on
+        `node` for another `assume_ttl_s` from now (the caller refreshes this while the bind is pending)."""
+        with self._lock:
+            old = self._bound.get(uid)
+            self._set_bound(uid, Assumed(namespace, name, node, tuple(devices), time.monotonic()))
+            if old is None or old.node != node or old.devices != tuple(devices):
+                self.generation += 1
+
     def forget_bound(self, uid: str) -> None:
         """The bind failed or was dropped: the pod is pending again (it is placed again next cycle)."""
         with self._lock:

@@ -27,12 +27,13 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.api.pod import PODGROUP_ANNOTATION
-from kai_opt.config import Config
+from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
 from kai_opt.gcpause import gc_paused
+from kai_opt.k8s import kaibind
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
-from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, watch_kinds_of
+from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, Resource, watch_kinds_of
 from kai_opt.k8s.client import ClusterError
 from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, writes_queue_status
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
@@ -133,6 +134,9 @@ class Runner:
         kinds = list(SCHEDULING_KINDS)
         if _grouper is not None:
             kinds += watch_kinds_of(getattr(_grouper, "OWNER_KINDS", []))
+        kai_binds = rt.binder == BinderKind.kai
+        if kai_binds:  # binder: kai: our BindRequests, followed to their outcome
+            kinds.append(Resource(kaibind.API_VERSION, kaibind.KIND, kaibind.PLURAL, True))
         self.cache = ClusterCache(api, kinds=kinds, watch_timeout_s=rt.watch_timeout_s,
                                   backoff_max_s=rt.backoff_max_s, absent_recheck_s=rt.absent_kind_recheck_s,
                                   assume_ttl_s=rt.assume_ttl_s,
@@ -151,8 +155,10 @@ class Runner:
                   "timeout_s": rt.request_timeout_s, "fence": fence}
         self.prebind = PreBindCheck(self.cache) if rt.prebind_recheck else None
         self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound,
-                             recheck=self._recheck if self.prebind is not None else None, sharing=rt.gpu_sharing,
+                             recheck=self._recheck if self.prebind is not None else None,
+                             sharing=None if kai_binds else rt.gpu_sharing, kai=rt.kai_binder if kai_binds else None,
                              **common)
+        self.bindrequest_pool = WorkPool("bindrequests", 1)  # follows our BindRequests (binder: kai)
         self.sharing_pool = WorkPool("gpu-sharing", 1)  # deletes reservation pods nobody shares any more
         self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)
@@ -205,6 +211,10 @@ class Runner:
             raise ClusterError(f"cannot read {', '.join(missing)}: kai-opt needs list/watch on nodes and pods")
         log.info("cache synced: %s", ", ".join(f"{k} {s['objects']}" for k, s in self.cache.status().items()
                                                if not s["absent"]))
+        if self.binder.kai is not None and f"{kaibind.PLURAL}.{kaibind.API_VERSION}" in " ".join(
+                self.cache.absent_kinds()):
+            log.warning("binder: kai, but BindRequests (%s) are not served: is KAI-Scheduler installed? Binds fail "
+                        "until they are", kaibind.API_VERSION)
         if self.cache.absent_kinds():
             log.info("not served (skipped, looked for again later): %s", ", ".join(self.cache.absent_kinds()))
 
@@ -220,6 +230,8 @@ class Runner:
         while not self._stop.is_set():
             start = time.monotonic()
             self._kubelet_rejections()
+            if self.binder.kai is not None:  # every turn, idle or not: binds in KAI's hands end meanwhile
+                self.bindrequest_pool.submit("sync", self.binder.kai.sync, replace=True)
             if self._idle(last, start - last_start):
                 self.skipped += 1
             else:
@@ -256,6 +268,7 @@ class Runner:
         self.binder.stop()
         self.evictor.stop()
         self.sharing_pool.stop()
+        self.bindrequest_pool.stop()
         self.binder.wait_idle(2.0)
         self.evictor.wait_idle(2.0)
         self.status_compute.stop(drop_queued=False)

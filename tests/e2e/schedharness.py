@@ -208,10 +208,12 @@ def delete_all(api: ApiClient, api_version: str, plural: str, ns: str | None = N
 # -- the scheduler -------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def scheduler(cluster: LocalCluster, config: Config | None = None, *, identity: str = "test",
-              leader_elect: bool = False, metrics: Any = None, user: str | None = None) -> Iterator[Runner]:
-    """`kai-opt run` in a thread of this process (as the admin, or test identity `user`); stopped and joined on
-    exit."""
-    api = make_api_client(host=cluster.host, token=cluster.token(user), ca_file=cluster.ca_file, pool_size=64)
+              leader_elect: bool = False, metrics: Any = None, user: str | None = None,
+              token: str | None = None) -> Iterator[Runner]:
+    """`kai-opt run` in a thread of this process (as the admin, test identity `user`, or whoever `token` is, e.g. a
+    ServiceAccount's); stopped and joined on exit."""
+    api = make_api_client(host=cluster.host, token=token or cluster.token(user), ca_file=cluster.ca_file,
+                          pool_size=64)
     runner = Runner(api, config or fast_config(), identity=identity, leader_elect=leader_elect,
                     lease_namespace="default", metrics=metrics)
     errors: list[BaseException] = []

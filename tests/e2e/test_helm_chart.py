@@ -40,6 +40,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "defaultQueue": {"name": "fallback"}, "priorityClasses": {"create": False}},
     "no-defaults": {"defaultQueue": {"create": False}, "metrics": {"service": {"enabled": False}}},
     "usage-ledger": {"config": {"usage_db": {"client_type": "ledger"}}},
+    "existing-kai-sharing": {"existingKai": True},
+    "existing-kai-own-binder": {"existingKai": True, "config": {"runtime": {"binder": "kai-opt"}}},
     "usage-ledger-named": {"config": {"usage_db": {"client_type": "ledger", "ledger": {
         "config_map_name": "team-usage", "config_map_namespace": "accounting"}}}},
 }

@@ -16,5 +16,11 @@
 {{- $_ = set $gs "reservation_namespace" .Values.gpuSharing.reservationNamespace -}}
 {{- $_ = set $gs "reservation_service_account" .Values.gpuSharing.reservationServiceAccount -}}
 {{- $_ = set $gs "reservation_image" (.Values.gpuSharing.reservationImage | default (include "kai-opt.image" .)) -}}
+{{- if and .Values.existingKai (not (hasKey $rt "binder")) }}{{ $_ = set $rt "binder" "kai" }}{{ end -}}
 {{- toYaml $c -}}
+{{- end -}}
+
+{{- define "kai-opt.binder" -}}
+{{- $rt := (.Values.config | default dict).runtime | default dict -}}
+{{- if hasKey $rt "binder" }}{{ $rt.binder }}{{ else if .Values.existingKai }}kai{{ else }}kai-opt{{ end -}}
 {{- end -}}
