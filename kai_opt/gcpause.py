@@ -37,3 +37,24 @@ def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
             if freeze_above is not None and gc.get_count()[0] > freeze_above:
                 gc.freeze()
             gc.enable()
+
+
+@contextmanager
+def forking() -> Iterator[None]:
+    """Around a fork (kai_opt.formulation.child): the one garbage-collector rule for forked processes.
+
+    The child must leave the heap it inherits alone: a collection there touches every object it walks and so copies
+    the page (copy-on-write), up to the whole heap. With the collector on, the heap is frozen for the fork (the child
+    starts with all of it in the permanent generation; this process unfreezes at once). With it paused (gc_paused,
+    as run_cycle does) the child inherits the pause, and nothing is frozen: freezing inside a pause would move the
+    block's uncollected garbage to the oldest generation on unfreeze, where it waits for a rare full collection
+    (measured: docs/DESIGN-NOTES.md, "Scale").
+    """
+    freeze = gc.isenabled()
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()

@@ -122,17 +122,39 @@ def test_the_cycle_survives_a_cpsat_stage_that_raises_in_the_cycles_process(
     assert "RuntimeError: injected fault" in plan.solver.note
 
 
-def test_a_failing_cpsat_stage_in_process_leaves_the_greedy_plan(state: ClusterState,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Deterministic mode runs the stages in the cycle's process: an exception there is a failed stage too."""
+def test_a_failing_cpsat_stage_in_deterministic_mode_leaves_the_greedy_plan(state: ClusterState,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic mode runs the same CP-SAT worker without a wall-clock limit: an exception there is a failed
+    stage too."""
     monkeypatch.setattr(solve, "build_model", raises)
     plan = _greedy_kept(state, _config(deterministic=True), "cpsat", "exception")
     assert "injected fault" in plan.solver.note
 
 
-def test_a_failing_second_hint_in_process_is_named_as_such(state: ClusterState,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Deterministic mode computes the FGD-scored plan inside the CP-SAT stage: its exception is the second hint's
+def test_deterministic_mode_runs_the_worker_without_a_wall_clock_kill(state: ClusterState,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Any) -> None:
+    """The production path (a forked worker), but a model build slower than the budget and its hard grace is not
+    killed: the plan is the model's."""
+    config = _config(deterministic=True)
+    real, pid_file = solve.build_model, tmp_path / "worker.pid"
+
+    def slow(*a: Any, **k: Any) -> Any:
+        pid_file.write_text(str(os.getpid()))
+        time.sleep(BUDGET + solve.HARD_GRACE + 0.5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(solve, "build_model", slow)
+    plan, fs = run_cycle(state, config)
+    assert int(pid_file.read_text()) != os.getpid()  # in the worker
+    assert not plan.solver.failures and plan.solver.status in ("OPTIMAL", "FEASIBLE", "GREEDY_KEPT"), plan.solver
+    assert plan.solver.build_s > BUDGET + solve.HARD_GRACE and plan.solver.objective is not None
+    check_plan(state, plan, fs, config)
+
+
+def test_a_failing_second_hint_in_deterministic_mode_is_named_as_such(state: ClusterState,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic mode computes the FGD-scored plan inside the CP-SAT worker: its exception is the second hint's
     (the stage's phase says so), and the greedy plan stays."""
     monkeypatch.setattr(solve, "compute", raises)
     plan = _greedy_kept(state, _config(deterministic=True, fgd_hint=True), "second_hint", "exception")
@@ -258,7 +280,7 @@ def test_a_failing_second_hint_is_counted_and_the_cycle_goes_on(state: ClusterSt
                                                                 taken_by: str) -> None:
     """Taken by the worker as its starting plan (it waits for it here) or by the cycle's process at the end."""
     monkeypatch.setattr(second_hint, where, fault)  # the process beside is forked after this
-    monkeypatch.setattr(second_hint.SecondHint, "ready", (lambda self: self._conn.poll(10)) if taken_by == "worker"
+    monkeypatch.setattr(second_hint.SecondHint, "ready", (lambda self: self._child.poll(10)) if taken_by == "worker"
                         else (lambda self: False))
     config = _config(fgd_hint=True)
     t = time.perf_counter()

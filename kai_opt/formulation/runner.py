@@ -1,4 +1,5 @@
-"""Run CP-SAT in a forked worker under a hard wall-clock watchdog (presolve cannot be interrupted from inside).
+"""Run CP-SAT in a forked worker under a hard wall-clock watchdog (presolve cannot be interrupted from inside; the
+fork, pipe and watchdog are kai_opt.formulation.child's).
 
 The worker solves lexicographically: first the most work placed (tier 1), then, with tier 1 held at its best
 (less an optional tolerance), the fewest and cheapest evictions and the best packing (tiers 2 and 3). It sends
@@ -7,21 +8,15 @@ back the status, bounds and every variable's value; if it overruns, the parent k
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import gc
 import math
-import multiprocessing as mp
-import os
-import signal
 import time
-import traceback
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from kai_opt.config import Solver
-from kai_opt.formulation.failures import exit_reason, last_line
+from kai_opt.formulation.child import Send, run_in_child
 from kai_opt.formulation.model import Built
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -179,79 +174,32 @@ def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> So
                        float(solver.value(built.value)), time.perf_counter() - start)
 
 
-def _die_with(parent_pid: int) -> None:
-    """Linux: this solver worker is killed when the process that forked it dies (the CP-SAT worker, killed by its
-    hard watchdog or the out-of-memory killer), instead of solving on as an orphan beside the next cycle (an
-    uninterruptible presolve can take many budgets). Elsewhere, or if that fails, it is left as it was."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # it died before the request took effect
-        os._exit(1)
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _child(conn, built: Built, cfg: Solver, seconds: float, parent_pid: int) -> None:
-    _die_with(parent_pid)
-    try:
-        solve = solve_lexicographic if cfg.objective.mode == "lexicographic" else solve_weighted
-        conn.send(("final", solve(built, cfg, seconds, report=lambda r: conn.send(("partial", r)))))
-    except Exception:  # report, never hang the parent
-        conn.send(("final", SolveResult("ERROR", [], 0.0, 0.0, 0.0, 0.0,
-                                        f"the solver worker raised {last_line(traceback.format_exc())}",
-                                        failure="exception")))
-    finally:
-        conn.close()
+def _solve(send: Send, built: Built, cfg: Solver, seconds: float) -> SolveResult:
+    """The solver worker: each result as it comes (the tier-1 one first), the final one returned."""
+    solve = solve_lexicographic if cfg.objective.mode == "lexicographic" else solve_weighted
+    return solve(built, cfg, seconds, report=send)
 
 
 def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 0.15) -> SolveResult | None:
-    """Solve in a forked worker; kill it if it is not done after `seconds` + grace. The latest result it sent
-    (the tier-1 solution once known), or None when it sent nothing in time. A worker that raised or died (signal,
-    out of memory) gives a result with `failure` set, keeping the tier-1 solution if it sent one."""
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, built, cfg, seconds, os.getpid()), daemon=True)
-    gc.freeze()  # no copy-on-write of the inherited heap by the worker's garbage collector
-    try:
-        proc.start()
-    finally:
-        gc.unfreeze()
-    child.close()
+    """Solve in a forked worker (kai_opt.formulation.child); kill it if it is not done after `seconds` + grace.
+    The latest result it sent (the tier-1 solution once known), or None when it sent nothing in time. A worker that
+    raised or died (signal, out of memory) gives a result with `failure` set, keeping the tier-1 solution if it sent
+    one. It dies with the process that forked it (the CP-SAT worker, killed by its own watchdog)."""
     limit = seconds + grace if not cfg.deterministic else max(seconds * 40, 30.0)
-    deadline = time.perf_counter() + limit
-    result: SolveResult | None = None
-    died = False
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0 or not parent.poll(left):
-            break  # overran: the latest result (or None) stands, as the budget rules
-        try:
-            kind, sent = parent.recv()
-        except (EOFError, OSError):  # died without its final result: signal, out of memory, broken pipe
-            died = True
-            break
-        if kind == "final" and sent.failure and result is not None and result.values:
-            result = dataclasses.replace(result, note=sent.note, failure=sent.failure)  # tier 1 stays
-        else:
-            result = sent
-        if kind == "final":
-            break
-    reason = ""
-    if died:
-        proc.join(0.5)  # its exit status says how it died (read before a kill of ours could change it)
-        reason = exit_reason(proc.exitcode)
-    if proc.is_alive():
-        proc.kill()
-    proc.join(0.5)
-    parent.close()
-    if died:
-        note = f"the solver worker died ({reason})"
-        result = (dataclasses.replace(result, note=note, failure="crash") if result is not None and result.values
-                  else SolveResult("CRASH", [], 0.0, 0.0, 0.0, time.perf_counter() - deadline + limit, note,
-                                   failure="crash"))
-    return result
+    start = time.perf_counter()
+    sent: list[SolveResult] = []
+    ended = run_in_child(_solve, (built, cfg, seconds), deadline=start + limit, on_message=sent.append,
+                         die_with_parent=True)
+    if ended.ok:
+        return ended.value
+    latest = sent[-1] if sent else None
+    if ended.failure == "timeout":
+        return latest  # overran: the latest result (or None) stands, as the budget rules
+    if ended.failure == "crash":
+        note = f"the solver worker died ({ended.detail})"
+    else:
+        note = f"the solver worker {'raised ' if ended.trace is not None else ''}{ended.detail}"
+    if latest is not None and latest.values:
+        return dataclasses.replace(latest, note=note, failure=ended.failure)  # tier 1 stays
+    return SolveResult("CRASH" if ended.failure == "crash" else "ERROR", [], 0.0, 0.0, 0.0,
+                       time.perf_counter() - start if ended.failure == "crash" else 0.0, note, failure=ended.failure)

@@ -5,21 +5,19 @@ With wall time it runs in a forked process of its own from the start of the cycl
 the KAI-scored greedy cycle (which uses one core) and the model build (one core): it takes nothing from the CP-SAT
 budget. The CP-SAT worker starts from it if it is ready when the worker builds its scope; otherwise the engine
 weighs it against the worker's plan at the end, until the budget's deadline. Deterministic mode computes it in
-the process, before the model (reproducible).
+the CP-SAT worker, before the model (reproducible: whether it is ready in time is a wall-clock question).
+The process beside is a kai_opt.formulation.child.Child (the start/poll/take form).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
-import traceback
-from multiprocessing.connection import Connection
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
 from kai_opt.fairshare import FairShare
-from kai_opt.formulation.failures import exit_reason
+from kai_opt.formulation.child import Child, Send, can_fork
 from kai_opt.heuristics.cycle import greedy_plan
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
@@ -52,32 +50,22 @@ def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[s
     return plan
 
 
-def _child(conn: Connection, state: ClusterState, fs: FairShare, config: Config,
-           actions: tuple[str, ...] | None) -> None:
-    try:
-        os.nice(NICE)
-        t = time.perf_counter()
-        plan = compute(state, fs, config, actions)
-        if plan is None:
-            conn.send(("violation", "the FGD-scored greedy plan failed the checker", time.perf_counter() - t))
-        else:
-            conn.send(("plan", plan, time.perf_counter() - t))
-    except Exception:  # the hint is optional: report, never fail the cycle
-        conn.send(("error", traceback.format_exc(limit=-3), 0.0))
-    finally:
-        conn.close()
+def _beside(_send: Send, state: ClusterState, fs: FairShare, config: Config,
+            actions: tuple[str, ...] | None) -> tuple[Plan | None, float]:
+    """The process beside: at a lower priority, the plan (None: it failed the checker) and how long it took."""
+    os.nice(NICE)
+    t = time.perf_counter()
+    return compute(state, fs, config, actions), time.perf_counter() - t
 
 
 class SecondHint:
-    """The FGD-scored greedy plan being computed in a forked process. The CP-SAT worker (forked later) inherits
-    the reading end and may `take` it; the engine's process then learns that from the worker's plan
-    (`SolverInfo.hint`) and only `close`s."""
+    """The FGD-scored greedy plan being computed in a forked process (kai_opt.formulation.child). The CP-SAT
+    worker (forked later) inherits the reading end and may `take` it; the engine's process then learns that from
+    the worker's plan (`SolverInfo.hint`) and only `close`s."""
 
-    def __init__(self, proc: mp.process.BaseProcess | None, conn: Connection | None) -> None:
-        self._proc = proc
-        self._conn = conn
-        self._pid = os.getpid()  # the process that forked it (only that one may kill or join it)
-        self.taken = proc is None  # (None: it could not start, see `failure`)
+    def __init__(self, child: Child | None) -> None:
+        self._child = child
+        self.taken = child is None  # (None: it could not start, see `failure`)
         self.seconds: float | None = None  # how long the computation took (once taken)
         self.failure: tuple[str, str] | None = None  # (kind, what happened) once it is known to have failed:
         # exception, violation (its plan failed the checker), crash (died without a message; seen by the process
@@ -87,22 +75,14 @@ class SecondHint:
     def start(cls, state: ClusterState, fs: FairShare, config: Config,
               actions: tuple[str, ...] | None) -> SecondHint | None:
         """Fork the computation (wall-time mode only; None when not wanted or without fork)."""
-        if (config.solver.deterministic or not wanted(config, actions)
-                or "fork" not in mp.get_all_start_methods()):
+        if config.solver.deterministic or not wanted(config, actions) or not can_fork():
             return None
-        ctx = mp.get_context("fork")
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(child, state, fs, config, actions), daemon=True)
         try:
-            proc.start()
+            return cls(Child.start(_beside, (state, fs, config, actions)))
         except OSError as exc:  # no fork (out of memory, process limit): the cycle goes on without the hint
-            parent.close()
-            child.close()
-            failed = cls(None, None)
+            failed = cls(None)
             failed.failure = ("exception", f"the FGD-scored second hint could not start: {exc}")
             return failed
-        child.close()
-        return cls(proc, parent)
 
     def keep_going(self, greedy_s: float, budget_s: float) -> bool:
         """After the KAI-scored cycle took `greedy_s`: whether the plan can still arrive by the deadline
@@ -114,47 +94,33 @@ class SecondHint:
 
     def ready(self) -> bool:
         """The plan (or its failure) has arrived and nobody took it yet."""
-        return not self.taken and self._conn is not None and self._conn.poll(0)
+        return not self.taken and self._child is not None and self._child.poll(0)
 
     def take(self, timeout: float = 0.0) -> Plan | None:
         """The plan, waiting up to `timeout` seconds; None when it is not there in time, failed (`failure`), or
         was taken."""
-        if self.taken or self._conn is None:
+        if self.taken or self._child is None:
             return None
-        try:
-            if not self._conn.poll(max(0.0, timeout)):
-                return None
-            kind, payload, seconds = self._conn.recv()
-        except (EOFError, OSError):  # the process died, or another process took the plan
-            self.taken = True
-            self.failure = self._died()
+        ended = self._child.take(max(0.0, timeout))
+        if ended is None:
             return None
         self.taken = True
-        self.seconds = seconds
-        if kind == "error":
-            self.failure = ("exception", "the FGD-scored second hint failed: " + payload.strip()[-300:])
+        if ended.failure == "crash":
+            # the pipe ended without a message for us: a crash when the process did not exit cleanly, else another
+            # process took its message (only the process that started it can tell)
+            if ended.exitcode not in (None, 0) or (ended.exitcode is None and self._child.owned):
+                self.failure = ("crash", f"the FGD-scored second hint died without a plan ({ended.detail})")
             return None
-        if kind == "violation":
-            self.failure = ("violation", payload)
+        if ended.failure is not None:  # it raised, or its message did not unpickle
+            self.failure = ("exception", "the FGD-scored second hint failed: "
+                            + (ended.trace or ended.detail).strip()[-300:])
             return None
-        return payload
-
-    def _died(self) -> tuple[str, str] | None:
-        """Why the pipe ended without a message for us: a crash when the process did not exit cleanly, else
-        another process took its message (None). Only the process that started it can tell."""
-        if os.getpid() != self._pid or self._proc is None:
-            return None
-        self._proc.join(0.5)
-        code = self._proc.exitcode
-        if code == 0:
-            return None
-        return "crash", f"the FGD-scored second hint died without a plan ({exit_reason(code)})"
+        plan, self.seconds = ended.value
+        if plan is None:
+            self.failure = ("violation", "the FGD-scored greedy plan failed the checker")
+        return plan
 
     def close(self) -> None:
         """Stop the computation if it still runs (only in the process that started it)."""
-        if os.getpid() != self._pid or self._proc is None or self._conn is None:
-            return
-        if self._proc.is_alive():
-            self._proc.kill()
-        self._proc.join(1.0)
-        self._conn.close()
+        if self._child is not None:
+            self._child.stop()

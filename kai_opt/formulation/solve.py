@@ -4,18 +4,17 @@ decode -> verify -> keep the better of the CP-SAT and greedy plans. Every plan r
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import math
-import multiprocessing as mp
 import time
 import traceback
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
+from kai_opt.formulation.child import ChildResult, Send, run_in_child
 from kai_opt.formulation.decode import DecodeError, decode
-from kai_opt.formulation.failures import exit_reason, last_line
+from kai_opt.formulation.failures import last_line
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.objective import Objective
@@ -71,93 +70,49 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
 
 def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
                actions: tuple[str, ...] | None = None, second: SecondHint | None = None) -> Plan:
-    """The CP-SAT plan of the cycle, or the greedy one with the reason. With wall time (production), the whole
-    of it (scope, model, hint, solve, decode, check) runs in a forked worker the parent kills when the budget is
-    over: model building is not interruptible from inside either. Deterministic mode runs in-process.
+    """The CP-SAT plan of the cycle, or the greedy one with the reason. The whole of it (scope, model, hint,
+    solve, decode, check: _worker) runs in a forked worker (kai_opt.formulation.child); with wall time the hard
+    watchdog kills it when the budget is over (model building is not interruptible from inside either).
+    Deterministic mode runs the same worker, never killed by wall time, with a deterministic solver (fixed seed,
+    one search worker, a deterministic time limit).
     `second`: the FGD-scored greedy plan being computed beside (second_hint); the worker starts from it when it is
     ready in time, else it is weighed against the worker's plan until the deadline.
     Every stage here is optional: whatever fails (raises, dies, overruns; kai_opt.plan.FAILURE_KINDS) leaves the
     verified greedy plan `greedy`, FALLBACK_GREEDY, the failure in `SolverInfo.failures` and the note, and a log
     line; this never raises for it."""
     start = time.perf_counter()
-    if config.solver.deterministic or "fork" not in mp.get_all_start_methods():
-        return _in_process(state, fs, config, greedy, actions, start)
     budget = config.solver.time_budget_s
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_plan_child, args=(child, state, fs, config, greedy, actions, second))  # not
-    # daemonic: it forks the solver worker itself.
-    # the worker's garbage collector must leave the inherited heap alone (no copy-on-write storm): frozen for the
-    # fork, or the collector paused (kai_opt.gcpause, as run_cycle does), which the worker inherits. Not both:
-    # freezing inside a pause would move the cycle's uncollected garbage to the oldest generation on unfreeze,
-    # where it waited for a rare full collection (+13 MB per cycle at 1,000 nodes, 4.2 GB after 20 at 10,000)
-    freeze = gc.isenabled()
-    if freeze:
-        gc.freeze()
-    try:
-        proc.start()
-    except OSError as exc:  # no fork (out of memory, process limit)
-        parent.close()
-        child.close()
-        plan = _fail(greedy, start, "cpsat", "exception", f"the CP-SAT worker could not start: {exc}")
-        return _reported(_at_the_end(state, fs, greedy, plan, second, start + budget))
-    finally:
-        if freeze:
-            gc.unfreeze()
-    child.close()
-    deadline = start + budget + HARD_GRACE
-    phase, plan, failure, trace = "starting", None, None, None
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0 or not parent.poll(left):  # the hard watchdog
-            failure = ("timeout", f"hard watchdog: the {budget:g}s budget ran out while {phase}")
-            break
-        try:
-            kind, payload = parent.recv()
-        except (EOFError, OSError) as exc:  # it died without a plan: a signal, out of memory, a broken pipe
-            failure = ("crash", "" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}; ")
-            break
-        except Exception as exc:  # a message that does not unpickle
-            failure = ("exception", f"unreadable message from the CP-SAT worker while {phase}: "
-                                    f"{type(exc).__name__}: {exc}")
-            break
-        if kind == "phase":
-            phase = payload
-            continue
-        if kind == "plan":
-            plan = payload
-        else:
-            trace = payload
-            failure = ("exception", f"the CP-SAT worker raised while {phase}: {last_line(payload)}")
-        break
-    if failure is not None and failure[0] == "crash":
-        proc.join(1.0)  # its exit status says how it died (read before a kill of ours could change it)
-        failure = ("crash", f"no plan from the CP-SAT worker ({failure[1]}{exit_reason(proc.exitcode)}) while "
-                            f"{phase}")
-    if proc.is_alive():
-        proc.kill()
-    proc.join(1.0)
-    parent.close()
-    if failure is not None:
-        plan = _fail(greedy, start, _stage_of(phase), *failure)
+    phase = ["starting"]
+    deadline = None if config.solver.deterministic else start + budget + HARD_GRACE
+    ended = run_in_child(_worker, (state, fs, config, greedy, actions, second), deadline=deadline,
+                         on_message=lambda what: phase.__setitem__(0, what), daemon=False)  # not daemonic: it
+    # forks the solver worker itself
+    plan = ended.value if ended.ok else _fail(greedy, start, _stage_of(phase[0]),
+                                              *_worker_failure(ended, phase[0], budget))
     if second is not None and plan.solver is not None and plan.solver.hint != "fgd":
         plan = _at_the_end(state, fs, greedy, plan, second, start + budget)
-    return _reported(plan, trace)
+    return _reported(plan, ended.trace)
 
 
-def _in_process(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, actions: tuple[str, ...] | None,
-                start: float) -> Plan:
-    """Deterministic mode (or no fork): the same stages in this process; an exception is a failed stage too."""
-    phase = ["starting"]
-    try:
-        plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
-                           progress=lambda what: phase.__setitem__(0, what))
-    except Exception:
-        trace = traceback.format_exc()
-        plan = _fail(greedy, start, _stage_of(phase[0]), "exception", f"raised while {phase[0]}: "
-                     f"{last_line(trace)}")
-        return _reported(plan, trace)
-    return _reported(plan)
+def _worker(send: Send, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
+            actions: tuple[str, ...] | None, second: SecondHint | None) -> Plan:
+    """The CP-SAT worker: its phases sent as it goes, its plan returned (a raise or a death is the parent's to
+    report; it keeps the greedy plan)."""
+    plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions, progress=send, second=second)
+    if second is not None and second.failure is not None:  # it failed when taken here, as the starting plan
+        plan.solver.add_failure("second_hint", *second.failure)
+    return plan
+
+
+def _worker_failure(ended: ChildResult, phase: str, budget: float) -> tuple[str, str]:
+    """The failure kind and the note's words for a CP-SAT worker that ended without a plan while in `phase`."""
+    if ended.failure == "timeout":
+        return "timeout", f"hard watchdog: the {budget:g}s budget ran out while {phase}"
+    if ended.failure == "crash":
+        return "crash", f"no plan from the CP-SAT worker ({ended.detail}) while {phase}"
+    if ended.trace is not None:
+        return "exception", f"the CP-SAT worker raised while {phase}: {ended.detail}"
+    return "exception", f"the CP-SAT worker {ended.detail} (while {phase})"  # could not start, unreadable message
 
 
 def _stage_of(phase: str) -> str:
@@ -226,22 +181,6 @@ def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
     """More priority-weighted work placed, or as much for a smaller eviction cost (the primary objective)."""
     eps = 1e-9
     return ours[0] > theirs[0] + eps or (abs(ours[0] - theirs[0]) <= eps and ours[1] < theirs[1] - eps)
-
-
-def _plan_child(conn, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
-                actions: tuple[str, ...] | None, second: SecondHint | None) -> None:
-    """The CP-SAT worker: its phases as it goes, then its plan or its traceback (the parent keeps the greedy plan);
-    if it dies instead, the parent reads the end of the pipe."""
-    try:
-        plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions,
-                           progress=lambda what: conn.send(("phase", what)), second=second)
-        if second is not None and second.failure is not None:  # it failed when taken here, as the starting plan
-            plan.solver.add_failure("second_hint", *second.failure)
-        conn.send(("plan", plan))
-    except Exception:  # reported to the parent, which keeps the greedy plan
-        conn.send(("error", traceback.format_exc(limit=-3)))
-    finally:
-        conn.close()
 
 
 def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
