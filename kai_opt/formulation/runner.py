@@ -36,15 +36,16 @@ class SolveResult:
     # how. With values: the tier-1 solution it sent before
 
 
-PRESOLVE_MIN_S = 0.4  # and solves shorter than this (wall time) too: the complete hint is then the first solution
-# at once, where presolve alone could take the whole time (5,000-node scale instance, 1 s budget, ~0.3 s left)
+PRESOLVE_MIN_S = 0.4  # and solves shorter than this (wall time, times how much slower than its CPU time the
+# build ran: a loaded machine presolves as much slower) too: the complete hint is then the first solution at once,
+# where presolve alone could take the whole time (5,000-node scale instance, 1 s budget, ~0.3 s left)
 PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve: fractions-1000 (60k variables) found nothing in 2.6 s
 # with it, and returns its complete hint at 0.4 s without
 
 
-def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0) -> None:
+def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0, slowdown: float = 1.0) -> None:
     p = solver.parameters
-    if n_vars > PRESOLVE_MAX_VARS or (seconds < PRESOLVE_MIN_S and not cfg.deterministic):
+    if n_vars > PRESOLVE_MAX_VARS or (seconds < PRESOLVE_MIN_S * slowdown and not cfg.deterministic):
         p.cp_model_presolve = False
     p.random_seed = cfg.seed
     # probing in presolve alone took the whole budget on a 30k-variable model (openb, 100 nodes: no solution in
@@ -63,7 +64,7 @@ def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int 
         p.max_time_in_seconds = max(0.01, seconds)
 
 
-def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) -> SolveResult:
+def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None, slowdown: float = 1.0) -> SolveResult:
     """`report(result)`, when given, receives the tier-1 result as soon as it is known (the watchdog keeps it if
     tiers 2-3 overrun)."""
     start = time.perf_counter()
@@ -79,10 +80,11 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     def spent() -> float:
         return det_used if cfg.deterministic else time.perf_counter() - start
 
-    before = _without_moves(solver, built, cfg, seconds * tier1_share * MOVE_FREE_SHARE) if built.move else None
+    before = (_without_moves(solver, built, cfg, seconds * tier1_share * MOVE_FREE_SHARE, slowdown)
+              if built.move else None)
     if before is not None or built.move:
         det_used += solver.response_proto.deterministic_time
-    _params(solver, cfg, seconds * tier1_share - spent(), len(m.proto.variables))
+    _params(solver, cfg, seconds * tier1_share - spent(), len(m.proto.variables), slowdown)
     status = solver.solve(m)
     det_used += solver.response_proto.deterministic_time
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -111,7 +113,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None) 
     if report is not None:
         report(SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
                            "tiers 2-3 did not finish in time"))
-    _params(solver, cfg, left, len(m.proto.variables))
+    _params(solver, cfg, left, len(m.proto.variables), slowdown)
     status2 = solver.solve(m)
     if status2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
@@ -133,14 +135,14 @@ MOVE_FREE_SHARE = 0.7  # of tier 1's time: first without moves (fragmentation-10
 
 
 def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver,
-                   seconds: float) -> tuple[list[int], float] | None:
+                   seconds: float, slowdown: float = 1.0) -> tuple[list[int], float] | None:
     """Solve tier 1 with every move held at 0, then hint the full model with that solution (moves at 0): the
     search with moves starts from the best plan that needs none. Returns that solution and its tier-1 value."""
     m = built.model
     domains = [list(m.proto.variables[v.index].domain) for v in built.move]  # [lo, hi] each
     for v in built.move:
         m.proto.variables[v.index].domain[1] = 0
-    _params(solver, cfg, seconds, len(m.proto.variables))
+    _params(solver, cfg, seconds, len(m.proto.variables), slowdown)
     status = solver.solve(m)
     for v, dom in zip(built.move, domains, strict=True):
         m.proto.variables[v.index].domain[1] = dom[1]
@@ -158,14 +160,14 @@ def _hint_all(m: cp_model.CpModel, values: list[int]) -> None:
     m.proto.solution_hint.values.extend(values)
 
 
-def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> SolveResult:
+def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None, slowdown: float = 1.0) -> SolveResult:
     start = time.perf_counter()
     w = cfg.objective
     m = built.model
     m.maximize(built.value * w.placement_weight // 1000 + built.packing * w.packing_weight
                - built.eviction_cost * max(1, w.eviction_weight // 1000))
     solver = cp_model.CpSolver()
-    _params(solver, cfg, seconds, len(m.proto.variables))
+    _params(solver, cfg, seconds, len(m.proto.variables), slowdown)
     status = solver.solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SolveResult(STATUS.get(status, "UNKNOWN"), [], 0.0, 0.0, 0.0, time.perf_counter() - start)
@@ -174,13 +176,14 @@ def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None) -> So
                        float(solver.value(built.value)), time.perf_counter() - start)
 
 
-def _solve(send: Send, built: Built, cfg: Solver, seconds: float) -> SolveResult:
+def _solve(send: Send, built: Built, cfg: Solver, seconds: float, slowdown: float) -> SolveResult:
     """The solver worker: each result as it comes (the tier-1 one first), the final one returned."""
     solve = solve_lexicographic if cfg.objective.mode == "lexicographic" else solve_weighted
-    return solve(built, cfg, seconds, report=send)
+    return solve(built, cfg, seconds, report=send, slowdown=slowdown)
 
 
-def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 0.15) -> SolveResult | None:
+def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 0.15,
+                      slowdown: float = 1.0) -> SolveResult | None:
     """Solve in a forked worker (kai_opt.formulation.child); kill it if it is not done after `seconds` + grace.
     The latest result it sent (the tier-1 solution once known), or None when it sent nothing in time. A worker that
     raised or died (signal, out of memory) gives a result with `failure` set, keeping the tier-1 solution if it sent
@@ -188,7 +191,7 @@ def run_with_watchdog(built: Built, cfg: Solver, seconds: float, grace: float = 
     limit = seconds + grace if not cfg.deterministic else max(seconds * 40, 30.0)
     start = time.perf_counter()
     sent: list[SolveResult] = []
-    ended = run_in_child(_solve, (built, cfg, seconds), deadline=start + limit, on_message=sent.append,
+    ended = run_in_child(_solve, (built, cfg, seconds, slowdown), deadline=start + limit, on_message=sent.append,
                          die_with_parent=True)
     if ended.ok:
         return ended.value

@@ -220,7 +220,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         slow = f", {slowdown:.1f}x its CPU time" if slowdown > 1.2 else ""
         return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "
                      f"{budget:g}s budget{slow}, and decoding and checking need {reserve:.3f}s", "FALLBACK_GREEDY")
-    result = run_with_watchdog(built, config.solver, max(left, 0.05))
+    result = run_with_watchdog(built, config.solver, max(left, 0.05), slowdown=slowdown)
     info.solve_s = time.perf_counter() - start - info.build_s
     if result is None:
         return _fail(greedy, start, "cpsat", "timeout", "the watchdog stopped the solver (time budget)", info)
