@@ -210,8 +210,9 @@ def test_a_solver_worker_dying_after_tier_1_keeps_its_solution(state: ClusterSta
     """Tiers 2-3 only polish: the tier-1 solution sent before the crash goes on; the crash is still counted."""
     real = runner.solve_lexicographic
 
-    def dies_after_tier_1(built: Any, cfg: Any, seconds: float, report: Any = None) -> Any:
-        return real(built, cfg, seconds, report=lambda r: (report(r), os.kill(os.getpid(), signal.SIGKILL)))
+    def dies_after_tier_1(built: Any, cfg: Any, seconds: float, report: Any = None, slowdown: float = 1.0) -> Any:
+        return real(built, cfg, seconds, report=lambda r: (report(r), os.kill(os.getpid(), signal.SIGKILL)),
+                    slowdown=slowdown)
 
     monkeypatch.setattr(runner, "solve_lexicographic", dies_after_tier_1)
     config = _config()
