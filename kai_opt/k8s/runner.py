@@ -31,6 +31,7 @@ from kai_opt.config import Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
 from kai_opt.gcpause import gc_paused
+from kai_opt.k8s import grouper
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, watch_kinds_of
 from kai_opt.k8s.client import ClusterError
@@ -38,6 +39,7 @@ from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, wri
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
 from kai_opt.k8s.status import StatusWriter
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
@@ -47,16 +49,6 @@ from kai_opt.state import ClusterState, PodStatus, build_state
 from kai_opt.state.resources import QR
 
 log = logging.getLogger("kai_opt.run")
-
-try:  # written in parallel by a colleague: used when present
-    from kai_opt.k8s.metrics import SchedulerMetrics
-except ImportError:  # pragma: no cover
-    SchedulerMetrics = None  # type: ignore[assignment,misc]
-
-try:
-    from kai_opt.k8s import grouper as _grouper
-except ImportError:  # pragma: no cover
-    _grouper = None  # type: ignore[assignment]
 
 REQUIRED_KINDS = ("nodes.v1", "pods.v1")
 
@@ -129,9 +121,7 @@ class Runner:
         self.lost_leadership = False
         self.cycles = 0
         self.skipped = 0  # cycles skipped as idle
-        kinds = list(SCHEDULING_KINDS)
-        if _grouper is not None:
-            kinds += watch_kinds_of(getattr(_grouper, "OWNER_KINDS", []))
+        kinds = [*SCHEDULING_KINDS, *watch_kinds_of(grouper.OWNER_KINDS)]
         self.cache = ClusterCache(api, kinds=kinds, watch_timeout_s=rt.watch_timeout_s,
                                   backoff_max_s=rt.backoff_max_s, absent_recheck_s=rt.absent_kind_recheck_s,
                                   assume_ttl_s=rt.assume_ttl_s,
@@ -309,16 +299,14 @@ class Runner:
         return report
 
     def _group(self, names: tuple[str, ...]) -> tuple[dict[str, str], set[str]]:
-        """Run the pod grouper (when available): create/patch PodGroups, annotate pods. Returns the groups of
+        """Run the pod grouper: create/patch PodGroups, annotate pods. Returns the groups of
         pods not annotated yet (the snapshot assumes them) and the unbound pods to hold back this cycle (owner
         not known yet, or no valid group: scheduling them alone could split a gang)."""
-        if _grouper is None or not hasattr(_grouper, "group_pods"):
-            return {}, set()
         ours = set(names)
         pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
-        grouping = _grouper.group_pods(pods, self.cache.get, self.config.default_queue)
+        grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
-        _grouper.sync_podgroups(self.api, grouping.podgroups, existing)
+        grouper.sync_podgroups(self.api, grouping.podgroups, existing)
         assigned = grouping.assignments
         hold: set[str] = set()
         unannotated = False
@@ -328,8 +316,8 @@ class Runner:
                 unannotated = True
             elif key not in assigned and not annotated and not (p.get("spec") or {}).get("nodeName"):
                 hold.add(key)
-        if unannotated and hasattr(_grouper, "annotate_pods"):  # (skipped when idle: its typed client is slow)
-            _grouper.annotate_pods(self.api, pods, assigned)
+        if unannotated:  # (skipped when idle: its typed client is slow)
+            grouper.annotate_pods(self.api, pods, assigned)
         return dict(assigned), hold
 
     def _apply(self, state: ClusterState, plan: Plan) -> None:
