@@ -190,10 +190,6 @@ class ClusterCache:
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
-
     def synced(self) -> bool:
         with self._lock:
             return all(s.synced for s in self._stores.values())

@@ -69,7 +69,7 @@ IDLE_CYCLE_S = 5.0
 
 
 class NullMetrics:
-    """Metrics sink when kai_opt.k8s.metrics is not available."""
+    """Metrics sink when the Runner is given none (tests, embedding)."""
 
     ready = False
 
@@ -154,10 +154,6 @@ class Runner:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run(self) -> int:
         """0 after `stop()` or `once`; 1 when leadership was lost (the process should exit and restart)."""
