@@ -66,6 +66,7 @@ class NodeFilter:
         self.non_gpu_cols = np.array([c for c in range(len(st.resources)) if c != R_GPU], dtype=np.int64)
         self._static: dict[int, np.ndarray] = {}
         self._failures: dict[int, tuple[np.ndarray, list[str]]] = {}
+        self._cols: dict[int, np.ndarray] = {}  # per pod: the resource columns it requests (GPUs aside)
         self.has_gpu = np.diff(st.dev_start) > 0
 
     # -- node and signature ------------------------------------------------------------------------------------
@@ -105,13 +106,16 @@ class NodeFilter:
         failing candidates (once releases finish) are added to it."""
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
-        cols = self.non_gpu_cols[req[self.non_gpu_cols] > 0]  # as kube: only what the pod requests
+        cols = self._cols.get(p)
+        if cols is None:  # as kube: only what the pod requests
+            cols = self._cols[p] = self.non_gpu_cols[req[self.non_gpu_cols] > 0]
         if len(cols) and len(candidates) <= 32:  # a few nodes: their rows at once
             need = req[cols]
-            free = sess.alloc[candidates][:, cols] - sess.held[candidates][:, cols]
+            rows = candidates[:, None]
+            free = sess.alloc[rows, cols] - sess.held[rows, cols]
             room = free >= need
             future_ok = room.all(axis=1)
-            now_ok = (free - sess.rel[candidates][:, cols] >= need).all(axis=1) & future_ok
+            now_ok = (free - sess.rel[rows, cols] >= need).all(axis=1) & future_ok
             if why is not None:
                 for j, c in enumerate(cols.tolist()):
                     why.add(self._resource_reason(c), candidates[~room[:, j]])
