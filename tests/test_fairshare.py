@@ -96,7 +96,8 @@ def test_hierarchy_children_divide_parents_share_and_other_schedulers_reduce_tot
     assert fs.fair_share[q["a"], 0] == 8 and fs.fair_share[q["b"], 0] == 2
     # allocatable share = max(deserved, fair share), capped by the limit
     assert fs.allocatable_share[q["a"], 0] == 8 and fs.allocatable_share[q["b"], 0] == 4
-    assert fs.fair_share[q["a"]].sum() + 0 >= 0
+    # the children divide exactly what their parent got, nothing more or less
+    assert fs.fair_share[q["a"], 0] + fs.fair_share[q["b"], 0] == fs.fair_share[q["dept"], 0]
 
 
 def test_releasing_pods_count_in_neither_allocated_nor_requested() -> None:

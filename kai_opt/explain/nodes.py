@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kai_opt.explain.shapes import Need
-from kai_opt.heuristics.placer import Placer, format_fit_error
+from kai_opt.heuristics.nodefilter import format_fit_error
+from kai_opt.heuristics.placer import Placer
 
 
 def node_reasons(placer: Placer, need: Need) -> list[dict[str, Any]]:
@@ -16,13 +15,8 @@ def node_reasons(placer: Placer, need: Need) -> list[dict[str, Any]]:
     out = []
     for s in need.shapes:
         p = s.pod
-        total, why = placer.failure_reasons(p)
-        static = placer.static_mask(int(st.pod_sig[p]))
-        cand = np.flatnonzero(static)
-        fits = 0
-        if len(cand):
-            _, future_ok = placer.fit(p, cand)
-            fits = int((future_ok & placer.affinity_mask(p, cand)).sum())
+        d = placer.diagnose(p)
+        total, why, fits = d.total, d.reasons, len(d.feasible)
         entry: dict[str, Any] = {
             "pod": st.pods[p].key, "pods": len(s.pods), "kind": s.kind, "gpus_per_pod": s.gpu_milli / 1000.0,
             "subgroup": st.sg_names[s.subgroup] if s.subgroup >= 0 else None,

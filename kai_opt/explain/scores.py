@@ -46,10 +46,7 @@ def rank_nodes(placer: Placer, p: int, mask: np.ndarray | None = None) -> Rankin
     sess, st = placer.sess, placer.sess.state
     static = placer.static_mask(int(st.pod_sig[p]))
     cand = np.flatnonzero(static if mask is None else static & mask)
-    now_ok, future_ok = placer.fit(p, cand) if len(cand) else (np.zeros(0, bool), np.zeros(0, bool))
-    if len(cand):
-        aff = placer.affinity_mask(p, cand)
-        now_ok, future_ok = now_ok & aff, future_ok & aff
+    now_ok, future_ok = placer.filter(p, cand) if len(cand) else (np.zeros(0, bool), np.zeros(0, bool))
     ok = future_ok
     nodes, now = cand[ok], now_ok[ok]
     gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])

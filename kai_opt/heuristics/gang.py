@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
-from kai_opt.heuristics.placer import Placer, format_fit_error
+from kai_opt.heuristics.nodefilter import format_fit_error
+from kai_opt.heuristics.placer import Placer
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.plan import Reason
 from kai_opt.state import R_GPU
@@ -312,8 +313,8 @@ class GangPlacer:
             if choice is None:
                 if self._quiet_depth:
                     return Attempt(False, [], placed, any_pipe)
-                total, why = self.placer.failure_reasons(p, mask)
-                return Attempt(False, [fit_reason(self.sess, p, placed, total, why)], placed, any_pipe)
+                d = self.placer.diagnose(p, mask)
+                return Attempt(False, [fit_reason(self.sess, p, placed, d.total, d.reasons)], placed, any_pipe)
             self.sess.place(p, choice.node, choice.devices, pipelined=choice.pipelined)
             placed.append(p)
             any_pipe |= choice.pipelined

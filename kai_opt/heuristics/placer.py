@@ -1,28 +1,23 @@
-"""Where one pod can go (filter) and which node is best (score), with GPU device choice.
+"""Where one pod can go and which node is best (score), with GPU device choice.
 
-Filter: node Ready and schedulable; node selector, required node affinity and taints (per node class); resources
-now (bind) or once releases finish (pipeline); GPU devices (whole free devices, or one device with room for a
-share; a gpu-memory share only on a node with a GPU-memory label and devices at least that large, as KAI);
-required pod (anti-)affinity. Score, highest tier first as KAI does: preferred node affinity, GPU sharing
-(a share joins an already shared device), availability (fits now rather than after releases), resource type
-(CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread (most free) on the pod's main
-resource, or fgd (least growth of FGD's expected GPU fragmentation against the session's pod shapes, scored
-int(100 * sigmoid(-growth / 1 GPU)) as FGD does, then bin-pack), then node name.
+Filter: kai_opt/heuristics/nodefilter.py (the Placer is a NodeFilter). Score, highest tier first as KAI does:
+preferred node affinity, GPU sharing (a share joins an already shared device), availability (fits now rather
+than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread
+(most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation against the
+session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does, then bin-pack), then node name.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from kai_opt.config import Strategy
 from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
-from kai_opt.heuristics.session import ACTIVE, DEV, Session
-from kai_opt.state import R_CPU, R_GPU, R_MEM, R_PODS, PodStatus
-from kai_opt.state.gpu_memory import gpu_memory_fits
-from kai_opt.state.resources import short_name
+from kai_opt.heuristics.nodefilter import NodeFilter
+from kai_opt.heuristics.session import DEV, Session
+from kai_opt.state import R_CPU, R_GPU, PodStatus
 from kai_opt.state.segments import concat_ranges
 
 TIER_PREFERRED_AFFINITY = 100_000
@@ -38,18 +33,13 @@ class Choice:
     devices: tuple[int, ...]  # global device indexes
 
 
-class Placer:
+class Placer(NodeFilter):
     def __init__(self, sess: Session) -> None:
-        self.sess = sess
+        super().__init__(sess)
         st = sess.state
-        self.n = st.n_nodes
-        self.non_gpu_cols = np.array([c for c in range(len(st.resources)) if c != R_GPU], dtype=np.int64)
-        self._static: dict[int, np.ndarray] = {}
-        self._failures: dict[int, tuple[np.ndarray, list[str]]] = {}
         self._last: tuple | None = None  # the last binpack choice, for _same_node_again
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
-        self.has_gpu = np.diff(st.dev_start) > 0
         self._fgd: FgdScorer | None = None
 
     @property
@@ -58,102 +48,6 @@ class Placer:
         if self._fgd is None:
             self._fgd = FgdScorer(self)
         return self._fgd
-
-    # -- static feasibility ------------------------------------------------------------------------------------
-    def static_mask(self, sig: int) -> np.ndarray:
-        mask = self._static.get(sig)
-        if mask is None:
-            st = self.sess.state
-            s = st.sigs[sig]
-            classes = st.node_class
-            n_classes = int(classes.max()) + 1 if self.n else 0
-            first = np.full(n_classes, -1, dtype=np.int64)
-            first[classes[::-1]] = np.arange(self.n - 1, -1, -1)  # first node of each class
-            ok_class = np.array([s.allows(st.node_labels[n], st.node_taints[n], st.node_names[n])
-                                 for n in first.tolist()], dtype=bool)
-            mask = ok_class[classes] & st.node_ok if self.n else np.zeros(0, dtype=bool)
-            self._static[sig] = mask
-        return mask
-
-    # -- resource fit ------------------------------------------------------------------------------------------
-    def fit(self, p: int, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(fits now, fits once releases finish) over the candidate node indexes."""
-        sess, st = self.sess, self.sess.state
-        req = st.pod_req[p]
-        cols = self.non_gpu_cols[req[self.non_gpu_cols] > 0]  # as kube: only what the pod requests
-        if len(cols) and len(candidates) <= 32:  # a few nodes: their rows at once
-            need = req[cols]
-            free = sess.alloc[candidates][:, cols] - sess.held[candidates][:, cols]
-            future_ok = (free >= need).all(axis=1)
-            now_ok = (free - sess.rel[candidates][:, cols] >= need).all(axis=1) & future_ok
-        else:  # many: column by column (cheaper than copying their whole rows)
-            future_ok = np.ones(len(candidates), dtype=bool)
-            now_ok = np.ones(len(candidates), dtype=bool)
-            for c in cols.tolist():
-                free = sess.alloc[candidates, c] - sess.held[candidates, c]
-                future_ok &= free >= req[c]
-                now_ok &= free - sess.rel[candidates, c] >= req[c]
-            now_ok &= future_ok
-        whole = int(st.pod_gpu_whole[p])
-        if whole:
-            now_ok &= sess.whole_idle[candidates] >= whole
-            future_ok &= sess.whole_future[candidates] >= whole
-        elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
-            per = self.per_device(p, candidates)
-            ndev = int(st.pod_gpu_ndev[p])
-            if ndev == 1:
-                now_ok &= (sess.max_idle[candidates] >= per) & self.has_gpu[candidates]
-                future_ok &= (sess.max_future[candidates] >= per) & self.has_gpu[candidates]
-            else:
-                for i, n in enumerate(candidates.tolist()):
-                    a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-                    now_ok[i] &= int((DEV - sess.dev_held[a:b] - sess.dev_rel[a:b] >= per[i]).sum()) >= ndev
-                    future_ok[i] &= int((DEV - sess.dev_held[a:b] >= per[i]).sum()) >= ndev
-        if st.pod_gpu_mem[p]:
-            known = self.gpu_memory_ok(p, candidates)
-            now_ok &= known
-            future_ok &= known
-        return now_ok, future_ok
-
-    def gpu_memory_ok(self, p: int, nodes: np.ndarray) -> np.ndarray:
-        """Per node: a gpu-memory pod may go there (GPU-memory label set, a device holds the request); True for
-        other pods."""
-        st = self.sess.state
-        if not st.pod_gpu_mem[p]:
-            return np.ones(len(nodes), dtype=bool)
-        return gpu_memory_fits(st.node_gpu_mem_known[nodes], st.node_gpu_mem_mib[nodes], int(st.pod_gpu_mem[p]))
-
-    def per_device(self, p: int, nodes: np.ndarray) -> np.ndarray:
-        st = self.sess.state
-        if st.pod_gpu_frac[p]:
-            return np.full(len(nodes), int(st.pod_gpu_frac[p]), dtype=np.int64)
-        mem = np.maximum(st.node_gpu_mem_mib[nodes], 1)
-        return np.minimum(DEV, -(-int(st.pod_gpu_mem[p]) * DEV // mem))
-
-    # -- pod (anti-)affinity -----------------------------------------------------------------------------------
-    def affinity_mask(self, p: int, candidates: np.ndarray) -> np.ndarray:
-        st, sess = self.sess.state, self.sess
-        pod = st.pods[p]
-        mask = np.ones(len(candidates), dtype=bool)
-        if not pod.pod_affinity and not pod.pod_anti_affinity:
-            return mask
-        placed = np.nonzero(np.isin(sess.status, (*ACTIVE, 3)) & (sess.node >= 0))[0]
-        for terms, want in ((pod.pod_affinity, True), (pod.pod_anti_affinity, False)):
-            for term in terms:
-                namespaces = set(term.namespaces) or {pod.namespace}
-                matching = [q for q in placed.tolist() if q != p and st.pods[q].namespace in namespaces
-                            and term.selector.matches(st.pods[q].labels)]
-                domains = {st.node_labels[int(sess.node[q])].get(term.topology_key) for q in matching}
-                domains.discard(None)
-                node_dom = [st.node_labels[n].get(term.topology_key) for n in candidates.tolist()]
-                hit = np.array([d is not None and d in domains for d in node_dom], dtype=bool)
-                if want:
-                    if not matching and term.selector.matches(pod.labels):
-                        continue  # the first pod of a group that selects itself may go anywhere
-                    mask &= hit
-                else:
-                    mask &= ~hit
-        return mask
 
     def _devices_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global device indexes of `nodes`, position in `nodes` of each device's node)."""
@@ -308,10 +202,7 @@ class Placer:
         candidates = self._prefilter(p, candidates)
         if len(candidates) == 0:
             return None
-        now_ok, future_ok = self.fit(p, candidates)
-        aff = self.affinity_mask(p, candidates)
-        now_ok &= aff
-        future_ok &= aff
+        now_ok, future_ok = self.filter(p, candidates)
         ok = future_ok if allow_pipeline else now_ok
         i = self.best(p, candidates, now_ok, ok)
         if i < 0:
@@ -327,86 +218,11 @@ class Placer:
         st = self.sess.state
         return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
-    # -- why not -------------------------------------------------------------------------------------------------
-    def failure_reasons(self, p: int, mask: np.ndarray | None = None) -> tuple[int, Counter[str]]:
-        """kube-scheduler style: per reason, how many nodes fail it (a node may count under several)."""
-        st, sess = self.sess.state, self.sess
-        reasons: Counter[str] = Counter()
-        considered = np.arange(self.n) if mask is None else np.flatnonzero(mask)
-        ready = st.node_ok[considered]
-        if (~ready).any():
-            reasons["node(s) were unschedulable or not ready"] += int((~ready).sum())
-        codes, texts = self._static_failures(int(st.pod_sig[p]))
-        code = codes[considered]
-        for c in np.unique(code[ready & (code >= 0)]).tolist():
-            reasons[f"node(s) {texts[c]}"] += int((ready & (code == c)).sum())
-        ok_nodes = considered[ready & (code < 0)]
-        if len(ok_nodes):
-            cand = ok_nodes
-            req = st.pod_req[p]
-            free = sess.alloc[cand] - sess.held[cand]  # counting releases: what could ever be there this cycle
-            for col in (R_CPU, R_MEM, R_PODS, *range(4, len(st.resources))):
-                if req[col] > 0:
-                    short = int((free[:, col] < req[col]).sum())
-                    if short:
-                        name = "Too many pods" if col == R_PODS else f"Insufficient {short_name(st.resources[col])}"
-                        reasons[name] += short
-            whole = int(st.pod_gpu_whole[p])
-            if whole:
-                short = int((sess.whole_future[cand] < whole).sum())
-                if short:
-                    reasons["Insufficient nvidia.com/gpu"] += short
-            elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
-                mem_ok = self.gpu_memory_ok(p, cand)
-                if not mem_ok.all():
-                    gpu = self.has_gpu[cand]
-                    unlabelled = int((gpu & ~st.node_gpu_mem_known[cand]).sum())
-                    if unlabelled:
-                        reasons["node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory "
-                                "request needs"] += unlabelled
-                    small = int((st.node_gpu_mem_known[cand] & ~mem_ok).sum())
-                    if small:
-                        reasons[f"node(s) had less GPU memory per device than the requested "
-                                f"{int(st.pod_gpu_mem[p])} MiB"] += small
-                    mem_ok |= ~gpu  # CPU-only nodes count as short of a GPU share below
-                per = self.per_device(p, cand)
-                short = int(((sess.max_future[cand] < per) & mem_ok).sum())
-                if short:
-                    reasons["Insufficient GPU share on any device"] += short
-            _, future_ok = self.fit(p, cand)
-            aff = self.affinity_mask(p, cand)
-            bad_aff = int((future_ok & ~aff).sum())
-            if bad_aff:
-                reasons["node(s) didn't match pod affinity/anti-affinity rules"] += bad_aff
-        return len(considered), reasons
-
-    def _static_failures(self, sig: int) -> tuple[np.ndarray, list[str]]:
-        """Per node: index into the texts of the first label/taint rule it fails for this signature (-1: none),
-        judged once per node class."""
-        hit = self._failures.get(sig)
-        if hit is None:
-            st = self.sess.state
-            s = st.sigs[sig]
-            classes = st.node_class
-            n_classes = int(classes.max()) + 1 if self.n else 0
-            first = np.full(n_classes, -1, dtype=np.int64)
-            first[classes[::-1]] = np.arange(self.n - 1, -1, -1)
-            texts: list[str] = []
-            per_class = np.full(n_classes, -1, dtype=np.int64)
-            for c, n in enumerate(first.tolist()):
-                why = s.first_failure(st.node_labels[n], st.node_taints[n], st.node_names[n]) if n >= 0 else None
-                if why:
-                    if why not in texts:
-                        texts.append(why)
-                    per_class[c] = texts.index(why)
-            hit = self._failures[sig] = (per_class[classes] if self.n else np.zeros(0, dtype=np.int64), texts)
-        return hit
-
 
 def fgd_score(growth: np.ndarray) -> np.ndarray:
     """FGD's score of a fragmentation growth (milli-GPU), as the paper's simulator: int(100 * sigmoid(-growth /
-    1000)), so growths within a few tens of milli-GPUs tie (and bin-packing decides; exact growths with bin-packing
-    only on exact ties did worse in the trace replay: 13.9 vs 11.7 unallocated GPU %, seed 42). inf: 0."""
+    1000)), so growths within a few tens of milli-GPUs tie and bin-packing decides between them (why not exact
+    growths: docs/DESIGN-NOTES.md, "FGD scoring"). inf: 0."""
     return np.floor(100.0 / (1.0 + np.exp(np.clip(growth, -1e5, 1e5) / 1000.0)))
 
 
@@ -502,8 +318,7 @@ class FgdScorer:
         owner, a = owner[ok], a[ok]
         out = np.full(len(nodes), np.inf)
         if len(owner):
-            # devices of one node with the same free share grow it the same: one row each (fractions-1000-s1:
-            # the FGD-scored greedy cycle 5.6 -> 4.2 s, same plans)
+            # devices of one node with the same free share grow it the same: one row each
             _, first = np.unique(owner * (DEV + 1) + a, return_index=True)
             owner, a = owner[first], a[first]
             np.minimum.at(out, owner, self._share_growth(nodes[owner], cpu[owner], a, per[owner]))
@@ -545,9 +360,3 @@ class FgdScorer:
         cpu = self.cpu[nodes] - int(st.pod_req[p, R_CPU])
         return self._share_growth(nodes, cpu, self._dev_free(devices), d)
 
-
-def format_fit_error(total: int, reasons: Counter[str]) -> str:
-    if not reasons:
-        return f"0/{total} nodes are available."
-    parts = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-    return f"0/{total} nodes are available: " + ", ".join(f"{c} {r}" for r, c in parts) + "."

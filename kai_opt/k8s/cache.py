@@ -149,7 +149,6 @@ class ClusterCache:
         self._on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pod key -> pod bound to it (watched)
         self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
-        self.generation = 0  # bumped on every change (cheap "anything new?" check)
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
@@ -190,10 +189,6 @@ class ClusterCache:
         deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
 
     def synced(self) -> bool:
         with self._lock:
@@ -292,7 +287,6 @@ class ClusterCache:
                     self._note_rejection(old.get(key), pod)
                 self._reconcile_assumptions(items)
             store.synced = True
-            self.generation += 1
             self._synced_cond.notify_all()
         if was_absent:
             log.info("watch %s: the kind is served now", res)
@@ -358,7 +352,6 @@ class ClusterCache:
                     self._index_node(key, old, obj)
                     self._note_rejection(old, obj)
                     self._confirm(obj)
-            self.generation += 1
 
     def _mark_absent(self, res: Resource, *, forbidden: bool = False) -> None:
         with self._lock:
@@ -373,7 +366,6 @@ class ClusterCache:
             store.forbidden = forbidden
             store.items = {}
             store.synced = True
-            self.generation += 1
             self._synced_cond.notify_all()
 
     def _count_error(self, res: Resource) -> None:
@@ -441,7 +433,6 @@ class ClusterCache:
         """The binder accepted this placement: the pod counts as bound there from now on."""
         with self._lock:
             self._set_bound(uid, Assumed(namespace, name, node, tuple(devices)))
-            self.generation += 1
 
     def bind_accepted(self, uid: str) -> None:
         """The API accepted the bind: the assumption now lasts until the watch shows it, or `assume_ttl_s`."""
@@ -466,14 +457,12 @@ class ClusterCache:
     def forget_bound(self, uid: str) -> None:
         """The bind failed or was dropped: the pod is pending again (it is placed again next cycle)."""
         with self._lock:
-            if self._drop_bound(uid) is not None:
-                self.generation += 1
+            self._drop_bound(uid)
 
     def assume_releasing(self, uid: str) -> None:
         """An eviction of this pod was decided: it counts as being deleted from now on."""
         with self._lock:
             self._releasing[uid] = None
-            self.generation += 1
 
     def eviction_accepted(self, uid: str) -> None:
         """The API accepted the eviction: the assumption lasts until the watch shows it, or `assume_ttl_s`."""
@@ -483,8 +472,7 @@ class ClusterCache:
 
     def forget_releasing(self, uid: str) -> None:
         with self._lock:
-            if self._releasing.pop(uid, None) is not None:
-                self.generation += 1
+            self._releasing.pop(uid, None)
 
     def assumed(self) -> tuple[dict[str, Assumed], set[str]]:
         """Copies of the bound and releasing assumptions (pod uid keys)."""

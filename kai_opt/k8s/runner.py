@@ -31,7 +31,7 @@ from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
 from kai_opt.gcpause import gc_paused
-from kai_opt.k8s import kaibind
+from kai_opt.k8s import grouper, kaibind
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, Resource, watch_kinds_of
 from kai_opt.k8s.client import ClusterError
@@ -39,6 +39,7 @@ from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, wri
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
 from kai_opt.k8s.status import StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
@@ -49,16 +50,6 @@ from kai_opt.state import ClusterState, PodStatus, build_state
 from kai_opt.state.resources import QR
 
 log = logging.getLogger("kai_opt.run")
-
-try:  # written in parallel by a colleague: used when present
-    from kai_opt.k8s.metrics import SchedulerMetrics
-except ImportError:  # pragma: no cover
-    SchedulerMetrics = None  # type: ignore[assignment,misc]
-
-try:
-    from kai_opt.k8s import grouper as _grouper
-except ImportError:  # pragma: no cover
-    _grouper = None  # type: ignore[assignment]
 
 REQUIRED_KINDS = ("nodes.v1", "pods.v1")
 
@@ -79,7 +70,7 @@ IDLE_CYCLE_S = 5.0
 
 
 class NullMetrics:
-    """Metrics sink when kai_opt.k8s.metrics is not available."""
+    """Metrics sink when the Runner is given none (tests, embedding)."""
 
     ready = False
 
@@ -131,9 +122,7 @@ class Runner:
         self.lost_leadership = False
         self.cycles = 0
         self.skipped = 0  # cycles skipped as idle
-        kinds = list(SCHEDULING_KINDS)
-        if _grouper is not None:
-            kinds += watch_kinds_of(getattr(_grouper, "OWNER_KINDS", []))
+        kinds = [*SCHEDULING_KINDS, *watch_kinds_of(grouper.OWNER_KINDS)]
         kai_binds = rt.binder == BinderKind.kai
         if kai_binds:  # binder: kai: our BindRequests, followed to their outcome
             kinds.append(Resource(kaibind.API_VERSION, kaibind.KIND, kaibind.PLURAL, True))
@@ -173,10 +162,6 @@ class Runner:
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
         self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def run(self) -> int:
         """0 after `stop()` or `once`; 1 when leadership was lost (the process should exit and restart)."""
@@ -330,16 +315,14 @@ class Runner:
         return report
 
     def _group(self, names: tuple[str, ...]) -> tuple[dict[str, str], set[str]]:
-        """Run the pod grouper (when available): create/patch PodGroups, annotate pods. Returns the groups of
+        """Run the pod grouper: create/patch PodGroups, annotate pods. Returns the groups of
         pods not annotated yet (the snapshot assumes them) and the unbound pods to hold back this cycle (owner
         not known yet, or no valid group: scheduling them alone could split a gang)."""
-        if _grouper is None or not hasattr(_grouper, "group_pods"):
-            return {}, set()
         ours = set(names)
         pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
-        grouping = _grouper.group_pods(pods, self.cache.get, self.config.default_queue)
+        grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
-        _grouper.sync_podgroups(self.api, grouping.podgroups, existing)
+        grouper.sync_podgroups(self.api, grouping.podgroups, existing)
         assigned = grouping.assignments
         hold: set[str] = set()
         unannotated = False
@@ -349,8 +332,8 @@ class Runner:
                 unannotated = True
             elif key not in assigned and not annotated and not (p.get("spec") or {}).get("nodeName"):
                 hold.add(key)
-        if unannotated and hasattr(_grouper, "annotate_pods"):  # (skipped when idle: its typed client is slow)
-            _grouper.annotate_pods(self.api, pods, assigned)
+        if unannotated:  # (skipped when idle: its typed client is slow)
+            grouper.annotate_pods(self.api, pods, assigned)
         return dict(assigned), hold
 
     def _apply(self, state: ClusterState, plan: Plan) -> None:

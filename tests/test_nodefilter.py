@@ -1,0 +1,114 @@
+"""The one fit path (kai_opt/heuristics/nodefilter.py): its feasible mask and its reasons come from the same checks,
+so on any cluster a node passes the filter iff no reason names it, and asking for reasons changes no mask."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from builders import node, pod, podgroup, queue, snapshot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import clusters
+
+from kai_opt.config import Config, Engine
+from kai_opt.explain import make_context
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.heuristics.nodefilter import FitReasons, format_fit_error
+from kai_opt.heuristics.placer import Placer
+from kai_opt.heuristics.session import Session
+from kai_opt.snapshot import RawObject
+from kai_opt.state import build_state
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TAINT = {"key": "dedicated", "value": "infer", "effect": "NoSchedule"}
+ANTI = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+    {"labelSelector": {"matchLabels": {"app": "spread"}}, "topologyKey": "rack"}]}}
+
+
+@st.composite
+def filtered_clusters(draw: st.DrawFn) -> list[RawObject]:
+    """clusters() plus what only the filter's other checks see: tainted, not-ready, cordoned and unlabelled
+    nodes, pending pods with a node selector, a toleration, pod anti-affinity, a gpu-memory request."""
+    objs = draw(clusters(max_nodes=5, max_jobs=5))
+    for i in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["taint", "not-ready", "cordoned", "unlabelled", "cpu-only", "small"]))
+        n = node(f"x{i}", gpus=0 if kind == "cpu-only" else draw(st.sampled_from([1, 2, 8])),
+                 cpu=draw(st.sampled_from(["2", "64"])), labels={"rack": f"rack{i}", "pool": f"p{i % 2}"},
+                 taints=[TAINT] if kind == "taint" else None, ready=kind != "not-ready",
+                 unschedulable=kind == "cordoned", gpu_memory_mib=20000 if kind == "small" else 81920)
+        if kind == "unlabelled":
+            del n.obj["metadata"]["labels"]["nvidia.com/gpu.memory"]
+        objs.append(n)
+    objs.append(queue("extra", gpu=(-1, 1, -1)))
+    for j in range(draw(st.integers(1, 4))):
+        objs.append(podgroup(f"e{j}", "extra", min_member=1, created_min=20 + j))
+        spec: dict = {}
+        if draw(st.booleans()):
+            spec["nodeSelector"] = {"pool": draw(st.sampled_from(["p0", "p1"]))}
+        if draw(st.booleans()):
+            spec["tolerations"] = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+        labels = None
+        if draw(st.booleans()):
+            spec["affinity"] = ANTI
+            labels = {"app": "spread"}
+        ann = {"gpu-memory": str(draw(st.sampled_from([10000, 40000])))} if draw(st.booleans()) else None
+        objs.append(pod(f"e{j}-0", group=f"e{j}", gpus=0 if ann else draw(st.sampled_from([0, 0.5, 1, 4])),
+                        cpu=draw(st.sampled_from(["1", "32"])), annotations=ann, labels=labels, **spec))
+    return objs
+
+
+def _check_pod(placer: Placer, p: int) -> None:
+    st_ = placer.sess.state
+    d = placer.diagnose(p)
+    assert d.total == st_.n_nodes
+    nodes = np.arange(st_.n_nodes)
+    # a node is feasible iff no reason names it
+    assert np.array_equal(np.sort(d.feasible), nodes[~d.why.failed]), (d.feasible, d.reasons)
+    assert sum(d.reasons.values()) >= int(d.why.failed.sum())
+    assert all(c > 0 for c in d.reasons.values())
+    # the same nodes as the hot path's mask, which asks for no reasons
+    cand = np.flatnonzero(placer.static_mask(int(st_.pod_sig[p])))
+    if len(cand):
+        now_ok, future_ok = placer.filter(p, cand)
+        assert np.array_equal(cand[future_ok], np.sort(d.feasible))
+        assert not (now_ok & ~future_ok).any()
+        # the column-by-column path (over 32 candidates) decides and counts as the rows-at-once path
+        small, big = FitReasons(st_.n_nodes), FitReasons(st_.n_nodes)
+        rows = placer.fit(p, cand, small)
+        reps = 33 // len(cand) + 1
+        cols = placer.fit(p, np.tile(cand, reps), big)
+        assert np.array_equal(np.tile(rows[0], reps), cols[0]) and np.array_equal(np.tile(rows[1], reps), cols[1])
+        assert big.counts == Counter({r: c * reps for r, c in small.counts.items()})
+        assert np.array_equal(placer.fit(p, cand)[1], rows[1])  # asking for reasons changes no mask
+    if len(d.feasible) == 0:
+        assert format_fit_error(d.total, d.reasons).startswith(f"0/{d.total} nodes are available")
+
+
+@SETTINGS
+@given(filtered_clusters())
+def test_feasible_iff_no_reason(objs: list[RawObject]) -> None:
+    state = build_state(snapshot(objs))
+    ctx = make_context(state, Config(engine=Engine.greedy))  # the cluster as the plan leaves it
+    for p in range(state.n_pods):
+        _check_pod(ctx.placer, p)
+
+
+def test_reasons_name_each_failing_check() -> None:
+    objs = [node("a", gpus=8), node("b", gpus=8, taints=[TAINT]), node("c", gpus=8, ready=False),
+            node("d", gpus=0), node("e", gpus=8, gpu_memory_mib=20000), node("f", gpus=8),
+            queue("q", gpu=(-1, 1, -1)), podgroup("g", "q"),
+            pod("run", gpus=8, node_name="a", queue_name="q"),
+            pod("p", group="g", annotations={"gpu-memory": "40000"})]
+    del objs[5].obj["metadata"]["labels"]["nvidia.com/gpu.memory"]
+    state = build_state(snapshot(objs))
+    placer = Placer(Session(state, compute_fair_share(state), Config()))  # the cluster before any plan
+    d = placer.diagnose(state.pod_index["default/p"])
+    assert d.reasons == Counter({
+        "node(s) were unschedulable or not ready": 1,  # c
+        "node(s) had untolerated taint {dedicated: infer}": 1,  # b
+        "Insufficient GPU share on any device": 2,  # a (full), d (no GPU)
+        "node(s) had less GPU memory per device than the requested 40000 MiB": 1,  # e
+        "node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory request needs": 1,  # f
+    })
+    assert len(d.feasible) == 0 and d.why.failed.sum() == 6
