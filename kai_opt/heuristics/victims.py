@@ -4,8 +4,9 @@ Victim jobs are taken in victim order (queues most over their share first, then 
 an elastic victim gives up its pods above the minimum one at a time, otherwise its whole gang goes at once. After
 each addition the beneficiary is placed on the freed (releasing) resources; on success, victims whose resources
 turned out not to be needed are kept running, victims that fit elsewhere are re-placed there (pipelined: KAI's
-consolidating reclaim and preempt; consolidation requires it of every victim), and the action's validator
-(reclaim rules) must accept what remains evicted. The session is left unchanged when no scenario works.
+consolidating reclaim and preempt; consolidation requires it of every victim), and the action's validation
+(reclaim rules) must accept what remains evicted; the action supplies these steps as one ScenarioFilter. The
+session is left unchanged when no scenario works.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ class StaleGang(Action):
 
     def run(self, ctx: ActionContext) -> None:
         sess, st = ctx.sess, ctx.sess.state
+        reason = self.eviction_reason
+        assert reason is not None, "stale-gang declares its eviction reason"
         grace = sess.cfg.stale_gang_grace_s
         for g in active_groups(sess):
             since = st.pg_stale_since[g]
@@ -24,7 +26,7 @@ class StaleGang(Action):
             if is_satisfied(sess, g):
                 continue
             pods = st.group_pods(g)[active_mask(sess, st.group_pods(g))].tolist()
-            sess.evict_many([p for p in pods if p not in sess.placements], self.eviction_reason, -1)
+            sess.evict_many([p for p in pods if p not in sess.placements], reason, -1)
 
 
 ACTION = StaleGang()
