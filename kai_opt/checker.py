@@ -1,7 +1,8 @@
 """The independent checker of a plan's invariants (DESIGN section 5). Every plan passes it before it is applied
 or printed; a violation is a bug in an engine and is raised loudly (PlanViolation), never silently dropped.
 
-It recomputes everything from the ClusterState and the plan alone (it shares no code with the engines):
+It recomputes everything from the ClusterState and the plan alone (it shares no code with the engines; which rules
+an eviction reason is held to is read from the actions' declaration, kai_opt.actions, and checked here):
 - capacity: binds fit now (evicted pods still hold their resources); after every eviction finishes and every
   bind/pipeline/move lands, no node resource and no GPU device is over its capacity;
 - gangs: a group (and each leaf sub-group) that receives placements ends with at least its minimum active;
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kai_opt.actions import EVICTION_RULES, BeneficiaryQueue, EvictionRules, MinRuntime
 from kai_opt.config import Config
 from kai_opt.fairshare.share import FairShare
-from kai_opt.plan import EVICTION_REASONS, Plan
+from kai_opt.plan import Plan
 from kai_opt.state import R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
 
@@ -315,42 +317,60 @@ def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, act
     for g in sorted(victim_groups):
         pods = state.group_pods(g)
         left = int(active_after[pods].sum())
-        if 0 < left < int(state.pg_min_member[g]) and not any(evicted[p][0] == "stale-gang" for p in pods.tolist()
+        if 0 < left < int(state.pg_min_member[g]) and not any(_for_no_one(evicted[p][0]) for p in pods.tolist()
                                                               if p in evicted):
             problems.append(f"podgroup {state.pg_keys[g]} is left with {left} pods after evictions, below its "
                             f"minMember {int(state.pg_min_member[g])} (a victim gang goes whole)")
     placed_groups = {int(state.pod_pg[p]) for p in dec.placed}
     runtimes: dict[int, float] = {}
     for p, (reason, b) in evicted.items():
-        g = int(state.pod_pg[p])
-        if reason not in EVICTION_REASONS:
+        rules = EVICTION_RULES.get(reason)
+        if rules is None:
             problems.append(f"pod {names[p]} evicted with unknown reason {reason!r}")
             continue
-        if reason == "stale-gang":
-            continue
-        if b < 0 or b not in placed_groups:
-            problems.append(f"pod {names[p]} evicted ({reason}) without a beneficiary placed in the plan")
-        if not state.pg_preemptible[g]:
-            problems.append(f"pod {names[p]} evicted ({reason}) but its podgroup is non-preemptible")
-        if reason == "consolidate" and p not in moved:
-            problems.append(f"pod {names[p]} consolidated but not re-placed")
-        if reason in ("reclaim", "preempt"):
-            q = int(state.pg_queue[g])
-            runtime_limit = (state.q_preempt_min_runtime if reason == "preempt" else state.q_reclaim_min_runtime)[q]
-            if math.isnan(runtime_limit):
-                runtime_limit = config.preempt_min_runtime_s if reason == "preempt" else config.reclaim_min_runtime_s
-            if runtime_limit > 0:
-                if g not in runtimes:
-                    runtimes[g] = _runtime(state, g)
-                if runtimes[g] < runtime_limit:
-                    problems.append(f"pod {names[p]} evicted ({reason}) before its min runtime {runtime_limit:g}s")
-        if reason == "preempt" and b >= 0:
-            if int(state.pg_queue[b]) != int(state.pg_queue[g]):
-                problems.append(f"pod {names[p]} preempted for a podgroup of another queue")
-            if int(state.pg_priority[g]) >= int(state.pg_priority[b]):
-                problems.append(f"pod {names[p]} preempted by equal or lower priority")
-        if reason == "reclaim" and b >= 0 and int(state.pg_queue[b]) == int(state.pg_queue[g]):
-            problems.append(f"pod {names[p]} reclaimed for a podgroup of its own queue")
+        problems += _victim_problems(state, config, rules, p, b, placed_groups, moved, runtimes, names)
+    return problems
+
+
+def _for_no_one(reason: str) -> bool:
+    """An eviction of an action that evicts for no beneficiary (stale-gang): its gang may go below its minimum."""
+    rules = EVICTION_RULES.get(reason)
+    return rules is not None and not rules.beneficiary
+
+
+def _victim_problems(state: ClusterState, config: Config, rules: EvictionRules, p: int, b: int,
+                     placed_groups: set[int], moved: dict, runtimes: dict[int, float], names: _PodNames) -> list[str]:
+    """Pod p's eviction (for beneficiary b) against the rules of the action that wrote it."""
+    if not rules.beneficiary:
+        return []
+    problems: list[str] = []
+    g = int(state.pod_pg[p])
+    reason = rules.reason
+    if b < 0 or b not in placed_groups:
+        problems.append(f"pod {names[p]} evicted ({reason}) without a beneficiary placed in the plan")
+    if not state.pg_preemptible[g]:
+        problems.append(f"pod {names[p]} evicted ({reason}) but its podgroup is non-preemptible")
+    if rules.moved and p not in moved:
+        problems.append(f"pod {names[p]} {rules.verb} but not re-placed")
+    if rules.min_runtime is not None:
+        q = int(state.pg_queue[g])
+        preempt = rules.min_runtime == MinRuntime.preempt
+        runtime_limit = (state.q_preempt_min_runtime if preempt else state.q_reclaim_min_runtime)[q]
+        if math.isnan(runtime_limit):
+            runtime_limit = config.preempt_min_runtime_s if preempt else config.reclaim_min_runtime_s
+        if runtime_limit > 0:
+            if g not in runtimes:
+                runtimes[g] = _runtime(state, g)
+            if runtimes[g] < runtime_limit:
+                problems.append(f"pod {names[p]} evicted ({reason}) before its min runtime {runtime_limit:g}s")
+    if b >= 0:
+        same_queue = int(state.pg_queue[b]) == int(state.pg_queue[g])
+        if rules.beneficiary_queue == BeneficiaryQueue.same and not same_queue:
+            problems.append(f"pod {names[p]} {rules.verb} for a podgroup of another queue")
+        if rules.lower_priority and int(state.pg_priority[g]) >= int(state.pg_priority[b]):
+            problems.append(f"pod {names[p]} {rules.verb} by equal or lower priority")
+        if rules.beneficiary_queue == BeneficiaryQueue.other and same_queue:
+            problems.append(f"pod {names[p]} {rules.verb} for a podgroup of its own queue")
     return problems
 
 

@@ -20,12 +20,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
 from kai_opt import __version__
+from kai_opt.actions import ACTIONS
 from kai_opt.errors import ConfigError
 from kai_opt.limits import INT32_MAX, MAX_DURATION_S
 from kai_opt.textfile import check_yaml_aliases, check_yaml_depth, read_text
@@ -66,14 +68,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
 
-class Actions(_Model):
-    """Which decisions a cycle may take (KAI's actions, in the order a cycle runs them)."""
-
-    allocate: bool = Field(True, description="place pending work on free (or releasing) resources")
-    consolidate: bool = Field(True, description="move preemptible running pods so pending work fits")
-    reclaim: bool = Field(True, description="take resources back from queues above their fair share")
-    preempt: bool = Field(True, description="evict lower-priority preemptible work of the same queue")
-    stale_gang: bool = Field(True, description="evict running gangs that stayed below minMember")
+# Which decisions a cycle may take: one flag per action of kai_opt.actions.ACTIONS, in cycle order (derived, so a
+# new action gets its flag from its entry there)
+Actions: type[_Model] = create_model(
+    "Actions", __base__=_Model, __doc__="Which decisions a cycle may take (KAI's actions, in the order a cycle "
+    "runs them).", **{a.name: (bool, Field(True, description=a.description)) for a in ACTIONS})
 
 
 class Placement(_Model):

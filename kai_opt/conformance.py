@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kai_opt.actions import KAI_ACTION_NAMES
 from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.loaders.kaicase import Case, ExpectedResult, load_cases
@@ -27,8 +28,7 @@ from kai_opt.simulate import PipelinedAs, apply_plan
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import ClusterState, PodStatus, build_state
 
-ACTION_NAMES = {"allocate": "allocate", "consolidation": "consolidate", "reclaim": "reclaim", "preempt": "preempt",
-                "stalegangeviction": "stale_gang"}
+ACTION_NAMES = KAI_ACTION_NAMES  # a case's KAI action name -> ours (kai_opt.actions)
 ACTIVE_STATUSES = {"Running", "Binding", "Pipelined", "Allocated", "Bound"}
 EPS = 1e-6
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kai_opt.actions import EVICTION_REASONS as EVICTION_REASONS  # re-exported: derived from the actions
 from kai_opt.state import ClusterState
 
-EVICTION_REASONS = ("reclaim", "preempt", "consolidate", "stale-gang")
 # An optional stage of a cycle that failed, and how: the cycle goes on with the verified greedy plan, the failure
 # counted in SolverInfo.failures (kai_opt_solver_failures_total{stage,kind} in a cluster) and named in the note.
 FAILURE_STAGES = ("cpsat", "decode", "second_hint")  # the CP-SAT worker (scope, model, hint, solve, the check of

@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGET_S = 2.0
-ACTIONS = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
+from kai_opt.actions import ACTION_ORDER as ACTIONS  # noqa: E402
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, float]]:

@@ -44,7 +44,7 @@ TARGET_S, TARGET_MB, TARGET_NODES = 1.0, 2048.0, 10_000  # the greedy engine's (
 CPSAT_DECIDED, CPSAT_P50_S, CPSAT_P95_S, CPSAT_MB = 0.95, 2.0, 3.0, 4096.0  # the CP-SAT engine's (issue 16): at
 # every size the model decides (status not FALLBACK_GREEDY) in 19 of 20 cycles, at 10,000 nodes the whole cycle
 # p50 <= 2 s and p95 <= 3 s, and the process tree's peak (PSS) within 4 GB; otherwise the statuses and notes say why
-PHASES = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
+from kai_opt.actions import ACTION_ORDER as PHASES  # noqa: E402
 
 
 def _peak_mb() -> float:

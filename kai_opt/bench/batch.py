@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kai_opt.actions import ACTION_ORDER
 from kai_opt.bench.openb import MILLI
 from kai_opt.bench.trace import Cluster, CycleResult, Placement, Pods, Workload, register_engine
 from kai_opt.config import Config, Engine
@@ -40,8 +41,8 @@ def _ts(epoch: float) -> str:
 def trace_config(base: Config, engine: Engine, consolidation: bool) -> Config:
     """The cycle configuration: `base` (solver budget, placement strategy, ...) with the engine and only the
     actions that can act in a trace (allocate, and consolidate when asked)."""
-    actions = base.actions.model_copy(update={"allocate": True, "consolidate": consolidation, "reclaim": False,
-                                              "preempt": False, "stale_gang": False})
+    actions = base.actions.model_copy(update={name: name == "allocate" or (name == "consolidate" and consolidation)
+                                              for name in ACTION_ORDER})
     return base.model_copy(update={"engine": engine, "actions": actions, "max_consolidation_preemptees":
                                    base.max_consolidation_preemptees if consolidation else 0})
 

@@ -27,7 +27,7 @@ from kai_opt.formulation.scope import (
     window_pods,
 )
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
-from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo, failure_note
@@ -247,8 +247,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     except DecodeError as exc:
         info.decode_s = time.perf_counter() - t
         return _fail(greedy, start, "decode", "exception", f"decode failed: {exc}", info)
-    if (actions is None and config.actions.stale_gang) or (actions is not None and "stale_gang" in actions):
-        dacts.stale_gangs()  # a rule, not an optimisation
+    run_outside_model(dacts, config, actions)  # stale-gang: a rule, not an optimisation
     plan = plan_from_session(sess, dacts.reasons, "cpsat")
     for g, reasons in greedy.pending.items():
         if g in plan.pending and plan.pending[g] and plan.pending[g][0].code == "Pending":

@@ -8,15 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kai_opt.actions import ACTION_ORDER as ACTION_ORDER  # re-exported (kai_opt.engine)
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
-from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.actions import REGISTRY, ActionContext, enabled_actions
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Eviction, Placement, Plan, Reason, SolverInfo
 from kai_opt.state import ClusterState, PodStatus
-
-ACTION_ORDER = ("allocate", "consolidate", "reclaim", "preempt", "stale_gang")
-
 
 Progress = Callable[[str], None]  # told what a long cycle is doing now (a phase name), for a status line
 
@@ -26,19 +24,18 @@ def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
     """KAI-like heuristics: each enabled action in order on one session."""
     start = time.perf_counter()
     sess = Session(state, fs, config)
-    acts = Actions(sess)
-    enabled = actions if actions is not None else tuple(a for a in ACTION_ORDER if getattr(config.actions, a))
+    ctx = ActionContext(sess)
+    enabled = enabled_actions(config, actions)
     phases: dict[str, float] = {}
-    for name in ACTION_ORDER:
-        if name not in enabled:
+    for action in REGISTRY:
+        if action.name not in enabled:
             continue
         if progress is not None:
-            progress(f"greedy: {name.replace('_', '-')}")
+            progress(f"greedy: {action.name.replace('_', '-')}")
         t = time.perf_counter()
-        {"allocate": acts.allocate, "consolidate": acts.consolidate, "reclaim": acts.reclaim,
-         "preempt": acts.preempt, "stale_gang": acts.stale_gangs}[name]()
-        phases[name] = time.perf_counter() - t
-    plan = plan_from_session(sess, acts.reasons, "greedy")
+        action.run(ctx)
+        phases[action.name] = time.perf_counter() - t
+    plan = plan_from_session(sess, ctx.reasons, "greedy")
     plan.phases.update(phases)
     plan.solver = SolverInfo(status="HEURISTIC", wall_s=time.perf_counter() - start)
     return plan

@@ -4,8 +4,9 @@ Victim jobs are taken in victim order (queues most over their share first, then 
 an elastic victim gives up its pods above the minimum one at a time, otherwise its whole gang goes at once. After
 each addition the beneficiary is placed on the freed (releasing) resources; on success, victims whose resources
 turned out not to be needed are kept running, victims that fit elsewhere are re-placed there (pipelined: KAI's
-consolidating reclaim and preempt; consolidation requires it of every victim), and the action's validator
-(reclaim rules) must accept what remains evicted. The session is left unchanged when no scenario works.
+consolidating reclaim and preempt; consolidation requires it of every victim), and the action's validation
+(reclaim rules) must accept what remains evicted; the action supplies these steps as one ScenarioFilter. The
+session is left unchanged when no scenario works.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import active_mask
 from kai_opt.state import R_GPU, PodStatus
 from kai_opt.state.segments import concat_ranges
-
-Validator = Callable[[Session, QueueLedger, list[int]], str | None]  # gets the victims that are not re-placed
 
 
 @dataclass
@@ -435,6 +434,32 @@ def _whole_without(sess: Session, groups: np.ndarray) -> np.ndarray:
     return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
 
 
+class ScenarioFilter:
+    """An action's rules in the victim search (KAI's scenario filters and solution validator), one hook per stage
+    of a scenario; the defaults let everything through. The search asks them in this order: worth_trying per
+    victim chunk taken, then, once the beneficiary is placed and unneeded victims kept, precheck, replace_victims
+    and validate."""
+
+    def worth_trying(self, chunk: list[int]) -> bool:
+        """Sees every chunk taken: whether the victims so far could pass validation at all (a necessary condition
+        that spares hopeless attempts)."""
+        return True
+
+    def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
+        """Sees the victims before any moves: a reason fails the scenario (it must be a necessary condition of
+        validate for these victims and any subset of them)."""
+        return None
+
+    def replace_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
+        """Re-places victims that fit elsewhere instead of just evicting them; returns the pods moved."""
+        return []
+
+    def validate(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
+        """Sees the victims that are not re-placed (ledger: the queues before the search): a reason rejects the
+        scenario."""
+        return None
+
+
 def solve_with_victims(
     sess: Session,
     gang: GangPlacer,
@@ -442,21 +467,15 @@ def solve_with_victims(
     tasks: list[int],
     candidates: list[int] | np.ndarray,
     reason: str,
-    validator: Validator | None,
+    rules: ScenarioFilter,
     *,
     feasible: np.ndarray,
     max_victim_jobs: int = -1,
     within: np.ndarray | None = None,
-    replace_victims: Callable[[Session, list[list[int]]], list[int]] | None = None,
-    worth_trying: Callable[[list[int]], bool] | None = None,
-    precheck: Validator | None = None,
 ) -> Outcome:
     """Take victim chunks in order, evicting each; whenever the beneficiary could fit, try to place it on what
-    is free or being released, then keep unneeded victims, move the movable ones and validate. The session is
-    unchanged unless it returns ok. `within`: see victim_chunk_order. `worth_trying(chunk)` sees every chunk
-    taken and says whether the victims so far could pass validation at all (a necessary condition that spares
-    hopeless attempts). `precheck` sees the victims before any moves: a reason from it fails the scenario (it
-    must be a necessary condition of the validator for these victims and any subset of them)."""
+    is free or being released, then keep unneeded victims, move the movable ones and validate, each stage asking
+    `rules` (ScenarioFilter). The session is unchanged unless it returns ok. `within`: see victim_chunk_order."""
     st = sess.state
     need_gpu = float(st.pod_req[tasks, R_GPU].sum())
     candidates = np.asarray(candidates, dtype=np.int64)
@@ -490,7 +509,7 @@ def solve_with_victims(
         if dry is not None:  # no scenario yet: count what the chunk frees without evicting it
             # (only when worth_trying holds, the one time the counts are read: chunks taken before that are
             # counted then, in order, the same sums as one by one)
-            hopeful = worth_trying(chunk) if worth_trying is not None else True
+            hopeful = rules.worth_trying(chunk)
             if not hopeful:
                 uncounted.append(chunk)
                 continue
@@ -501,7 +520,7 @@ def solve_with_victims(
         else:
             for freed in _evict_chunk(sess, chunk, reason, g, feasible, fits):
                 releasable += freed
-            hopeful = worth_trying(chunk) if worth_trying is not None else True
+            hopeful = rules.worth_trying(chunk)
         if releasable + 1e-9 < need_gpu or not fits.ok() or not hopeful:
             continue  # cannot fit yet: skip the simulation
         if dry is not None:  # the first scenario: evict what the dry run counted, from here on chunk by chunk
@@ -516,28 +535,27 @@ def solve_with_victims(
         if not attempt.ok:
             sess.rollback(cp)
             continue
-        give_up = None
-        if precheck is not None:
-            def give_up(maybe: list[int]) -> bool:
-                nonlocal last_why
-                why = precheck(sess, ledger_before, maybe)
-                if why is not None:
-                    last_why = why
-                return why is not None
+        def give_up(maybe: list[int]) -> bool:
+            nonlocal last_why
+            why = rules.precheck(sess, ledger_before, maybe)
+            if why is not None:
+                last_why = why
+            return why is not None
+
         victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
                                  limited, give_up)
         # None: even the victims that might stay evicted failed precheck; else precheck the ones that do
-        if victims is None or (give_up is not None and give_up(victims)):
+        if victims is None or give_up(victims):
             sess.rollback(cp)
             continue
-        if replace_victims is not None:  # consolidating: victims that fit elsewhere move instead of just going
-            still = set(victims)
-            moved = set(replace_victims(sess, [[p for p in c if p in still] for c in accumulated
-                                               if any(p in still for p in c)]))
-            victims = [p for p in victims if p not in moved]
+        # consolidating: victims that fit elsewhere move instead of just going
+        still = set(victims)
+        moved = set(rules.replace_victims(sess, [[p for p in c if p in still] for c in accumulated
+                                                 if any(p in still for p in c)]))
+        victims = [p for p in victims if p not in moved]
         why = _queue_capacity(sess, g, tasks)
-        if why is None and validator is not None:
-            why = validator(sess, ledger_before, victims)
+        if why is None:
+            why = rules.validate(sess, ledger_before, victims)
         if why is None:
             # what an eviction makes room for waits for it: KAI places a preemptor pipeline-only
             sess.convert_to_pipelined(attempt.placed)

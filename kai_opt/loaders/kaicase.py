@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kai_opt.actions import KAI_ACTION_NAMES
 from kai_opt.api.meta import format_time
 from kai_opt.api.node import GPU_MEMORY_LABEL
 from kai_opt.api.pod import (
@@ -56,9 +57,9 @@ DEFAULT_SUBGROUP = "default"  # the harness's implicit pod set for tasks without
 GATE_NAME = "kai-opt.io/case-gated"
 RUNNING_SINCE_S = 3600.0  # running pods started an hour before now
 LAST_START_AGE_S = 60.0  # harness: a group with allocated tasks last started a minute ago
-ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+ACTIONS = tuple(KAI_ACTION_NAMES)  # KAI's action names, in cycle order (kai_opt.actions)
 
-Action = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
+Action = Literal[ACTIONS]  # type: ignore[valid-type]
 TaskState = Literal["Pending", "Gated", "Allocated", "Pipelined", "Binding", "Bound", "Running", "Releasing",
                     "Succeeded", "Failed", "Unknown", "Deleted"]
 BOUND_STATES = frozenset({"Running", "Bound", "Binding", "Allocated"})

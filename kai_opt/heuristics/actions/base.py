@@ -1,0 +1,128 @@
+"""The interface every greedy action implements (KAI's framework.Action: a name and Execute on the session), and
+the loop the evicting actions share (KAI's preempt, reclaim and consolidation run the same job-solver loop)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from kai_opt.actions import ACTION_BY_NAME, ActionSpec
+from kai_opt.heuristics.actions.context import ActionContext
+from kai_opt.heuristics.jobs import JobQueue
+from kai_opt.heuristics.session import Session
+from kai_opt.heuristics.tasks import tasks_to_allocate
+from kai_opt.heuristics.victims import Outcome, ScenarioFilter, solve_with_victims
+from kai_opt.plan import Reason
+
+
+class Action(ABC):
+    """One action of the cycle. Its declaration (name = config flag, KAI's name, eviction reason and rules) is
+    its entry in kai_opt.actions.ACTIONS; `spec_name` picks it."""
+
+    spec_name: ClassVar[str]
+
+    @property
+    def spec(self) -> ActionSpec:
+        return ACTION_BY_NAME[self.spec_name]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def flag(self) -> str:
+        """Its `actions.<flag>` switch in the config."""
+        return self.spec.name
+
+    @property
+    def eviction_reason(self) -> str | None:
+        return self.spec.eviction_reason
+
+    @abstractmethod
+    def run(self, ctx: ActionContext) -> None:
+        """Take this action's decisions on ctx's session."""
+
+
+def queued_groups(ctx: ActionContext, jq: JobQueue) -> Iterator[tuple[int, list[int]]]:
+    """Pending groups in job-queue order with the tasks each still has to place (groups with none are skipped). A
+    group pushed back onto jq while iterating comes again."""
+    while True:
+        g = jq.pop()
+        if g is None:
+            return
+        tasks = tasks_to_allocate(ctx.sess, g)
+        if tasks:
+            yield g, tasks
+
+
+@dataclass
+class Search:
+    """One victim search an action asks for: the candidate victim groups and the action's scenario rules."""
+
+    candidates: np.ndarray
+    rules: ScenarioFilter
+    max_victim_jobs: int = -1
+    within: np.ndarray | None = None
+
+
+class VictimAction(Action):
+    """An action that evicts to place pending work: per pending group in job-queue order, unless it is satisfied,
+    the action lets it try (`admits`); an alike search that failed on this same session state is not repeated;
+    otherwise the action names its candidates and rules (`search`) and the job solver (solve_with_victims) looks
+    for victims. A group placed finishes; a failure records the action's reason (`failure_reason`)."""
+
+    preemptible_only: ClassVar[bool] = False  # only preemptible pending groups take part
+    pipeline_group: ClassVar[bool] = True  # on success, all of the group's placements wait (pipelined)
+
+    def run(self, ctx: ActionContext) -> None:
+        sess, st = ctx.sess, ctx.sess.state
+        reason = self.eviction_reason
+        assert reason is not None, f"{self.name} evicts, so it declares an eviction reason"
+        jq = JobQueue(sess, ctx.pending_groups(preemptible_only=self.preemptible_only))
+        for g, tasks in queued_groups(ctx, jq):
+            if ctx.satisfied_now(g) or not self.admits(ctx, g, tasks):
+                continue
+            key = ctx.search_key(self.name, g, tasks)
+            if ctx.failed_before(g, key):
+                continue
+            search = self.search(ctx, g, tasks)
+            if search is None:
+                continue
+            feasible = ctx.placer.static_mask(int(st.pod_sig[tasks[0]]))
+            out = solve_with_victims(sess, ctx.gang, g, tasks, search.candidates, reason, search.rules,
+                                     feasible=feasible, max_victim_jobs=search.max_victim_jobs,
+                                     within=search.within)
+            if out.ok:
+                ctx.finish(g, out.attempt if self.pipeline_group else None, jq)
+                continue
+            why = self.failure_reason(ctx, g, search, out)
+            if why is not None:
+                ctx.add_reason(g, why)
+            ctx.remember_failure(key, why)
+
+    def admits(self, ctx: ActionContext, g: int, tasks: list[int]) -> bool:
+        """Whether g may look for victims at all (before the memo); may record why not."""
+        return True
+
+    @abstractmethod
+    def search(self, ctx: ActionContext, g: int, tasks: list[int]) -> Search | None:
+        """The victim search for g's tasks, or None to leave g be (nothing remembered)."""
+
+    def failure_reason(self, ctx: ActionContext, g: int, search: Search, out: Outcome) -> Reason | None:
+        """Why g stays pending after a failed search (recorded and remembered), or None."""
+        return None
+
+
+class MoveVictims(ScenarioFilter):
+    """Victims that fit elsewhere are re-placed (pipelined) instead of only evicted: KAI's consolidating reclaim
+    and preempt, and consolidation itself."""
+
+    def __init__(self, ctx: ActionContext) -> None:
+        self.ctx = ctx
+
+    def replace_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
+        return self.ctx.move_victims(sess, chunks)

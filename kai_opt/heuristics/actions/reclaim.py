@@ -1,0 +1,126 @@
+"""Reclaim: take resources back from other queues' preemptible work for a queue below its fair share, within
+KAI's reclaim rules (KAI's reclaim action)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.reclaim import (
+    can_reclaim,
+    reclaim_headroom,
+    reclaimable,
+    reclaimer_side,
+    reclaimer_side_after,
+)
+from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
+from kai_opt.heuristics.actions.base import MoveVictims, Search, VictimAction
+from kai_opt.heuristics.actions.context import ActionContext
+from kai_opt.heuristics.session import IS_ACTIVE, Session
+from kai_opt.heuristics.victims import Outcome, active_group_mask, protected_mask
+from kai_opt.plan import Reason
+
+
+class ReclaimRules(MoveVictims):
+    """KAI's reclaim rules for queue q reclaiming req: the reclaimer's side tracked per chunk taken (worth_trying)
+    and checked before moves (precheck, a necessary condition), the whole rule on what stays evicted (validate)."""
+
+    def __init__(self, ctx: ActionContext, q: int, req: np.ndarray, preemptible: bool, n_top_queues: int) -> None:
+        super().__init__(ctx)
+        sess = ctx.sess
+        self.q, self.req, self.preemptible, self.tops = q, req, preemptible, n_top_queues
+        self.mult = sess.cfg.reclaim_saturation_multiplier
+        # with every victim taken so far gone: the allocation left in the reclaimer's ancestors
+        self._ledger = sess.ledger.copy()
+        self._remaining: dict[int, np.ndarray] = {}
+        self._mine = set(self._ledger.ancestors[q])
+
+    def worth_trying(self, chunk: list[int]) -> bool:
+        """Whether, with every victim taken so far gone, the reclaimer's side of the reclaim rules holds (if not,
+        no subset of these victims can pass validation)."""
+        sess, st, ledger = self.ctx.sess, self.ctx.sess.state, self._ledger
+        drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
+        for a in ledger.ancestors[int(st.pg_queue[int(st.pod_pg[chunk[0]])])]:
+            if a in self._mine:
+                self._remaining[a] = self._remaining.get(a, ledger.allocated[a]) - drop
+        return reclaimer_side(sess.fs, ledger, self.q, self.req, self._remaining, preemptible=self.preemptible,
+                              saturation_multiplier=self.mult, n_top_queues=self.tops) is None
+
+    def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
+        return reclaimer_side_after(sess.fs, ledger, self.q, self.req, self._chunks(victims),
+                                    preemptible=self.preemptible, saturation_multiplier=self.mult,
+                                    n_top_queues=self.tops)
+
+    def validate(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
+        return reclaimable(sess.fs, ledger, self.q, self.req, self._chunks(victims), preemptible=self.preemptible,
+                           saturation_multiplier=self.mult, n_top_queues=self.tops)
+
+    def _chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
+        """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""
+        sess, st = self.ctx.sess, self.ctx.sess.state
+        by_group: dict[int, list[int]] = {}
+        for p in victims:
+            by_group.setdefault(int(st.pod_pg[p]), []).append(p)
+        out: list[tuple[int, np.ndarray]] = []
+        for g, pods in by_group.items():
+            q = int(st.pg_queue[g])
+            all_active = st.group_pods(g)
+            still = int(IS_ACTIVE[sess.status[all_active]].sum())
+            core = max(0, int(st.pg_min_member[g]) - still)  # pods of the core among the evicted ones
+            order = sorted(pods, key=lambda p: list(all_active).index(p))
+            reqs = sess.queue_request(order, sess.node[np.array(order)])
+            for chunk in chunk_resources(reqs, min(core, len(order))):
+                out.append((q, chunk))
+        return out
+
+
+@dataclass
+class ReclaimSearch(Search):
+    """A reclaim search, with the other queues' groups the rules protect (named when it fails)."""
+
+    other: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # other queues' active groups
+    protected: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # by min runtime
+
+
+class Reclaim(VictimAction):
+    spec_name = "reclaim"
+
+    def admits(self, ctx: ActionContext, g: int, tasks: list[int]) -> bool:
+        sess, st = ctx.sess, ctx.sess.state
+        q, req, preemptible = int(st.pg_queue[g]), sess.queue_request(tasks).sum(axis=0), bool(st.pg_preemptible[g])
+        if can_reclaim(sess.fs, sess.ledger, q, req, preemptible=preemptible):
+            return True
+        ctx.add_reason(g, Reason("ReclaimNotAllowed", f"queue {st.q_names[q]!r} would exceed its fair share (or, "
+                                 "for non-preemptible work, its quota) by reclaiming",
+                                 reclaim_headroom(sess.fs, sess.ledger, q, req, preemptible=preemptible,
+                                                  names=st.q_names)))
+        return False
+
+    def search(self, ctx: ActionContext, g: int, tasks: list[int]) -> Search | None:
+        sess, st = ctx.sess, ctx.sess.state
+        q = int(st.pg_queue[g])
+        # every queue's candidates (one victim order shared by all reclaim searches from this state), less q's
+        every_queue = sess.memo("reclaim_candidates", lambda: np.flatnonzero(
+            active_group_mask(sess) & st.pg_preemptible.astype(bool) & ~protected_mask(sess, "reclaim")))
+        candidates = every_queue[st.pg_queue[every_queue] != q]
+        other = active_group_mask(sess) & (st.pg_queue != q)
+        protected = protected_mask(sess, "reclaim")
+        rules = ReclaimRules(ctx, q, sess.queue_request(tasks).sum(axis=0), bool(st.pg_preemptible[g]),
+                             ctx.n_top_queues())
+        return ReclaimSearch(candidates, rules, within=every_queue, other=other, protected=protected)
+
+    def failure_reason(self, ctx: ActionContext, g: int, search: Search, out: Outcome) -> Reason | None:
+        if not len(search.candidates):
+            return None
+        assert isinstance(search, ReclaimSearch)
+        other, protected = search.other, search.protected
+        preemptible_v = ctx.sess.state.pg_preemptible.astype(bool)
+        return Reason("ReclaimNotPossible", f"reclaim found no allowed victims: {out.why}", {
+            "why": out.why, "candidates": len(search.candidates),
+            "protected": {"non_preemptible": int((other & ~preemptible_v).sum()),
+                          "min_runtime": int((other & preemptible_v & protected).sum())}})
+
+
+ACTION = Reclaim()
