@@ -39,7 +39,7 @@ from kai_opt.k8s.grouper import OWNER_KINDS
 from kai_opt.k8s.kaibind import API_VERSION as BINDREQUEST_API_VERSION
 from kai_opt.k8s.kaibind import PLURAL as BINDREQUEST_PLURAL
 from kai_opt.k8s.tmpl import NAMESPACE, Cond, Context, Doc, Val, When, all_of, any_of, flag, negate, render, value
-from kai_opt.k8s.webhook import OPT_OUT_LABEL, PATH, SECRET_NAME, SERVICE_NAME, SYSTEM_NAMESPACES, WEBHOOK_NAME
+from kai_opt.k8s.webhook import PATH, SECRET_NAME, SERVICE_NAME, SYSTEM_NAMESPACES, WEBHOOK_NAME, configuration_body
 
 NAME = "kai-opt"
 DEFAULT_NAMESPACE = "kai-opt"
@@ -274,29 +274,8 @@ def _webhook_configuration() -> dict[str, Any]:
     meta = _meta(WEBHOOK_NAME)
     meta["annotations"] = When(CERT_MANAGER, {"cert-manager.io/inject-ca-from": Val(
         f'printf "%s/{SERVICE_NAME}" .Release.Namespace', lambda c: f"{c.namespace}/{SERVICE_NAME}")})
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "metadata": meta,
-        "webhooks": [{
-            "name": "gpu-sharing.kai-opt.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "IfNeeded",
-            "timeoutSeconds": 5,
-            "clientConfig": {"service": {"namespace": NAMESPACE, "name": SERVICE_NAME, "path": PATH, "port": 443}},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                       "scope": "Namespaced"}],
-            "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                                        "values": _EXCLUDED}]},
-            "objectSelector": {"matchExpressions": [{"key": OPT_OUT_LABEL, "operator": "NotIn",
-                                                     "values": ["disabled"]}]},
-            "matchConditions": [
-                {"name": "shares-a-gpu", "expression": "has(object.metadata.annotations) && "
-                 "('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)"},
-                {"name": "kai-opt-schedules-it", "expression": _SCHEDULED_BY_US},
-            ],
-        }],
-    }
+    client_config = {"service": {"namespace": NAMESPACE, "name": SERVICE_NAME, "path": PATH, "port": 443}}
+    return configuration_body(meta, client_config, _EXCLUDED, _SCHEDULED_BY_US)
 
 
 def _webhook_docs() -> list[Doc]:

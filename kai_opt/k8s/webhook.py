@@ -142,10 +142,17 @@ def webhook_configuration(namespace: str, scheduler_names: Sequence[str], *, res
         client_config["caBundle"] = base64.b64encode(ca_bundle.encode()).decode()
     names = ", ".join(json.dumps(n) for n in scheduler_names)
     excluded = sorted({*SYSTEM_NAMESPACES, namespace, reservation_namespace})
+    metadata = {"name": WEBHOOK_NAME, "labels": {"app.kubernetes.io/name": "kai-opt",
+                                                 "app.kubernetes.io/part-of": "kai-opt"}}
+    return configuration_body(metadata, client_config, excluded,
+                              f"has(object.spec.schedulerName) && object.spec.schedulerName in [{names}]")
+
+
+def configuration_body(metadata: Any, client_config: Any, excluded: Any, scheduled_by_us: Any) -> dict[str, Any]:
+    """The configuration with its variable parts given (values here, template markers in the chart: the one
+    description both use)."""
     return {
-        "apiVersion": ADMISSION, "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_NAME, "labels": {"app.kubernetes.io/name": "kai-opt",
-                                                       "app.kubernetes.io/part-of": "kai-opt"}},
+        "apiVersion": ADMISSION, "kind": "MutatingWebhookConfiguration", "metadata": metadata,
         "webhooks": [{
             "name": "gpu-sharing.kai-opt.io",
             "admissionReviewVersions": ["v1"],
@@ -163,8 +170,7 @@ def webhook_configuration(namespace: str, scheduler_names: Sequence[str], *, res
             "matchConditions": [
                 {"name": "shares-a-gpu", "expression": "has(object.metadata.annotations) && "
                  "('gpu-fraction' in object.metadata.annotations || 'gpu-memory' in object.metadata.annotations)"},
-                {"name": "kai-opt-schedules-it", "expression": "has(object.spec.schedulerName) && "
-                 f"object.spec.schedulerName in [{names}]"},
+                {"name": "kai-opt-schedules-it", "expression": scheduled_by_us},
             ],
         }],
     }
