@@ -23,7 +23,8 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write the figure (a typed InputError when the path cannot be written) and close it."""
     plt = _pyplot()
     try:
         fig.tight_layout()
@@ -62,7 +63,7 @@ def ratio_by_family(rows: Sequence[dict[str, Any]], path: Path, key: str = "rati
     ax.set_title("Ratio to the LP upper bound per family (mean; whiskers: min-max)")
     ax.legend(fontsize=8, ncol=min(4, len(engines)), loc="lower right")
     ax.grid(axis="y", linestyle="-.", alpha=0.5)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def cycle_time_vs_size(rows: Sequence[dict[str, Any]], path: Path) -> Path:
@@ -86,7 +87,7 @@ def cycle_time_vs_size(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     ax.set_title("Cycle time vs cluster size (median over families; band up to the largest p95)")
     ax.grid(which="both", linestyle="-.", alpha=0.4)
     ax.legend(fontsize=8, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_all(rows: Sequence[dict[str, Any]], directory: Path) -> list[Path]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kai_opt.errors import InputError
+from kai_opt.bench.plots import save_figure
 from kai_opt.simulate import SimulationResult
 
 
@@ -38,11 +38,4 @@ def plot_queues(result: SimulationResult, path: Path, leaves: list[str]) -> Path
         axes[1][0].set_ylabel("GPU usage (of window capacity)")
         axes[1][0].legend(fontsize="small")
     axes[-1][0].set_xlabel("cycle")
-    try:
-        fig.tight_layout()
-        fig.savefig(path)
-    except OSError as exc:
-        raise InputError(f"cannot write plot: {exc.strerror or exc}", source=str(path)) from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path)

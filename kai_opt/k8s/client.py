@@ -7,7 +7,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -280,6 +280,14 @@ def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
     until Established). Returns lines like "queue.scheduling.run.ai/team-a created". Like kubectl, this writes
     spec and metadata only: `status` of kinds with a status subresource (pods, CRs) needs a status update.
     A replace drops fields other managers set: `kai-opt manifests --apply` uses server-side apply (k8s/ssa.py)."""
+    return apply_in_order(api, objects, _apply_one, crd_timeout=crd_timeout)
+
+
+def apply_in_order(api: client.ApiClient, objects: Iterable[dict[str, Any]],
+                   apply: Callable[[client.ApiClient, Discovery, dict[str, Any]], str], *,
+                   crd_timeout: float = 60.0) -> list[str]:
+    """`apply` each object, CRDs and Namespaces first; the CRDs are waited for until Established, so the objects of
+    their kinds that follow are known. Returns what `apply` said of each."""
     objs = list(objects)
     first = [o for o in objs if o["kind"] in ("CustomResourceDefinition", "Namespace")]
     rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
@@ -287,7 +295,7 @@ def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
     done: list[str] = []
     for batch in (first, rest):
         for obj in batch:
-            done.append(_apply_one(api, disco, obj))
+            done.append(apply(api, disco, obj))
         crds = [o["metadata"]["name"] for o in batch if o["kind"] == "CustomResourceDefinition"]
         if crds:
             wait_crds_established(api, crds, timeout=crd_timeout)

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kai_opt.errors import KaiOptError
-from kai_opt.k8s.client import Discovery, cluster_error, object_path, request_status, wait_crds_established
+from kai_opt.k8s.client import Discovery, apply_in_order, cluster_error, object_path, request_status
 
 FIELD_MANAGER = "kai-opt"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -70,15 +70,5 @@ def server_side_apply(api: client.ApiClient, objects: Iterable[dict[str, Any]], 
                       crd_timeout: float = 60.0) -> list[str]:
     """Apply every object (CRDs and Namespaces first; the CRDs are waited for until Established, so the objects of
     their kinds that follow are known). Returns one line per object, as kubectl prints."""
-    objs = list(objects)
-    first = [o for o in objs if o["kind"] in ("CustomResourceDefinition", "Namespace")]
-    rest = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "Namespace")]
-    disco = Discovery(api)
-    done: list[str] = []
-    for batch in (first, rest):
-        for obj in batch:
-            done.append(apply_one(api, disco, obj, field_manager=field_manager, force=force))
-        crds = [o["metadata"]["name"] for o in batch if o["kind"] == "CustomResourceDefinition"]
-        if crds:
-            wait_crds_established(api, crds, timeout=crd_timeout)
-    return done
+    return apply_in_order(api, objects, lambda a, d, o: apply_one(a, d, o, field_manager=field_manager, force=force),
+                          crd_timeout=crd_timeout)
