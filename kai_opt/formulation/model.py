@@ -111,8 +111,7 @@ def _move_vars(sess: Session, scope: Scope, b: Built) -> None:
                                              f"{st.node_names[mv.node]}]") for mv in scope.movers]
     if scope.movers:
         served = lsum([b.gang[j] for j in scope.move_for])  # groups consolidation may serve that are placed
-        # moves only while one is: one literal for it, so each mover's bound has two terms (with the sum in each,
-        # fractions-1000-s1's 1,478 movers x 1,500 groups made 1.8M terms and most of the model's build time)
+        # moves only while one is: one literal for it, so each mover's bound has two terms (not the whole sum)
         b.serving = m.new_bool_var("consolidation_serves")
         m.add(b.serving <= served)
         for mv, x in zip(scope.movers, b.move, strict=True):
@@ -373,7 +372,7 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
             per_victim_dev[int(d)].append((x, per, most))
     whole_devs = []
     # shares of one size are interchangeable on a device: one count per (milli-GPU per device, devices per pod)
-    # and device, whatever shape they come from (fractions-100: 40k -> a few thousand variables)
+    # and device, whatever shape they come from
     pools: dict[tuple[int, int], list] = defaultdict(list)  # size -> shape totals on this node
     for p, v in items:
         if is_share(st, p):
@@ -462,7 +461,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
 
     def evicted_amount(q: int, r: int) -> cp_model.LinearExpr:
         """Queue q's resource r freed by the evictions: one variable per (queue, resource), since the reclaim rule
-        repeats it for every reclaiming group (openb-1000-s0: 1.75M terms written out each time)."""
+        repeats it for every reclaiming group (written out once, not per group)."""
         if (q, r) not in evicted_sum:
             units = [(vi, int(v[r])) for vi, v in evicted_q[q] if int(v[r])]
             if len(units) <= 1:

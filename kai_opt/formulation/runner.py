@@ -38,9 +38,9 @@ class SolveResult:
 
 PRESOLVE_MIN_S = 0.4  # and solves shorter than this (wall time, times how much slower than its CPU time the
 # build ran: a loaded machine presolves as much slower) too: the complete hint is then the first solution at once,
-# where presolve alone could take the whole time (5,000-node scale instance, 1 s budget, ~0.3 s left)
-PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve: fractions-1000 (60k variables) found nothing in 2.6 s
-# with it, and returns its complete hint at 0.4 s without
+# where presolve alone could take the whole slot
+PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve (it can take longer than the budget; the complete hint
+# is the first solution without it)
 
 
 def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0, slowdown: float = 1.0) -> None:
@@ -48,12 +48,10 @@ def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int 
     if n_vars > PRESOLVE_MAX_VARS or (seconds < PRESOLVE_MIN_S * slowdown and not cfg.deterministic):
         p.cp_model_presolve = False
     p.random_seed = cfg.seed
-    # probing in presolve alone took the whole budget on a 30k-variable model (openb, 100 nodes: no solution in
-    # 3 s, not even the complete hint); without it and with one presolve pass the hint is the first solution
+    # no probing and one presolve pass: presolve must not stand between the model and its complete hint
     p.cp_model_probing_level = 0
     p.max_presolve_iterations = 1
-    # symmetry detection took 3.6 s before the first solution on fragmentation-100 (identical nodes); without it the
-    # complete hint is the first solution at 0.1 s and LNS improves from there
+    # no symmetry detection (identical nodes make it slow before the first solution); LNS improves from the hint
     p.symmetry_level = 0
     if cfg.deterministic:
         p.num_workers = 1
@@ -73,7 +71,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None, 
     tier1_share = 0.85  # tier 1 (work placed) is the objective that decides; tiers 2-3 polish
     moves = sum(built.move) if built.move else 0
     # among plans placing as much, the fewest moves (each move 1 < MOVE_SCALE, one unit of work placed): tiers
-    # 2-3 may get too little time to undo needless moves (topology-100-s0: 148 moved pods otherwise)
+    # 2-3 may get too little time to undo needless moves
     m.maximize(built.value * MOVE_SCALE - moves if built.move else built.value)
     det_used = 0.0  # deterministic mode: the solves' deterministic time, so no wall clock decides a result
 
@@ -128,10 +126,8 @@ def _most_moves(built: Built) -> int:
 
 
 MOVE_SCALE = 1 << 13  # > every move of one model (MOVE_BUDGET pods)
-MOVE_FREE_SHARE = 0.7  # of tier 1's time: first without moves (fragmentation-1000 with 1,300 movers reached
-# 14.9M in 8 s against 15.4M without them: the moves widen the search where none is needed). 5 s budget,
-# fragmentation-1000 s0/s1 and topology-1000-s0, GPUs placed by the plan: 0.4 -> 3,455 / 3,175 / 664-680,
-# 0.7 -> 3,776 / 3,175-3,178 / 680 (topology-100-s0: 300 vs 308)
+MOVE_FREE_SHARE = 0.7  # of tier 1's time: first without moves (the moves widen the search where none is
+# needed), then with them from that solution
 
 
 def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver,

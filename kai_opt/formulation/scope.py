@@ -24,14 +24,9 @@ from kai_opt.plan import Plan
 from kai_opt.state import R_GPU, PodStatus
 
 # config solver.keep_greedy_groups (default true): every group the greedy placed stays placed (the model may move
-# it). False lets the model drop some for more priority-weighted GPUs (fragmentation-100-s0: 719 GPUs instead of
-# 707), but then conformance with KAI falls from 147 to 139 of 154 (KAI's queue order is the rule there): measured,
-# see docs/DESIGN-NOTES.md.
-# (shape, candidate node) pairs in one model. 10,000 rather than 40,000 (measured 2026-12-01, 8 s solves of the
-# tier-1 objective, one per quality instance at 100 and 1,000 nodes): at 100 nodes the models are the same or
-# reach the same value, at 1,000 nodes the wider models were 2-3x larger and slower (topology-1000-s0: the
-# improvement over the greedy plan found at 0.6 s instead of 4.5 s; gangs-1000-s1: no solution at all in 8 s, not
-# even the hint, with 40,000). 5,000 lost value on fragmentation-100 (1,487k vs 1,529k tier-1).
+# it); KAI's queue order is the rule there (docs/DESIGN-NOTES.md).
+# (shape, candidate node) pairs in one model: wider models are larger and slower to their first improvement,
+# narrower ones lose value (docs/DESIGN-NOTES.md, "Model size constants").
 PAIR_BUDGET = 10_000
 PAIRS_PER_SECOND = 3_000  # and at most this many per second of the time budget (a pair is a variable, and on a
 # node where shares go, one per device and share size): what one model can build, solve and decode in time
@@ -225,8 +220,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
             if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}
     # candidate nodes per shape: as many as a budget of (shape, node) pairs allows, at least per_shape_nodes. Wider
-    # is what lets the model re-arrange the greedy's placements (fragmentation-100: 797 GPUs with every node a
-    # candidate, 707 = the greedy's with 24)
+    # is what lets the model re-arrange the greedy's placements
     pools = shape_pools(sess, groups, shapes)
     decisions = len(greedy.placements) + len(greedy.evictions)
     cap = max(per_shape_nodes, pair_budget(sess.cfg, decisions) // max(1, len(pools)))
@@ -334,8 +328,8 @@ def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
 def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:
     """Shapes of different groups whose pods are interchangeable on every node (same requests, GPU needs and
     scheduling signature) share one count per node: the model then decides per (pool, node) and per shape how
-    many of its pods go, so identical gangs cost one set of node variables (fragmentation-1000: about 1,000 shapes
-    in 5 pools). A shape of a group with a required topology level keeps its own (the domain is the group's)."""
+    many of its pods go, so identical gangs cost one set of node variables. A shape of a group with a required
+    topology level keeps its own (the domain is the group's)."""
     by_key: dict[tuple, Pool] = {}
     pools: list[Pool] = []
     for gs in groups:
@@ -400,10 +394,8 @@ MOVES_PER_SECOND = 600  # and at most this many per second of the time budget: e
 def move_budget(cfg, decisions: int = 0) -> int:
     """Running pods one model may move under this configuration's time budget."""
     return min(MOVE_BUDGET, int(MOVES_PER_SECOND * model_seconds(cfg, decisions)))
-# moves only in clusters up to this size: at 100 and 1,000 nodes they pay (topology-1000: +40 / +72 GPUs in 5 s),
-# at 5,000 and 10,000 (the scale instance) the larger model found nothing in 10-15 s where the one without moves
-# placed more than the greedy plan (5,000: +5 GPUs in 10 s; 10,000: model build 7.9 s instead of 2.5 s, then no
-# solution at all in a 15 s budget), measured 2026-12-01
+# moves only in clusters up to this size: above it the larger model with moves finds less than the one without
+# (docs/DESIGN-NOTES.md, "Model size constants")
 MOVE_MAX_NODES = 2_000
 
 
@@ -531,7 +523,7 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
                 # compared where the two queue paths diverge (KAI's leveled queues): the victim side must be above
                 # its allocatable share, or above deserved while the reclaimer side stays within its own
                 # (MaintainFairShare / GuaranteeDeservedQuota), checked at cycle start; the same for every victim
-                # of one queue (memoised: openb-1000 took 17 s here)
+                # of one queue (memoised)
                 key = (i, vq)
                 if key not in rule:
                     rq, wq = leveled(sess.ledger, gs.queue, vq)

@@ -23,9 +23,8 @@ from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
 
 NICE = 10  # the process yields to the CP-SAT workers (2 cores: about a tenth of a core while both search)
-SLOWDOWN = 2.0  # FGD scoring makes a greedy cycle up to this much slower than KAI scoring (fractions-1000-s1:
-# 4.5 s against 1.9 s, allocate 4.0 against 1.3 s), so its plan can arrive by the deadline only if the budget is at
-# least (SLOWDOWN - 1) x the KAI-scored cycle (keep_going)
+SLOWDOWN = 2.0  # FGD scoring makes a greedy cycle up to this much slower than KAI scoring, so its plan can arrive
+# by the deadline only if the budget is at least (SLOWDOWN - 1) x the KAI-scored cycle (keep_going)
 
 
 def fgd_config(config: Config) -> Config:
