@@ -489,3 +489,26 @@ def test_snapshots_reuse_the_parsed_model_of_unchanged_objects() -> None:
     third = {p.name: p for p in c.snapshot(scheduler_names=("kai-opt",)).pods}
     assert third["a"] is first["a"], "unchanged: the same parsed model"
     assert third["b"] is not first["b"]
+
+
+def test_unchanged_objects_keep_their_snapshot_entry_across_cycles() -> None:
+    """A stored object the snapshot uses as is keeps its RawObject (no new entry, no memo key computed again); a
+    changed object, or one with an assumption laid over it, gets a new one."""
+    def with_rv(p: dict[str, Any], rv: str) -> dict[str, Any]:
+        return {**p, "metadata": {**p["metadata"], "resourceVersion": rv}}
+
+    c = _cache(with_rv(_pod("a", "u1"), "1"), with_rv(_pod("b", "u2"), "1"), with_rv(_pod("c", "u3"), "1"))
+
+    def entries() -> dict[str, Any]:
+        return {o.obj["metadata"]["name"]: o for o in c.scheduling_objects(("kai-opt",)) if o.kind == "Pod"}
+
+    first = entries()
+    assert first["a"].memo_key == ("Pod", "u1", "1")
+    c._apply(c._stores[("v1", "Pod")].res, "MODIFIED", with_rv(_pod("b", "u2"), "2"))
+    c.assume_bound("u3", "ns", "c", "n1", ())
+    second = entries()
+    assert second["a"] is first["a"]
+    assert second["b"] is not first["b"] and second["b"].memo_key == ("Pod", "u2", "2")
+    assert second["c"] is not first["c"] and second["c"].obj["spec"]["nodeName"] == "n1"
+    assert second["c"].memo_key == ("Pod", "u3", "1", "bound", "n1", "")
+    assert entries()["a"] is first["a"]

@@ -150,6 +150,9 @@ class ClusterCache:
         self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
+        # the RawObject of each stored object the last snapshot used as is, by the object's id (the RawObject holds
+        # the object, so the id stays its own while the entry lives; snapshot thread only)
+        self._raw: dict[int, RawObject] = {}
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
 
@@ -588,9 +591,18 @@ class ClusterCache:
         ours = set(scheduler_names)
         reservation_app = self.reservation_app
         out: list[RawObject] = []
+        raw_before, raw_now = self._raw, {}
+
+        def as_is(kind: str, o: dict[str, Any]) -> RawObject:
+            raw = raw_before.get(id(o))
+            if raw is None or raw.obj is not o:
+                raw = RawObject(kind, o, "cluster", memo_key=_memo_key(kind, o))
+            raw_now[id(o)] = raw
+            return raw
+
         for (_av, kind), items in per_kind:
             if kind != "Pod":
-                out.extend(RawObject(kind, o, "cluster", memo_key=_memo_key(kind, o)) for o in items)
+                out.extend(as_is(kind, o) for o in items)
                 continue
             for pod in items:
                 meta = pod.get("metadata") or {}
@@ -601,7 +613,6 @@ class ClusterCache:
                 key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 if hold and key in hold and a is None and not spec.get("nodeName"):
                     continue
-                memo_key = _memo_key("Pod", pod)
                 changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
                 if reservation_app and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app:
                     pod = without_gpu(pod)  # a GPU reservation pod: the pods sharing its device account for it
@@ -629,8 +640,13 @@ class ClusterCache:
                 if uid in releasing and not meta.get("deletionTimestamp"):
                     pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
                     changes += ("releasing", stamp)
+                if not changes:
+                    out.append(as_is("Pod", pod))
+                    continue
+                memo_key = _memo_key("Pod", pod)
                 out.append(RawObject("Pod", pod, "cluster",
                                      memo_key=memo_key + changes if memo_key is not None else None))
+        self._raw = raw_now
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
