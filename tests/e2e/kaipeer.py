@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kai_opt.k8s.client import apply_objects, parse_yaml, request
 
+from .schedharness import served
 from .testcluster import REPO, LocalCluster, Process, free_port
 
 # the peer directory (build.sh and the source archive): $KAI_PEER_DIR, else ../shared/peers/kai beside the checkout
@@ -59,16 +60,6 @@ def build_binder() -> KaiPeer:
     return peer
 
 
-def _served(api: ApiClient) -> bool:
-    try:
-        request(api, "GET", "/apis/scheduling.run.ai/v1alpha2")
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
 @contextlib.contextmanager
 def bindrequest_crd(api: ApiClient, peer: KaiPeer) -> Iterator[None]:
     """KAI's BindRequest CRD installed (its own schema); removed afterwards, with every BindRequest (other tests
@@ -80,7 +71,7 @@ def bindrequest_crd(api: ApiClient, peer: KaiPeer) -> Iterator[None]:
         with contextlib.suppress(ApiException):
             request(api, "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}")
         deadline = time.monotonic() + 60
-        while _served(api) and time.monotonic() < deadline:
+        while served(api, "scheduling.run.ai/v1alpha2") and time.monotonic() < deadline:
             time.sleep(0.2)
 
 

@@ -150,6 +150,17 @@ def pod(name: str, *, gpus: int = 0, group: str | None = None, queue_name: str |
                      "containers": [{"name": "main", "image": "busybox", "resources": resources}]}}
 
 
+def served(api: ApiClient, group_version: str) -> bool:
+    """Whether the apiserver serves `group_version` (e.g. a CRD's group installed or removed)."""
+    try:
+        request(api, "GET", f"/apis/{group_version}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def namespace(name: str = NS) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 

@@ -34,6 +34,7 @@ from .schedharness import (
     pods,
     queue,
     scheduler,
+    served,
     wait_for,
 )
 from .testcluster import LocalCluster
@@ -66,16 +67,6 @@ def bind(api: ApiClient, name: str, node_name: str, ns: str = NS) -> None:
     request(api, "POST", object_path("v1", "pods", ns, name) + "/binding", body={
         "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node_name}})
-
-
-def served(api: ApiClient, group_version: str) -> bool:
-    try:
-        request(api, "GET", f"/apis/{group_version}")
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
 
 
 @contextlib.contextmanager
