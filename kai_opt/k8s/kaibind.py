@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,12 +41,14 @@ from kai_opt.config import KaiBinder
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
 from kai_opt.k8s.sharing import (
     CONFIGMAP_ANNOTATION,
+    GPU_GROUP_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     SharingError,
     configmap_prefix,
     fraction_container,
     gpu_portion,
+    new_group,
     shares_gpu,
 )
 
@@ -267,7 +268,7 @@ class KaiBindRequests:
             mine = groups_by_device(self.cache.get(API_VERSION, KIND, meta.get("namespace"), meta.get("name")))
             if not mine:  # bound without a BindRequest of ours: one device, one group label
                 devs = parse_devices((meta.get("annotations") or {}).get(GPU_DEVICES_ANNOTATION))
-                group = (meta.get("labels") or {}).get("runai-gpu-group")
+                group = (meta.get("labels") or {}).get(GPU_GROUP_LABEL)
                 mine = {devs[0]: group} if group and len(devs) == 1 else {}
             for d, g in mine.items():
                 known.setdefault(d, g)
@@ -281,7 +282,7 @@ class KaiBindRequests:
                 del self._recent[key]
             for d in devices:
                 recent = self._recent.get((node, d))
-                group = known.get(d) or (recent[0] if recent else None) or str(uuid.uuid4())
+                group = known.get(d) or (recent[0] if recent else None) or new_group()
                 self._recent[(node, d)] = (group, now)
                 out.append(group)
         return out

@@ -214,8 +214,7 @@ def _usage_ledger_docs() -> list[Doc]:
     """Time-based fair share with kai-opt's ledger (config usage_db.client_type: ledger): get/update of that one
     ConfigMap (creating it is in the ClusterRole already, for the shared-GPU ConfigMaps)."""
     on = Cond(f'eq ({_USAGE_DB}.client_type | default "") "ledger"',
-              lambda c: str(getattr(_ledger_config(c).client_type, "value", _ledger_config(c).client_type))
-              == "ledger")
+              lambda c: _ledger_config(c).client_type == "ledger")
     name = Val(f'{_LEDGER}.config_map_name | default "kai-opt-usage"',
                lambda c: _ledger_config(c).ledger.config_map_name)
     namespace = Val(f"{_LEDGER}.config_map_namespace | default .Release.Namespace",

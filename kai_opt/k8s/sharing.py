@@ -430,10 +430,9 @@ class GpuSharingBinder:
 
     def _group_of_bound_pods(self, node: str, device: int) -> str | None:
         """The group of a bound, unfinished sharing pod on this device (its reservation pod went away)."""
-        for p in self.cache.list("Pod", "v1"):
-            spec = p.get("spec") or {}
-            if spec.get("nodeName") != node or _finished(p) or _meta(p).get("namespace") == \
-                    self.cfg.reservation_namespace:
+        _obj, on_node, _assumed = self.cache.node_view(node)
+        for p in on_node:
+            if _finished(p) or _meta(p).get("namespace") == self.cfg.reservation_namespace:
                 continue
             labels = _labels(p)
             if GPU_GROUP_LABEL in labels and _annotations(p).get(GPU_DEVICES_ANNOTATION) == str(device):
