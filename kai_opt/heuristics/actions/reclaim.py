@@ -36,17 +36,23 @@ class ReclaimRules(MoveVictims):
         self._ledger = sess.ledger.copy()
         self._remaining: dict[int, np.ndarray] = {}
         self._mine = set(self._ledger.ancestors[q])
+        self._hopeful = False  # worth_trying held once: victims only accumulate, so it holds from then on
 
     def worth_trying(self, chunk: list[int]) -> bool:
         """Whether, with every victim taken so far gone, the reclaimer's side of the reclaim rules holds (if not,
-        no subset of these victims can pass validation)."""
+        no subset of these victims can pass validation). Monotone: more victims only lower the reclaimer's side
+        (reclaimer_side), so once it holds it is not evaluated again."""
+        if self._hopeful:
+            return True
         sess, st, ledger = self.ctx.sess, self.ctx.sess.state, self._ledger
         drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
         for a in ledger.ancestors[int(st.pg_queue[int(st.pod_pg[chunk[0]])])]:
             if a in self._mine:
                 self._remaining[a] = self._remaining.get(a, ledger.allocated[a]) - drop
-        return reclaimer_side(sess.fs, ledger, self.q, self.req, self._remaining, preemptible=self.preemptible,
-                              saturation_multiplier=self.mult, n_top_queues=self.tops) is None
+        self._hopeful = reclaimer_side(sess.fs, ledger, self.q, self.req, self._remaining,
+                                       preemptible=self.preemptible, saturation_multiplier=self.mult,
+                                       n_top_queues=self.tops) is None
+        return self._hopeful
 
     def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
         return reclaimer_side_after(sess.fs, ledger, self.q, self.req, self._chunks(victims),
