@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -162,3 +164,38 @@ def test_endpoint_answers_openmetrics_when_the_accept_header_asks_for_it() -> No
             assert samples(body)[("kai_opt_pods_bound_total", ())] == 2
     finally:
         m.stop()
+
+
+_RES = ("gpu", "cpu", "memory")
+_values = st.dictionaries(st.sampled_from(_RES), st.floats(min_value=0, max_value=1e12, allow_nan=False), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), _values, _values, _values), min_size=1, max_size=6),
+       st.sampled_from(["a", "b", None]))
+def test_queue_series_are_the_last_reported_values_in_kais_units(
+        calls: list[tuple[str, dict[str, float], dict[str, float], dict[str, float]]], removed: str | None) -> None:
+    m = SchedulerMetrics()
+    last: dict[str, tuple[dict[str, float], ...]] = {}
+    for name, fair, alloc, req in calls:
+        m.queue(name, fair, alloc, req)
+        last[name] = (fair, alloc, req)
+    if removed is not None:
+        m.remove_queue(removed)
+        last.pop(removed, None)
+    want = {}
+    factor = {"gpu": 1.0, "cpu": 1 / 1000, "memory": 1.0}
+    names = {"gpu": ("kai_queue_fair_share_gpu", "kai_queue_allocated_gpus", "kai_opt_queue_requested_gpus"),
+             "cpu": ("kai_queue_fair_share_cpu_cores", "kai_queue_allocated_cpu_cores",
+                     "kai_opt_queue_requested_cpu_cores"),
+             "memory": ("kai_queue_fair_share_memory_gb", "kai_queue_allocated_memory_bytes",
+                        "kai_opt_queue_requested_memory_bytes")}
+    for queue, tables in last.items():
+        for i, values in enumerate(tables):
+            for res, v in values.items():
+                f = 1e-9 if (res, i) == ("memory", 0) else factor[res]  # fair share memory in GB
+                want[(names[res][i], (("queue_name", queue),))] = v * f
+    got = {k: v for k, v in samples(m.text()).items() if k[1][:1] and k[1][0][0] == "queue_name"}
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12, abs=1e-12), k
