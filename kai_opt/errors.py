@@ -65,5 +65,12 @@ class ConfigError(InputError):
     """Invalid kai-opt configuration file."""
 
 
+class MissingExtraError(KaiOptError):
+    """An optional feature whose packages are not installed (an extra of the kai-opt package)."""
+
+    def __init__(self, feature: str, module: str, extra: str) -> None:
+        super().__init__(f"{feature} needs {module}, which is not installed: pip install 'kai-opt[{extra}]'")
+
+
 class NotFoundError(KaiOptError):
     """A named pod, podgroup or queue does not exist in the snapshot."""

@@ -251,6 +251,6 @@ def test_queue_usage_is_a_metric_and_goes_with_its_queue() -> None:
 
     m = SchedulerMetrics()
     m.queue_usage("team-a", {"gpu": 0.24, "cpu": 0.0, "memory": 0.0})
-    assert 'kai_opt_queue_usage{queue="team-a",resource="gpu"} 0.24' in m.text()
+    assert 'kai_queue_gpu_usage{queue_name="team-a"} 0.24' in m.text()  # KAI's name and label
     m.remove_queue("team-a")
     assert "team-a" not in m.text()

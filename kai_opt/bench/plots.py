@@ -8,15 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from kai_opt.errors import InputError
+from kai_opt.errors import InputError, MissingExtraError
 
 RATIO_PNG = "ratio_by_family.png"
 TIME_PNG = "cycle_time_vs_size.png"
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
+def pyplot(feature: str = "--plot") -> Any:
+    """matplotlib.pyplot on the Agg backend; matplotlib is the `bench` extra: without it a MissingExtraError
+    (one line, exit code 2). Commands call it before their work so a run never ends on it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingExtraError(feature, "matplotlib", "bench") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -25,7 +29,7 @@ def _pyplot() -> Any:
 
 def save_figure(fig: Any, path: Path) -> Path:
     """Write the figure (a typed InputError when the path cannot be written) and close it."""
-    plt = _pyplot()
+    plt = pyplot()
     try:
         fig.tight_layout()
         fig.savefig(path)
@@ -38,7 +42,7 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 def ratio_by_family(rows: Sequence[dict[str, Any]], path: Path, key: str = "ratio") -> Path:
     """Grouped bars: per family, each engine's mean ratio to the bound (whiskers: min and max over instances)."""
-    plt = _pyplot()
+    plt = pyplot()
     fams = list(dict.fromkeys(r["family"] for r in rows))
     engines = list(dict.fromkeys(r["engine"] for r in rows))
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(fams) + 2), 4.5), dpi=120)
@@ -68,7 +72,7 @@ def ratio_by_family(rows: Sequence[dict[str, Any]], path: Path, key: str = "rati
 
 def cycle_time_vs_size(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Per engine: median cycle wall time over the instances of each size (p95 as a shaded band)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     for e in dict.fromkeys(r["engine"] for r in rows):
         sizes = sorted({int(r["nodes"]) for r in rows if r["engine"] == e and r.get("wall_s") is not None})

@@ -75,6 +75,8 @@ def run_cmd(
 ) -> None:
     """Run kai-opt's engines and the peer baselines on seeded instances of the benchmark families; report GPUs
     allocated against the LP upper bound, fragmentation, fairness, cycle time and memory."""
+    if plot is not None:
+        plots.pyplot()  # matplotlib (the bench extra) is there, before the run
     fams = inst.parse_families(families)
     size_list = inst.parse_sizes(sizes if sizes is not None or not quick else str(inst.QUICK_SIZE))
     names = parse_engines(engines)

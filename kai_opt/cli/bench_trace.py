@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kai_opt.bench import batch as batch_engines
-from kai_opt.bench import openb, trace
+from kai_opt.bench import openb, plots, trace
 from kai_opt.cli.app import app
 from kai_opt.cli.render import console, print_json
 from kai_opt.config import Config, load_config
@@ -103,6 +103,8 @@ def trace_cmd(
 ) -> None:
     """Replay an openb trace (FGD protocol): shuffle, inflate, place pods one by one; report the unallocated
     GPU % at 100% arrived workload (mean and sd over seeds) beside the published numbers."""
+    if plot is not None:
+        plots.pyplot()  # matplotlib (the bench extra) is there, before the replay
     names = _engine_list(engines) if engines is not None else None
     cfg = load_config(config)
     if config is not None:
@@ -227,11 +229,7 @@ def _markdown(summary: list[dict[str, Any]], notes: list[str]) -> str:
 
 
 def _plot(runs: list[trace.Run], summary: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
     for row in summary:
         opts = {k: row[k] for k in ("consolidation",) if k in row}

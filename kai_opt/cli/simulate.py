@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from kai_opt.bench.plots import pyplot
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json, status_line
 from kai_opt.cli.simulate_plot import plot_queues
@@ -39,6 +40,8 @@ def simulate(
     pods return to pending), then report every cycle and whether the last one changed nothing (stable). The run
     stops early once the cluster has settled: a cycle changed nothing and no later cycle could (not with --usage:
     the usage term changes every cycle)."""
+    if plot is not None:
+        pyplot()  # matplotlib (the bench extra) is there, before the simulation
     cfg = load_config(config)
     past = load_usage_file(usage) if usage is not None else None
     with status_line("loading the snapshot") as say:

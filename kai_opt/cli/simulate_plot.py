@@ -6,16 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kai_opt.bench.plots import save_figure
+from kai_opt.bench.plots import pyplot, save_figure
 from kai_opt.simulate import SimulationResult
 
 
 def plot_queues(result: SimulationResult, path: Path, leaves: list[str]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cycles = [c.cycle for c in result.cycles]
     with_usage = any("gpu_usage" in row for c in result.cycles for row in c.queues.values())
     fig, axes = plt.subplots(2 if with_usage else 1, 1, figsize=(9, 6 if with_usage else 4), sharex=True,

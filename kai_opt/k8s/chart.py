@@ -12,7 +12,8 @@ import yaml
 from kai_opt import __version__
 from kai_opt.k8s.chart_values import COMMENTS, DEFAULTS, values_schema
 from kai_opt.k8s.client import crd_manifests, parse_yaml
-from kai_opt.k8s.manifests import HELPERS, documents
+from kai_opt.k8s.dashboard import dashboard_json
+from kai_opt.k8s.manifests import DASHBOARD_CHART_FILE, HELPERS, documents
 from kai_opt.k8s.tmpl import helm_template
 
 CHART_DIR = Path("deploy/helm/kai-opt")
@@ -41,7 +42,8 @@ def chart_files() -> dict[str, str]:
     """Path inside the chart -> text."""
     files = {"Chart.yaml": _chart_yaml(), "values.yaml": _values_yaml(), "templates/_helpers.tpl": HELPERS,
              ".helmignore": "*.orig\n*.tmp\n",
-             "values.schema.json": json.dumps(values_schema(), indent=2) + "\n"}
+             "values.schema.json": json.dumps(values_schema(), indent=2) + "\n",
+             DASHBOARD_CHART_FILE: dashboard_json()}
     for doc in documents():
         files[f"templates/{doc.file}"] = GENERATED + helm_template(doc)
     for crd in parse_yaml(crd_manifests()):

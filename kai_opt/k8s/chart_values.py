@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "webhook": {"port": 9443, "certManager": {"enabled": False}},
     "metrics": {"port": 8080, "service": {"enabled": True},
                 "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}}},
+    "dashboard": {"enabled": False, "labels": {"grafana_dashboard": "1"}},
     "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
     "defaultQueue": {"create": True, "name": "default-queue"},
     "priorityClasses": {"create": True},
@@ -59,6 +60,8 @@ COMMENTS: dict[str, str] = {
                "kai-opt (default) or, with certManager.enabled, issued by cert-manager (self-signed Issuer)",
     "metrics": "the metrics port (/metrics, /healthz, /readyz), its Service and an optional Prometheus "
                "ServiceMonitor",
+    "dashboard": "the Grafana dashboard (files/kai-opt-dashboard.json) as ConfigMap kai-opt-dashboard with these "
+                 "labels (grafana_dashboard: the label Grafana's dashboard sidecar looks for)",
     "podDisruptionBudget": "at most maxUnavailable scheduler pods evicted at once",
     "defaultQueue": "the queue of workloads that name none; create: render it (not with existingKai)",
     "priorityClasses": "KAI's default PriorityClasses (train, build-preemptible, build, inference); create: "

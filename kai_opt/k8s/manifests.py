@@ -35,6 +35,9 @@ from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
 from kai_opt.config import BinderKind, Config, parse_config
 from kai_opt.k8s.chart_values import DEFAULTS, check, merge
 from kai_opt.k8s.client import KAI_GROUP, PODGROUP, QUEUE, SCHEDULING_GROUP, TOPOLOGY, crd_manifests, parse_yaml
+from kai_opt.k8s.dashboard import CONFIGMAP as DASHBOARD_CONFIGMAP
+from kai_opt.k8s.dashboard import FILE as DASHBOARD_FILE
+from kai_opt.k8s.dashboard import dashboard_json
 from kai_opt.k8s.grouper import OWNER_KINDS
 from kai_opt.k8s.kaibind import API_VERSION as BINDREQUEST_API_VERSION
 from kai_opt.k8s.kaibind import PLURAL as BINDREQUEST_PLURAL
@@ -45,6 +48,7 @@ NAME = "kai-opt"
 DEFAULT_NAMESPACE = "kai-opt"
 DEFAULT_IMAGE = f"kai-opt:{__version__}"
 CONFIG_PATH = "/etc/kai-opt/config.yaml"
+DASHBOARD_CHART_FILE = f"files/{DASHBOARD_FILE}"  # the Grafana dashboard in the chart (kai_opt/k8s/dashboard.py)
 LEASE_NAME = NAME
 READ = ["get", "list", "watch"]
 RBAC = "rbac.authorization.k8s.io"
@@ -378,6 +382,8 @@ def _metrics_docs() -> list[Doc]:
     monitor_labels = Val("merge (dict " + " ".join(f'"{k}" "{v}"' for k, v in labels.items())
                          + ") .Values.metrics.serviceMonitor.labels",
                          lambda c: {**c.get("metrics.serviceMonitor.labels"), **labels})
+    dashboard_labels = Val("merge (dict " + " ".join(f'"{k}" "{v}"' for k, v in _LABELS.items())
+                           + ") .Values.dashboard.labels", lambda c: {**c.get("dashboard.labels"), **_LABELS})
     return [
         Doc("metrics-service.yaml", {
             "apiVersion": "v1", "kind": "Service",
@@ -394,6 +400,11 @@ def _metrics_docs() -> list[Doc]:
                      "endpoints": [{"port": "metrics", "path": "/metrics",
                                     "interval": value("metrics.serviceMonitor.interval")}]}},
             SERVICE_MONITOR),
+        Doc("dashboard-configmap.yaml", {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": DASHBOARD_CONFIGMAP, "namespace": NAMESPACE, "labels": dashboard_labels},
+            "data": {DASHBOARD_FILE: Val(f'.Files.Get "{DASHBOARD_CHART_FILE}"', lambda c: dashboard_json())}},
+            flag("dashboard.enabled")),
     ]
 
 

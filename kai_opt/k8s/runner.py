@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kai_opt.actions import ACTION_BY_NAME
 from kai_opt.api.pod import PODGROUP_ANNOTATION
 from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
@@ -39,9 +40,10 @@ from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, wri
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
-from kai_opt.k8s.status import StatusWriter
+from kai_opt.k8s.status import DEFAULT_NODE_POOL, NODE_POOL_LABEL, StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
 from kai_opt.plan import Plan
@@ -306,6 +308,10 @@ class Runner:
             report.failures = list(plan.solver.failures)
             for name, seconds in phases.items():
                 self.metrics.cycle_phase(name, seconds)
+            self.metrics.open_session(sum(phases.get(p, 0.0) for p in OPEN_SESSION_PHASES))
+            for name, seconds in plan.phases.items():  # the greedy cycle times each action
+                if name in ACTION_BY_NAME:
+                    self.metrics.action(name, seconds)
             self.metrics.solver(plan.solver.status, plan.solver.gap)
             for stage, kind in plan.solver.failures:  # optional stages that failed; the plan was applied anyway
                 self.metrics.solver_failure(stage, kind)
@@ -351,10 +357,13 @@ class Runner:
                 beneficiary=state.pg_keys[e.beneficiary] if e.beneficiary >= 0 else None))
         self.evictor.submit(evictions)
         binds = []
+        now = time.time()
         for p in plan.binds:
             pod = state.pods[p.pod]
             if not pod.meta.uid:
                 continue
+            if pod.meta.creation_timestamp is not None:  # KAI: from the pod's creation to the bind attempt
+                self.metrics.task_scheduling_latency(now - pod.meta.creation_timestamp)
             binds.append(BindRequest(pod.namespace, pod.name, pod.meta.uid, state.node_names[p.node],
                                      tuple(p.devices), podgroup=group_of(p.pod)))
         self.binder.submit(binds)
@@ -422,15 +431,25 @@ class Runner:
             self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), NORMAL, "Scheduled",
                                f"Successfully assigned {req.namespace}/{req.name} to {req.node}")
         elif result.reason != "dropped":
+            self.metrics.bind_latency(result.latency_s)  # KAI times every bind attempt, failed ones too
             self.metrics.bind_failure(result.reason)
             self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), WARNING, "FailedBinding",
                                f"binding to {req.node} failed ({result.reason}): {result.message}")
+
+    def _count_eviction(self, req: EvictRequest) -> None:
+        """kai_pod_group_evicted_pods_total as KAI labels it: the victim's pod group (name, namespace, uid), its
+        node pool (label kai.scheduler/node-pool, else "default") and the action."""
+        ns, _, name = (req.podgroup or "").partition("/")
+        obj = self.cache.get("scheduling.run.ai/v2alpha2", "PodGroup", ns, name) if name else None
+        meta = (obj or {}).get("metadata") or {}
+        pool = (meta.get("labels") or {}).get(NODE_POOL_LABEL) or DEFAULT_NODE_POOL
+        self.metrics.evicted(req.reason, name, ns or req.namespace, meta.get("uid") or "", pool)
 
     def _evicted(self, result: EvictResult) -> None:
         req = result.request
         ref = pod_ref(req.namespace, req.name, req.uid)
         if result.ok and result.reason != "gone":
-            self.metrics.evicted(req.reason)
+            self._count_eviction(req)
             why = (f"to make room for podgroup {req.beneficiary}" if req.beneficiary
                    else "its gang stayed below minMember")
             self.recorder.emit(ref, NORMAL, "Evicted", f"Evicted by kai-opt ({req.reason}) {why}")

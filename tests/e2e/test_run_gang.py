@@ -77,7 +77,11 @@ def test_two_gangs_on_room_for_one_bind_all_or_nothing(fresh: LocalCluster) -> N
         assert scheduled == set(placed)
         text = metrics.text()
         assert "kai_opt_pods_bound_total 8.0" in text
-        assert 'kai_opt_queue_allocated{queue="team",resource="gpu"} 8.0' in text
+        assert 'kai_queue_allocated_gpus{queue_name="team"} 8.0' in text  # KAI's name, label and unit
+        assert "kai_task_bind_latency_milliseconds_count 8.0" in text
+        assert "kai_task_scheduling_latency_milliseconds_count 8.0" in text
+        assert 'kai_action_scheduling_latency_milliseconds{action="allocate"}' in text
+        assert "kai_e2e_scheduling_latency_milliseconds" in text and "kai_open_session_latency_milliseconds" in text
         assert 'kai_opt_cycle_phase_seconds_count{phase="solve"}' in text
 
 
@@ -120,7 +124,8 @@ def test_a_running_gang_that_loses_a_pod_is_marked_stale_then_evicted_whole(fres
     with fresh.api_client() as api:
         create(api, [namespace(), node("n1", 8), queue("team"), podgroup("g", 4, "team"),
                      *[pod(f"g-{i}", gpus=1, group="g") for i in range(4)]])
-        with scheduler(fresh, config):
+        metrics = SchedulerMetrics()
+        with scheduler(fresh, config, metrics=metrics):
             wait_for("the gang bound", lambda: len(bound(api)) == 4)
             started = wait_for("its last-start timestamp", lambda: (get_podgroup(api, "g")["metadata"].get(
                 "annotations") or {}).get("kai.scheduler/last-start-timestamp"))
@@ -133,6 +138,9 @@ def test_a_running_gang_that_loses_a_pod_is_marked_stale_then_evicted_whole(fres
         evicted = events(api, reason="Evicted")
         assert sorted(e["involvedObject"]["name"] for e in evicted) == ["g-1", "g-2", "g-3"]
         assert all("(stale-gang)" in e["message"] for e in evicted)
+        uid = get_podgroup(api, "g")["metadata"]["uid"]
+        assert (f'kai_pod_group_evicted_pods_total{{action="stalegangeviction",namespace="{NS}",nodepool="default",'
+                f'podgroup="g",uid="{uid}"}} 3.0') in metrics.text()  # KAI's series: the group, its pool, the action
 
 
 def test_the_scheduler_works_with_the_least_privilege_rbac_of_the_manifests(fresh: LocalCluster) -> None:
