@@ -29,12 +29,19 @@ def solve(
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
     usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue for time-based "
                                       "fair share (k_value from the config)"),
+    shard: str | None = typer.Option(None, "--shard", help="schedule only the scheduling shard of this partition "
+                                     "label value ('' = the nodes, queues and PodGroups without the label; the "
+                                     "label is config shard.partition_label); default: the config's shard"),
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
     cfg = load_config(config)
     history = load_usage_file(usage).history() if usage is not None else None
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
+        if shard is not None or cfg.shard.name:
+            from kai_opt.k8s.shard import filter_snapshot, offline_shard
+
+            snap = filter_snapshot(snap, offline_shard(cfg, shard))
         warn_skipped(snap.warnings)
         # the engine (OR-Tools, the heuristics) and the cluster state are imported only once the inputs are read
         from kai_opt.engine import run_cycle

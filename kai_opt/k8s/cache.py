@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
 from kai_opt.k8s.coexist import kubelet_rejection
+from kai_opt.k8s.shard import ShardFilter, filter_snapshot
 from kai_opt.k8s.sharing import APP_LABEL, without_gpu
 from kai_opt.snapshot import RawObject, Snapshot
 
@@ -650,12 +651,15 @@ class ClusterCache:
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
-                 pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = ()) -> Snapshot:
-        """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled)."""
+                 pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = (),
+                 shard: ShardFilter | None = None) -> Snapshot:
+        """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled);
+        with a `shard`, only that shard's part of it (kai_opt.k8s.shard.filter_snapshot)."""
         objects = self.scheduling_objects(scheduler_names, pod_groups=pod_groups, hold=hold)
         snap = Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
                                      now=now if now is not None else time.time(), source="cluster",
                                      memo=self._memo)
+        snap = filter_snapshot(snap, shard)
         if len(self._memo) > 2 * len(objects):  # forget objects that changed or went away
             with self._lock:
                 kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}

@@ -38,9 +38,10 @@ from kai_opt.k8s.client import ClusterError
 from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, writes_queue_status
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
-from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.leader import LeaderElector, lease_name
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
+from kai_opt.k8s.shard import grouping_in_shard, resolve_shard_config, shard_config, shard_filter
 from kai_opt.k8s.status import StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
@@ -112,6 +113,8 @@ class Runner:
 
     def __init__(self, api: client.ApiClient, config: Config, *, identity: str, leader_elect: bool = True,
                  lease_namespace: str = "default", metrics: Any = None, once: bool = False) -> None:
+        config = shard_config(resolve_shard_config(api, config))  # a scheduling shard: its SchedulingShard, names
+        self.shard = shard_filter(config)  # None: the whole cluster
         rt = config.runtime
         self.api = api
         self.config = config
@@ -131,7 +134,8 @@ class Runner:
                                   assume_ttl_s=rt.assume_ttl_s,
                                   reservation_app=rt.gpu_sharing.reservation_app_label)
         le = rt.leader_election
-        self.elector = LeaderElector(api, namespace=lease_namespace, name=le.lease_name, identity=identity,
+        self.elector = LeaderElector(api, namespace=lease_namespace, name=lease_name(le.lease_name, config.shard.name),
+                                     identity=identity,
                                      lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
                                      retry_period_s=le.retry_period_s) if leader_elect else None
         fence = self.elector.is_leader if self.elector is not None else (lambda: True)
@@ -280,7 +284,7 @@ class Runner:
             groups, hold = self._group(names)
             tg = time.perf_counter()
             phases["group"] = tg - t0
-            snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold)
+            snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold, shard=self.shard)
             state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
             t1 = time.perf_counter()
             phases["snapshot"] = t1 - tg
@@ -322,8 +326,8 @@ class Runner:
         pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
         grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
-        grouper.sync_podgroups(self.api, grouping.podgroups, existing)
-        assigned = grouping.assignments
+        desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
+        grouper.sync_podgroups(self.api, desired, existing)
         hold: set[str] = set()
         unannotated = False
         for p in pods:
