@@ -6,11 +6,12 @@ probes on the metrics port, a Service for the metrics port (optional ServiceMoni
 default PriorityClasses and a default Queue (both optional).
 
 The ClusterRole grants exactly what the scheduler does: read (get/list/watch) Nodes, Pods, PodGroups, Queues,
-PriorityClasses, Topologies and the pod grouper's owner kinds; bind (pods/binding, which also records the GPU
-devices) and evict (pods/eviction); patch Pods (the grouper's pod-group-name annotation) and their status
-(nominatedNodeName); create and patch PodGroups (the grouper) and update/patch their status and Queue status;
-create/patch Events (core and events.k8s.io); create and patch ConfigMaps (the shared-GPU ConfigMaps of GPU-sharing
-pods; never read, never deleted: they go with their pod). A Role in its own namespace covers the leader-election
+PriorityClasses, Topologies and the pod grouper's owner kinds; get SchedulingShards (a shard reads its own); bind
+(pods/binding, which also records the GPU devices) and evict (pods/eviction); patch Pods (the grouper's pod-group-
+name annotation) and their status (nominatedNodeName); create and patch PodGroups (the grouper) and update/patch
+their status and Queue status; create/patch Events (core and events.k8s.io); create and patch ConfigMaps (the
+shared-GPU ConfigMaps of GPU-sharing pods; never read, never deleted: they go with their pod). A Role in its own
+namespace covers the leader-election
 Lease (get/create/update). With GPU sharing on (`runtime.gpu_sharing.enabled`), the reservation namespace
 (`kai-resource-reservation`) is created with a Role letting kai-opt create and delete pods there (the GPU
 reservation pods), and a ServiceAccount for the reservation pods whose Role lets them get and patch pods there
@@ -88,6 +89,7 @@ def cluster_rules(binder: BinderKind | Cond = BinderKind.kai_opt) -> list[Any]:
          "verbs": ["update", "patch"]},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": READ},
         {"apiGroups": [KAI_GROUP], "resources": [TOPOLOGY.plural], "verbs": READ},
+        {"apiGroups": [KAI_GROUP], "resources": ["schedulingshards"], "verbs": ["get"]},  # a shard's own (shard.py)
     ]
     owners: dict[str, list[str]] = {}
     for api_version, _kind, plural in OWNER_KINDS:

@@ -157,11 +157,15 @@ def pod_group_of(pod: Mapping[str, Any]) -> str | None:
 
 # -- KAI's SchedulingShard ---------------------------------------------------------------------------------------------
 def read_scheduling_shard(api: client.ApiClient, name: str) -> dict[str, Any] | None:
-    """SchedulingShard `name` (cluster-scoped), or None when it or its CRD is not there."""
+    """SchedulingShard `name` (cluster-scoped), or None when it or its CRD is not there, or kai-opt may not read
+    it (403: RBAC of a chart before shards; logged, the config's partition is used)."""
     try:
         return request(api, "GET", object_path(SCHEDULING_SHARD_API, SCHEDULING_SHARD_PLURAL, None, name))
     except ApiException as exc:
         if exc.status == 404:
+            return None
+        if exc.status == 403:
+            log.warning("shard %s: may not read SchedulingShard %s (403); using the config's partition", name, name)
             return None
         raise cluster_error(exc, f"read SchedulingShard {name}", api) from exc
     except Exception as exc:  # connection errors
