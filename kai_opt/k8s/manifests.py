@@ -7,17 +7,18 @@ default PriorityClasses and a default Queue (both optional).
 
 The ClusterRole grants exactly what the scheduler does: read (get/list/watch) Nodes, Pods, PodGroups, Queues,
 PriorityClasses, Topologies and the pod grouper's owner kinds; get SchedulingShards (a shard reads its own); bind
-(pods/binding, which also records the GPU devices) and evict (pods/eviction); patch Pods (the grouper's pod-group-
-name annotation) and their status (nominatedNodeName); create and patch PodGroups (the grouper) and update/patch
-their status and Queue status; create/patch Events (core and events.k8s.io); create and patch ConfigMaps (the
-shared-GPU ConfigMaps of GPU-sharing pods; never read, never deleted: they go with their pod). A Role in its own
-namespace covers the leader-election Lease (get/create/update). With GPU sharing on (`runtime.gpu_sharing.enabled`),
-the reservation namespace (`kai-resource-reservation`) is created with a Role letting kai-opt create and delete pods
-there (the GPU reservation pods), and a ServiceAccount for the reservation pods whose Role lets them get and patch
-pods there only (each reports its GPU in its own annotation). The GPU-sharing admission webhook comes with its
-Service, its MutatingWebhookConfiguration, and for its certificate a Role to create Secrets in kai-opt's namespace
-and read Secret kai-opt-webhook-tls only, plus get/patch of that one configuration (its caBundle). Nothing else (no
-other Secret read, no deletes outside the reservation namespace, no Queue spec writes).
+(pods/binding, which also records the GPU devices) and evict (pods/eviction); patch Pods (the grouper's
+pod-group-name annotation) and their status (nominatedNodeName); create and patch PodGroups (the grouper) and
+update/patch their status and Queue status; create/patch Events (core and events.k8s.io); create and patch
+ConfigMaps (the shared-GPU ConfigMaps of GPU-sharing pods; never read, never deleted: they go with their pod). A
+Role in its own namespace covers the leader-election Lease (get/create/update). With GPU sharing on
+(`runtime.gpu_sharing.enabled`), the reservation namespace (`kai-resource-reservation`) is created with a Role
+letting kai-opt create and delete pods there (the GPU reservation pods), and a ServiceAccount for the reservation
+pods whose Role lets them get and patch pods there only (each reports its GPU in its own annotation). The
+GPU-sharing admission webhook comes with its Service, its MutatingWebhookConfiguration, and for its certificate a
+Role to create Secrets in kai-opt's namespace and read Secret kai-opt-webhook-tls only, plus get/patch of that one
+configuration (its caBundle). Nothing else (no other Secret read, no deletes outside the reservation namespace, no
+Queue spec writes).
 
 With `runtime.binder: kai` (the default with `existingKai`, unless the config sets `binder`) KAI's binder binds:
 kai-opt gets create/get/list/watch/delete on BindRequests instead of pods/binding and ConfigMap writes, and no
