@@ -272,6 +272,6 @@ def shard_config(config: Config) -> Config:
     data = config.model_dump()
     ledger = data["usage_db"]["ledger"]
     suffix = f"-{s.name}"
-    if not ledger["config_map_name"].endswith(suffix):
-        ledger["config_map_name"] = (ledger["config_map_name"][:253 - len(suffix)] + suffix)
+    if not ledger["config_map_name"].endswith(suffix):  # the chart's Role names the same (manifests._ledger_names)
+        ledger["config_map_name"] += suffix
     return Config.model_validate(data)
