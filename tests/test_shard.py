@@ -296,3 +296,17 @@ def test_solve_shard_option(tmp_path: Path, capsys: Any) -> None:
     assert placed == {"a": {"a1"}, "b": {"b1"}, "": {"d1"}}
     code, _, err = run_cli(capsys, "solve", str(snap), "--shard", "bad value")
     assert code == 2 and "--shard" in err
+
+
+def test_readme_shard_examples_are_valid() -> None:
+    import re
+
+    from kai_opt.k8s.manifests import render_manifests
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Scheduling shards"):text.index("## Benchmarks")]
+    config, values = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S))
+    cfg = parse_config(config, source="README.md")
+    assert shard_filter(cfg) == ShardFilter("pool-a", POOL, "pool-a")
+    deps = [o["metadata"]["name"] for o in render_manifests(values, "ns") if o["kind"] == "Deployment"]
+    assert deps == ["kai-opt-pool-a", "kai-opt-pool-b", "kai-opt-default"]

@@ -48,10 +48,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         {"name": "pool-a", "partitionValue": "pool-a", "replicas": 1,
          "config": {"engine": "greedy", "placement": {"gpu": "spread"}, "solver": {"time_budget_s": 2.5}}},
         {"name": "default"}]},
-    "shards-ledger-kai": {"existingKai": True, "config": {"usage_db": {"client_type": "ledger", "ledger": {
-        "config_map_name": "usage-pool-b"}}, "shard": {"partition_label": "example.com/pool"}},
+    "shards-ledger-kai": {"existingKai": True,
         "podDisruptionBudget": {"enabled": False},
-        "shards": [{"name": "pool-b", "partitionValue": "b", "config": {"actions": {"consolidate": False}}},
+        "config": {"actions": {"consolidate": True, "reclaim": False}, "placement": {"gpu": "fgd", "cpu": "fgd"},
+                   "usage_db": {"client_type": "ledger", "ledger": {"config_map_name": "usage-pool-b"}},
+                   "shard": {"partition_label": "example.com/pool"}},
+        "shards": [{"name": "pool-b", "partitionValue": "b", "config": {
+                        "actions": {"consolidate": False}, "placement": {"cpu": None}}},  # false and null win
                    {"name": "pool-c", "partitionValue": "c"}]},
 }
 

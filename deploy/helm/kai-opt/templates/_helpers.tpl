@@ -20,11 +20,24 @@
 {{- toYaml $c -}}
 {{- end -}}
 
+{{- define "kai-opt.mergeInto" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $dst $k)) -}}
+{{- $_ := include "kai-opt.mergeInto" (dict "dst" (get $dst $k) "src" $v) -}}
+{{- else if kindIs "invalid" $v -}}
+{{- $_ := unset $dst $k -}}
+{{- else -}}
+{{- $_ := set $dst $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kai-opt.shardConfig" -}}
 {{- $c := include "kai-opt.config" .root | fromYaml -}}
-{{- $c = mergeOverwrite $c (deepCopy (.shard.config | default dict)) -}}
+{{- $_ := include "kai-opt.mergeInto" (dict "dst" $c "src" (.shard.config | default dict)) -}}
 {{- $s := get $c "shard" | default dict -}}
-{{- $_ := set $c "shard" $s -}}
+{{- $_ = set $c "shard" $s -}}
 {{- $_ = set $s "name" .shard.name -}}
 {{- $_ = set $s "partition_value" (.shard.partitionValue | default "") -}}
 {{- toYaml $c -}}
