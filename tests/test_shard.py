@@ -310,3 +310,29 @@ def test_readme_shard_examples_are_valid() -> None:
     assert shard_filter(cfg) == ShardFilter("pool-a", POOL, "pool-a")
     deps = [o["metadata"]["name"] for o in render_manifests(values, "ns") if o["kind"] == "Deployment"]
     assert deps == ["kai-opt-pool-a", "kai-opt-pool-b", "kai-opt-default"]
+
+
+def test_offline_commands_take_the_shard(tmp_path: Path, capsys: Any) -> None:
+    """fairshare, simulate and explain see the same shard as solve (`--shard`, or the config's section)."""
+    snap = tmp_path / "cluster.yaml"
+    snap.write_text(yaml.safe_dump_all([
+        {"apiVersion": {"Node": "v1", "Pod": "v1", "Queue": "scheduling.run.ai/v2",
+                        "PodGroup": "scheduling.run.ai/v2alpha2"}[o.kind], "kind": o.kind, **o.obj}
+        for o in two_pools()]), encoding="utf-8")
+    cfg = tmp_path / "shard-b.yaml"
+    cfg.write_text("engine: greedy\nshard: {name: pool-b, partition_value: b}\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, "fairshare", str(snap), "-o", "json", "--shard", "a")
+    assert code == 0, err
+    assert [q["name"] for q in json.loads(out)["queues"]] == ["qa"]
+    code, out, err = run_cli(capsys, "fairshare", str(snap), "-o", "json", "-c", str(cfg))
+    assert code == 0, err
+    assert [q["name"] for q in json.loads(out)["queues"]] == ["qb"]
+    code, out, err = run_cli(capsys, "simulate", str(snap), "-o", "json", "-n", "2", "-c", str(cfg))
+    assert code == 0, err
+    assert json.loads(out)["end"]["nodes"] == 1
+    code, out, err = run_cli(capsys, "explain", str(snap), "--podgroup", "default/ga", "-o", "json", "-e", "greedy",
+                             "--shard", "a")
+    assert code == 0, err
+    assert json.loads(out)["queue"] == "qa"
+    code, out, err = run_cli(capsys, "explain", str(snap), "--podgroup", "default/ga", "-e", "greedy", "--shard", "")
+    assert code == 2 and "not found" in err  # another shard's PodGroup

@@ -87,6 +87,11 @@ def offline_shard(config: Config, value: str | None) -> ShardFilter | None:
     return ShardFilter(s.name or value or "default", s.partition_label, value)
 
 
+def snapshot_of_shard(snap: Snapshot, config: Config, value: str | None) -> Snapshot:
+    """An offline command's snapshot: the shard `offline_shard` names, or `snap` when none."""
+    return filter_snapshot(snap, offline_shard(config, value))
+
+
 def filter_snapshot(snap: Snapshot, shard: ShardFilter | None) -> Snapshot:
     """The part of `snap` that `shard` schedules (module docstring); `snap` itself when `shard` is None."""
     if shard is None:
