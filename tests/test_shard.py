@@ -14,6 +14,7 @@ from builders import node, pod, podgroup, queue, run_cli, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
+from test_kai_binder import BR_PATH, NODE, FakeApi, _binder, _cache, _pod, _stored, fake
 
 from kai_opt.config import Config, Strategy, parse_config
 from kai_opt.engine import run_cycle
@@ -32,6 +33,7 @@ from kai_opt.snapshot import RawObject
 from kai_opt.state import build_state
 
 POOL = "kai.scheduler/node-pool"
+__all__ = ["fake"]  # the fixture (tests/test_kai_binder.py)
 
 
 def labelled(raw: RawObject, value: str | None) -> RawObject:
@@ -336,3 +338,29 @@ def test_offline_commands_take_the_shard(tmp_path: Path, capsys: Any) -> None:
     assert json.loads(out)["queue"] == "qa"
     code, out, err = run_cli(capsys, "explain", str(snap), "--podgroup", "default/ga", "-e", "greedy", "--shard", "")
     assert code == 2 and "not found" in err  # another shard's PodGroup
+
+
+def test_binder_kai_labels_its_bindrequests_and_follows_its_shards_only(fake: FakeApi) -> None:
+    """binder: kai: a shard's BindRequests carry its partition label (KAI's createBindRequest), and a shard
+    follows only those of its partition: another shard's pending BindRequest is neither held nor deleted."""
+    from kai_opt.k8s.binder import BindRequest
+    from kai_opt.k8s.kaibind import bind_request_body
+
+    c = _cache(_pod("p", "u1", gpus=1), _pod("other", "u2", gpus=1))
+    b = _binder(c, [])
+    assert b.kai is not None
+    b.kai.shard = shard("pool-a")
+    assert b.submit([BindRequest("ns", "p", "u1", "n1", (1,))]) and b.wait_idle(5)
+    [(_, body)] = fake.of("POST", BR_PATH)
+    assert body["metadata"]["labels"][POOL] == "pool-a"
+    theirs = bind_request_body(_pod("other", "u2", gpus=1), "n1", (2,), groups=[], node_obj=NODE, backoff_limit=1,
+                               labels={POOL: "pool-b"})
+    _stored(c, theirs)
+    gone = bind_request_body(_pod("gone", "u-old"), "n1", (), groups=[], node_obj=NODE, backoff_limit=1,
+                             labels={POOL: "pool-b"})
+    _stored(c, gone)  # another shard's to clean up, not this one's
+    b.kai.sync()
+    assert not fake.of("DELETE") and not b.kai.tracking("u2") and "u2" not in c.assumed()[0]
+    b.kai.shard = shard("")  # the default shard: its BindRequests carry no partition label
+    assert shard("").labels() == {}
+    b.stop()

@@ -152,6 +152,8 @@ class Runner:
                              sharing=None if kai_binds else rt.gpu_sharing, kai=rt.kai_binder if kai_binds else None,
                              **common)
         self.bindrequest_pool = WorkPool("bindrequests", 1)  # follows our BindRequests (binder: kai)
+        if self.binder.kai is not None:
+            self.binder.kai.shard = self.shard  # its BindRequests carry the partition label, as KAI's
         self.sharing_pool = WorkPool("gpu-sharing", 1)  # deletes reservation pods nobody shares any more
         self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)

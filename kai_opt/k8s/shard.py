@@ -65,6 +65,10 @@ class ShardFilter:
             return self.label not in labels
         return labels.get(self.label) == self.value
 
+    def labels(self) -> dict[str, str]:
+        """The label an object of this shard carries (none for the default shard of value '')."""
+        return {self.label: self.value} if self.value else {}
+
     def describe(self) -> str:
         sel = f"{self.label}={self.value}" if self.value else f"!{self.label}"
         return f"shard {self.name} ({sel})"
