@@ -364,3 +364,18 @@ def test_binder_kai_labels_its_bindrequests_and_follows_its_shards_only(fake: Fa
     b.kai.shard = shard("")  # the default shard: its BindRequests carry no partition label
     assert shard("").labels() == {}
     b.stop()
+
+
+def test_the_idle_check_skips_pods_of_another_shards_podgroups() -> None:
+    from test_kai_binder import _put
+
+    pg = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+          "metadata": {"name": "gb", "namespace": "ns", "labels": {POOL: "pool-b"}}, "spec": {"minMember": 1}}
+    waiting = _pod("w", "u1", annotations={"pod-group-name": "gb"})
+    c = _cache(waiting)
+    assert c.has_unscheduled(("kai-opt",), shard("pool-a"))  # its PodGroup is not known yet: it may be ours
+    _put(c, pg)
+    assert not c.has_unscheduled(("kai-opt",), shard("pool-a"))
+    assert c.has_unscheduled(("kai-opt",), shard("pool-b")) and c.has_unscheduled(("kai-opt",))
+    _put(c, _pod("new", "u2"))  # not grouped yet: the grouper must run
+    assert c.has_unscheduled(("kai-opt",), shard("pool-a"))

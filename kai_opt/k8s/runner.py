@@ -242,7 +242,7 @@ class Runner:
             return False
         if last.pending_pods or last.binds or last.pipelined or last.evictions or self.evictor.pending():
             return False
-        return not self.cache.has_unscheduled(tuple(self.config.scheduler_names))
+        return not self.cache.has_unscheduled(tuple(self.config.scheduler_names), self.shard)
 
     def drain(self, timeout: float) -> bool:
         """Wait until queued binds, evictions and status writes are done."""
