@@ -1,7 +1,8 @@
 """Scheduling shards on a real apiserver: two `kai-opt run` processes, one per shard (pool-a from its config,
 pool-b from KAI's SchedulingShard object), schedule their own node pools only: a pod of one shard is never bound to
 a node of the other even when only that node has room, a PodGroup naming the other shard's queue is not scheduled,
-each shard leads its own Lease, and killing one shard's scheduler leaves the other scheduling."""
+each shard leads its own Lease, killing one shard's scheduler leaves the other scheduling, and relabelling a
+PodGroup moves it to the other shard."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from kai_opt.k8s.client import object_path, request
+from kai_opt.k8s.client import MERGE_PATCH, object_path, request
 
 from .schedharness import (
     FAST_RUNTIME,
+    NS,
     SchedulerProcess,
     bound,
     create,
@@ -156,6 +158,14 @@ def test_two_shards_schedule_their_own_pools_and_survive_each_other(fresh: Local
                             timeout=60) in ("a1", "a2")
             assert "b-big" not in bound(api) and "cross" not in bound(api)
             assert wait_for("a-late's Scheduled event", lambda: scheduled_by(api).get("a-late")) == "shard-a2"
+
+            # relabelling a PodGroup moves it to the other shard (KAI's docs): cross now has its queue's shard
+            group = pods(api)["cross"]["metadata"]["annotations"]["pod-group-name"]
+            request(api, "PATCH", object_path("scheduling.run.ai/v2alpha2", "podgroups", NS, group),
+                    body={"metadata": {"labels": {POOL: "pool-b"}}}, content_type=MERGE_PATCH)
+            assert wait_for("cross bound by shard b", lambda: bound(api).get("cross")) == "b1"
+            assert wait_for("cross's Scheduled event", lambda: scheduled_by(api).get("cross")) == "shard-b"
+            assert get_podgroup(api, group)["metadata"]["labels"][POOL] == "pool-b"  # no grouper took it back
         finally:
             for p in procs:
                 p.kill()
