@@ -376,6 +376,28 @@ class UsageDB(_KaiModel):
         return self
 
 
+_LABEL_KEY_RE = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+_LABEL_VALUE_RE = r"^$|^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+
+
+class Shard(_Model):
+    """A scheduling shard (KAI's SchedulingShard): this scheduler sees only the nodes, queues and PodGroups whose
+    partition label has the shard's value (kai_opt/k8s/shard.py). Off while name is ''."""
+
+    name: str = Field("", pattern=r"^$|" + _DNS_LABEL_RE, max_length=40, description="the shard's name ('' = "
+                      "no sharding: the whole cluster); in a cluster its SchedulingShard object of this name is "
+                      "read when present, and its Lease and usage ledger ConfigMap carry the name")
+    partition_label: str = Field("kai.scheduler/node-pool", pattern=_LABEL_KEY_RE, description="label key of "
+                                 "the partition on nodes, queues and PodGroups (KAI's global nodePoolLabelKey)")
+    partition_value: str = Field("", pattern=_LABEL_VALUE_RE, description="the shard's value of the label ('' = "
+                                 "the objects without the label, KAI's default shard); a SchedulingShard's "
+                                 "partitionLabelValue replaces it")
+    read_scheduling_shard: bool = Field(True, description="in a cluster, read SchedulingShard <name> "
+                                        "(kai.scheduler/v1) when present: its partitionLabelValue, and its "
+                                        "placementStrategy, minRuntime, kValue and actions where this file does "
+                                        "not set them")
+
+
 class Config(_Model):
     engine: Engine = Field(Engine.cpsat, description="cpsat (optimization, hinted by and falling back to the greedy "
                            "plan) or greedy (KAI-like heuristics only)")
@@ -412,6 +434,8 @@ class Config(_Model):
     schedule_period_s: float = Field(1.0, gt=0, le=3600, description="in-cluster: seconds between cycles")
     solver: Solver = Solver()
     runtime: Runtime = Field(Runtime(), description="in-cluster scheduler (kai-opt run)")
+    shard: Shard = Field(Shard(), description="scheduling shard: the partition of the cluster this scheduler "
+                         "schedules (KAI's SchedulingShard)")
 
 
 def load_config(path: str | Path | None) -> Config:

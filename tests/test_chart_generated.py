@@ -119,3 +119,83 @@ def test_cli_values_file_then_explicit_options(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kai_opt.cli.main", "manifests", "-f", str(bad)],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "mapping" in proc.stderr
+
+
+SHARDS = [{"name": "pool-a", "partitionValue": "pool-a",
+           "config": {"engine": "greedy", "placement": {"gpu": "spread"}, "solver": {"time_budget_s": 2.5}}},
+          {"name": "default", "replicas": 1}]
+
+
+def test_one_deployment_and_config_per_shard() -> None:
+    """`shards`: a Deployment, ConfigMap and PodDisruptionBudget per item instead of the single ones; each
+    config is the release's with the item's laid over it and the shard named; selectors keep the shards apart."""
+    objs = render_manifests({"replicas": 3, "config": {"schedule_period_s": 0.5}, "shards": SHARDS}, "ns")
+    deps = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Deployment"}
+    cms = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ConfigMap"}
+    pdbs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "PodDisruptionBudget"}
+    assert sorted(deps) == sorted(pdbs) == ["kai-opt-default", "kai-opt-pool-a"]
+    assert sorted(cms) == ["kai-opt-default-config", "kai-opt-pool-a-config"]
+    assert deps["kai-opt-pool-a"]["spec"]["replicas"] == 3 and deps["kai-opt-default"]["spec"]["replicas"] == 1
+    for name, dep in deps.items():
+        shard = name.removeprefix("kai-opt-")
+        selector = dep["spec"]["selector"]["matchLabels"]
+        assert selector == {"app.kubernetes.io/name": "kai-opt", "kai-opt.io/shard": shard}
+        assert selector == pdbs[name]["spec"]["selector"]["matchLabels"]
+        tmpl = dep["spec"]["template"]
+        assert selector.items() <= tmpl["metadata"]["labels"].items()
+        assert tmpl["spec"]["volumes"][0]["configMap"]["name"] == f"{name}-config"
+    a = parse_config(yaml.safe_load(cms["kai-opt-pool-a-config"]["data"]["config.yaml"]))
+    d = parse_config(yaml.safe_load(cms["kai-opt-default-config"]["data"]["config.yaml"]))
+    assert (a.shard.name, a.shard.partition_value, d.shard.name, d.shard.partition_value) == (
+        "pool-a", "pool-a", "default", "")
+    assert a.engine.value == "greedy" and a.placement.gpu.value == "spread" and a.solver.time_budget_s == 2.5
+    assert d.engine.value == "cpsat" and a.schedule_period_s == d.schedule_period_s == 0.5
+    unsharded = render_manifests({}, "ns")
+    assert [o["metadata"]["name"] for o in unsharded if o["kind"] == "Deployment"] == ["kai-opt"]
+
+
+def test_each_shards_ledger_configmap_is_in_the_ledger_role() -> None:
+    objs = render_manifests({"config": {"usage_db": {"client_type": "ledger"}}, "shards": SHARDS}, "ns")
+    [role] = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "kai-opt-usage-ledger"]
+    names = role["rules"][0]["resourceNames"]
+    assert names == ["kai-opt-usage-pool-a", "kai-opt-usage-default"]
+    from kai_opt.k8s.shard import shard_config
+
+    for cm in (o for o in objs if o["kind"] == "ConfigMap"):
+        cfg = shard_config(parse_config(yaml.safe_load(cm["data"]["config.yaml"])))
+        assert cfg.usage_db.ledger.config_map_name in names
+
+
+def test_each_renders_per_item_and_templates_a_range() -> None:
+    from kai_opt.k8s.tmpl import item
+
+    doc = Doc("x.yaml", {"kind": "X", "name": item("name"), "n": value("n")}, flag("show"), each="things")
+    ctx = Context({"n": 1, "show": True, "things": [{"name": "a"}, {"name": "b"}]}, "ns")
+    assert render([doc], ctx) == [{"kind": "X", "name": "a", "n": 1}, {"kind": "X", "name": "b", "n": 1}]
+    assert render([doc], Context({"n": 1, "show": True, "things": []}, "ns")) == []
+    assert helm_template(doc).splitlines() == [
+        "{{- range $item := .Values.things }}", "{{- with $ }}", "---", "{{- if .Values.show }}", "kind: X",
+        "name: {{ $item.name | toJson }}", "n: {{ .Values.n | toJson }}", "{{- end }}", "{{- end }}", "{{- end }}"]
+
+
+@pytest.mark.parametrize(("shards", "field"), [
+    ({"name": "a"}, "shards"),
+    ([{"name": "Pool_A"}], "shards[0].name"),
+    ([{"name": "a"}, {"name": "a"}], "shards[1].name"),
+    ([{"name": "a", "zone": "x"}], "shards[0].zone"),
+    ([{"name": "a", "partitionValue": "x y"}], "shards[0].partitionValue"),
+    ([{"name": "a", "replicas": 0}], "shards[0].replicas"),
+    ([{"name": "a", "config": {"usage_db": {"client_type": "ledger"}}}], "shards[0].config.usage_db"),
+    ([{"name": "a", "config": {"runtime": {"binder": "kai"}}}], "shards[0].config.runtime.binder"),
+])
+def test_bad_shards_are_input_errors(shards: object, field: str) -> None:
+    with pytest.raises(InputError) as err:
+        render_manifests({"shards": shards})
+    assert err.value.field == field
+
+
+def test_a_bad_shard_config_is_a_config_error() -> None:
+    from kai_opt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="shard pool-a"):
+        render_manifests({"shards": [{"name": "pool-a", "config": {"engine": "quantum"}}]})

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.cli.solve import SHARD_HELP, of_shard
 from kai_opt.config import Engine, load_config
 from kai_opt.errors import KaiOptError
 from kai_opt.explain import explain as run_explain
@@ -32,13 +33,15 @@ def explain(
     plan: Path | None = typer.Option(None, "--plan", help="explain this plan (`kai-opt solve -o json`) instead of "
                                      "computing one"),
     output: Output = typer.Option(Output.table, "--output", "-o", help="table or json"),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Explain a pod, podgroup or queue: where and why it was placed, why it stays pending and what would
     unblock it, or how its queue's fair share was computed."""
     if sum(x is not None for x in (pod, podgroup, queue)) != 1:
         raise KaiOptError("give exactly one of --pod, --podgroup, --queue")
     cfg = load_config(config)
-    state = build_state(load_snapshot(snapshot, scheduler_names=None), default_queue=cfg.default_queue)
+    state = build_state(of_shard(load_snapshot(snapshot, scheduler_names=None), cfg, shard),
+                        default_queue=cfg.default_queue)
     the_plan = load_plan(plan, state) if plan is not None else None
     data = run_explain(state, cfg, pod=pod, podgroup=podgroup, queue=queue, plan=the_plan, engine=engine)
     if output == Output.json:

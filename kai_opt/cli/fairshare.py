@@ -11,6 +11,7 @@ from rich.tree import Tree
 
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.cli.solve import SHARD_HELP, of_shard
 from kai_opt.config import load_config
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.report import fair_share_table
@@ -29,13 +30,14 @@ def fairshare(
     usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue (time-based fair "
                                       "share); adds each queue's usage term"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML (k_value)"),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """The queue tree with deserved, limit, over-quota weight, fair share, allocatable share, allocated,
     requested and the DRF (dominant resource) share per resource; with --usage, each queue's past usage (the
     time-based fair share term, normalised to the window's capacity) too."""
     cfg = load_config(config)
     history = load_usage_file(usage).history() if usage is not None else None
-    state = build_state(load_snapshot(snapshot), default_queue=cfg.default_queue)
+    state = build_state(of_shard(load_snapshot(snapshot), cfg, shard), default_queue=cfg.default_queue)
     fs = compute_fair_share(state, trace=steps, history=history, k_value=cfg.k_value)
     rows = fair_share_table(state, fs)
     if output == Output.json:

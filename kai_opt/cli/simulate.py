@@ -11,6 +11,7 @@ from kai_opt.bench.plots import pyplot
 from kai_opt.cli.app import Output, app
 from kai_opt.cli.render import console, fmt_num, print_json, status_line
 from kai_opt.cli.simulate_plot import plot_queues
+from kai_opt.cli.solve import SHARD_HELP, of_shard
 from kai_opt.config import load_config
 from kai_opt.loaders import load_snapshot
 from kai_opt.loaders.usage_file import load_usage_file
@@ -35,6 +36,7 @@ def simulate(
                                         help="Seconds between cycles (default: schedule_period_s)"),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: GPUs allocated and fair share per leaf "
                                      "queue over the cycles (and the usage term with --usage)"),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Run up to N cycles, applying each plan in memory (binds run, pipelined pods wait for their victims, evicted
     pods return to pending), then report every cycle and whether the last one changed nothing (stable). The run
@@ -45,7 +47,7 @@ def simulate(
     cfg = load_config(config)
     past = load_usage_file(usage) if usage is not None else None
     with status_line("loading the snapshot") as say:
-        snap = load_snapshot(snapshot)
+        snap = of_shard(load_snapshot(snapshot), cfg, shard)
         result = run_simulation(snap, cfg, cycles, progress=say, usage=past, period_s=period,
                                 queue_stats=plot is not None)
     assert result.final is not None

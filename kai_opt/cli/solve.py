@@ -17,8 +17,23 @@ from kai_opt.loaders import load_snapshot
 from kai_opt.loaders.usage_file import load_usage_file
 
 if TYPE_CHECKING:
+    from kai_opt.config import Config
     from kai_opt.plan import Plan
+    from kai_opt.snapshot import Snapshot
     from kai_opt.state import ClusterState
+
+
+SHARD_HELP = ("only the scheduling shard of this partition label value ('' = the nodes, queues and PodGroups "
+              "without the label; the label is config shard.partition_label); default: the config's shard section")
+
+
+def of_shard(snap: Snapshot, cfg: Config, shard: str | None) -> Snapshot:
+    """`snap`, or its part of one scheduling shard (`--shard`, or the config's shard section)."""
+    if shard is None and not cfg.shard.name:
+        return snap
+    from kai_opt.k8s.shard import snapshot_of_shard  # the Kubernetes client only when sharding
+
+    return snapshot_of_shard(snap, cfg, shard)
 
 
 @app.command()
@@ -29,12 +44,14 @@ def solve(
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
     usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue for time-based "
                                       "fair share (k_value from the config)"),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
     cfg = load_config(config)
     history = load_usage_file(usage).history() if usage is not None else None
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
         snap = load_snapshot(snapshot, scheduler_names=None)
+        snap = of_shard(snap, cfg, shard)
         warn_skipped(snap.warnings)
         # the engine (OR-Tools, the heuristics) and the cluster state are imported only once the inputs are read
         from kai_opt.engine import run_cycle

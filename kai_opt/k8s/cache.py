@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
 from kai_opt.k8s.coexist import kubelet_rejection
+from kai_opt.k8s.shard import ShardFilter, filter_snapshot, pod_group_of
 from kai_opt.k8s.sharing import APP_LABEL, without_gpu
 from kai_opt.snapshot import RawObject, Snapshot
 
@@ -405,12 +406,14 @@ class ClusterCache:
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("v1", "Pod", namespace, name)
 
-    def has_unscheduled(self, scheduler_names: Collection[str]) -> bool:
+    def has_unscheduled(self, scheduler_names: Collection[str], shard: ShardFilter | None = None) -> bool:
         """Whether some pod of these schedulers waits for a placement: not bound, not assumed bound, not being
-        deleted, not finished (a cheap look at the pod store, without a snapshot)."""
+        deleted, not finished (a cheap look at the pod store, without a snapshot); with a `shard`, a pod whose
+        PodGroup is another shard's does not count (one without a PodGroup yet does: the grouper decides)."""
         ours = set(scheduler_names)
         with self._lock:
             bound = self._bound
+            groups = self._stores.get((PODGROUP.api_version, PODGROUP.kind)) if shard is not None else None
             for (av, kind), store in self._stores.items():
                 if kind != "Pod" or av != "v1":
                     continue
@@ -423,6 +426,10 @@ class ClusterCache:
                         continue
                     if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                         continue
+                    if shard is not None and groups is not None:
+                        group = groups.items.get(f"{meta.get('namespace') or 'default'}/{pod_group_of(pod)}")
+                        if group is not None and not shard.matches((group.get("metadata") or {}).get("labels")):
+                            continue
                     return True
         return False
 
@@ -650,12 +657,15 @@ class ClusterCache:
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
-                 pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = ()) -> Snapshot:
-        """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled)."""
+                 pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = (),
+                 shard: ShardFilter | None = None) -> Snapshot:
+        """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled);
+        with a `shard`, only that shard's part of it (kai_opt.k8s.shard.filter_snapshot)."""
         objects = self.scheduling_objects(scheduler_names, pod_groups=pod_groups, hold=hold)
         snap = Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
                                      now=now if now is not None else time.time(), source="cluster",
                                      memo=self._memo)
+        snap = filter_snapshot(snap, shard)
         if len(self._memo) > 2 * len(objects):  # forget objects that changed or went away
             with self._lock:
                 kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}

@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "engine": "cpsat",
     "schedulerNames": ["kai-opt"],
     "config": {},
+    "shards": [],
     "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
     "priorityClassName": "",
     "nodeSelector": {},
@@ -49,6 +50,12 @@ COMMENTS: dict[str, str] = {
     "schedulerNames": "pods with one of these schedulerName are kai-opt's",
     "config": "the kai-opt configuration (`kai-opt config --reference`); engine, schedulerNames, defaultQueue.name "
               "and gpuSharing override its engine, scheduler_names, default_queue and runtime.gpu_sharing",
+    "shards": "scheduling shards: one scheduler Deployment (kai-opt-<name>, its own Lease) per item instead of the "
+              "single one, scheduling the nodes, queues and PodGroups whose label (config shard.partition_label, "
+              "kai.scheduler/node-pool) is partitionValue ('' = those without it; KAI's SchedulingShard <name>, "
+              "when present, replaces it); items: {name, partitionValue, replicas (default: replicas), config (laid "
+              "over config: placement, engine, solver budget..., not usage_db, shard, runtime.binder or "
+              "runtime.gpu_sharing)}",
     "resources": "the scheduler container's resources",
     "priorityClassName": "PriorityClass of the scheduler pods (empty: none)",
     "nodeSelector": "node selector of the scheduler pods",
@@ -118,6 +125,51 @@ def check(values: dict[str, Any], namespace: str) -> None:
             raise InputError(f"a port must be 1-65535, got {port!r}", field=path)
     if not isinstance(values["config"], dict):
         raise InputError("config must be a mapping (the kai-opt configuration)", field="config")
+    _check_shards(values["shards"])
+
+
+_SHARD_KEYS = ("name", "partitionValue", "replicas", "config")
+_SHARED_CONFIG = (("usage_db",), ("shard",), ("runtime", "binder"), ("runtime", "gpu_sharing"))  # release-wide
+_SHARD_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # a DNS label of at most 40 (config shard.name)
+_LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+
+
+def _check_shards(shards: Any) -> None:
+    """`shards`: a list of {name (unique), partitionValue, replicas, config}; a shard's config may not set what
+    the release shares (the usage ledger's Role, the binder's RBAC, GPU sharing's objects, the shard itself)."""
+    if not isinstance(shards, list):
+        raise InputError("shards must be a list", field="shards")
+    seen: set[str] = set()
+    for i, s in enumerate(shards):
+        where = f"shards[{i}]"
+        if not isinstance(s, dict):
+            raise InputError("a shard must be a mapping", field=where)
+        for key in s:
+            if key not in _SHARD_KEYS:
+                raise InputError(f"unknown value {where}.{key}", field=f"{where}.{key}")
+        name = s.get("name")
+        if not isinstance(name, str) or not re.match(_SHARD_NAME, name):
+            raise InputError(f"a shard's name must be a DNS label of at most 40 characters, got {name!r}",
+                             field=f"{where}.name")
+        if name in seen:
+            raise InputError(f"shard {name!r} appears twice", field=f"{where}.name")
+        seen.add(name)
+        value = s.get("partitionValue", "")
+        if not isinstance(value, str) or not re.match(_LABEL_VALUE, value):
+            raise InputError(f"partitionValue must be a label value, got {value!r}", field=f"{where}.partitionValue")
+        replicas = s.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise InputError(f"replicas must be at least 1, got {replicas}", field=f"{where}.replicas")
+        cfg = s.get("config", {})
+        if not isinstance(cfg, dict):
+            raise InputError("a shard's config must be a mapping", field=f"{where}.config")
+        for path in _SHARED_CONFIG:
+            node: Any = cfg
+            for part in path[:-1]:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and path[-1] in node:
+                raise InputError(f"{'.'.join(path)} is the release's, not a shard's: set it in config",
+                                 field=f"{where}.config.{'.'.join(path)}")
 
 
 def _unknown(values: dict[str, Any], defaults: dict[str, Any], prefix: str) -> None:
@@ -141,6 +193,15 @@ _SPECIAL: dict[str, dict[str, Any]] = {
     "engine": {"type": "string", "enum": ["cpsat", "greedy"]},
     "podDisruptionBudget.maxUnavailable": {"type": ["integer", "string"]},
     "tolerations": {"type": "array", "items": {"type": "object"}},
+    "shards": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": _SHARD_NAME},
+                       "partitionValue": {"type": "string", "pattern": _LABEL_VALUE},
+                       "replicas": {"type": "integer", "minimum": 1},
+                       "config": {"type": "object", "not": {"anyOf": [{"required": ["usage_db"]},
+                                                                    {"required": ["shard"]}]},
+                                  "properties": {"runtime": {"type": "object", "not": {"anyOf": [
+                                      {"required": ["binder"]}, {"required": ["gpu_sharing"]}]}}}}}}},
 }
 
 

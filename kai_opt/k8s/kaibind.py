@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -51,6 +51,9 @@ from kai_opt.k8s.sharing import (
     new_group,
     shares_gpu,
 )
+
+if TYPE_CHECKING:
+    from kai_opt.k8s.shard import ShardFilter
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +106,10 @@ def received_gpu(pod: dict[str, Any], node: dict[str, Any] | None, devices: tupl
 
 
 def bind_request_body(pod: dict[str, Any], node: str, devices: tuple[int, ...], *, groups: list[str],
-                      node_obj: dict[str, Any] | None, backoff_limit: int) -> dict[str, Any]:
-    """The BindRequest of `pod` placed on `node` on `devices` (GPU `groups` aligned with devices, sharing pods)."""
+                      node_obj: dict[str, Any] | None, backoff_limit: int,
+                      labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The BindRequest of `pod` placed on `node` on `devices` (GPU `groups` aligned with devices, sharing pods);
+    `labels`: a scheduling shard's partition label (kai_opt.k8s.shard, as KAI labels its BindRequests)."""
     meta = _meta(pod)
     rtype, gpu = received_gpu(pod, node_obj, devices)
     spec: dict[str, Any] = {"podName": meta.get("name"), "selectedNode": node, "receivedResourceType": rtype,
@@ -115,7 +120,7 @@ def bind_request_body(pod: dict[str, Any], node: str, devices: tuple[int, ...], 
         "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {
             "name": meta.get("name"), "namespace": meta.get("namespace") or "default",
-            "labels": {SELECTED_NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
+            "labels": {**(labels or {}), SELECTED_NODE_LABEL: node, MANAGED_BY_LABEL: MANAGED_BY},
             "annotations": {GPU_DEVICES_ANNOTATION: _devices_text(devices)},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"),
                                  "uid": meta.get("uid")}],
@@ -192,6 +197,7 @@ class KaiBindRequests:
         self._tracked: dict[str, _Tracked] = {}  # pod uid -> its pending hand-off
         self._recent: dict[tuple[str, int], tuple[str, float]] = {}  # (node, device) -> (group, when handed out)
         self._deleted: set[str] = set()  # BindRequest uids deleted (the watch may still show them)
+        self.shard: ShardFilter | None = None  # a scheduling shard follows the BindRequests of its partition only
 
     def tracking(self, uid: str) -> bool:
         with self._lock:
@@ -213,7 +219,8 @@ class KaiBindRequests:
         self._annotate(pod, req.devices, shared)
         body = bind_request_body(pod, req.node, req.devices, groups=groups,
                                  node_obj=self.cache.get("v1", "Node", None, req.node),
-                                 backoff_limit=self.cfg.backoff_limit)
+                                 backoff_limit=self.cfg.backoff_limit,
+                                 labels=self.shard.labels() if self.shard is not None else None)
         self._create(body, req)
         now = time.monotonic()
         with self._lock:
@@ -307,8 +314,8 @@ class KaiBindRequests:
         seen: set[str] = set()
         present: set[str] = set()
         for obj in self.cache.list(KIND, API_VERSION):
-            if not is_ours(obj):
-                continue
+            if not is_ours(obj) or (self.shard is not None and not self.shard.matches(_meta(obj).get("labels"))):
+                continue  # KAI's, or another shard's
             present.add(str(_meta(obj).get("uid")))
             uid = owner_uid(obj)
             if uid:

@@ -50,6 +50,12 @@ def default_namespace(configured: str = "") -> str:
         return os.environ.get("POD_NAMESPACE") or "default"
 
 
+def lease_name(base: str, shard: str = "") -> str:
+    """The Lease of a scheduler: `base`, and `base-<shard>` for a scheduling shard, so each shard elects its own
+    leader (a shard's standby never waits on another shard's leader)."""
+    return f"{base}-{shard}" if shard else base
+
+
 def _micro_time() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 

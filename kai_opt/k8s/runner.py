@@ -39,11 +39,12 @@ from kai_opt.k8s.client import ClusterError
 from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, writes_queue_status
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
-from kai_opt.k8s.leader import LeaderElector
+from kai_opt.k8s.leader import LeaderElector, lease_name
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
-from kai_opt.k8s.status import DEFAULT_NODE_POOL, NODE_POOL_LABEL, StatusWriter
+from kai_opt.k8s.shard import grouping_in_shard, resolve_shard_config, shard_config, shard_filter
+from kai_opt.k8s.status import DEFAULT_NODE_POOL, StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
 from kai_opt.plan import Plan
@@ -114,6 +115,8 @@ class Runner:
 
     def __init__(self, api: client.ApiClient, config: Config, *, identity: str, leader_elect: bool = True,
                  lease_namespace: str = "default", metrics: Any = None, once: bool = False) -> None:
+        config = shard_config(resolve_shard_config(api, config))  # a scheduling shard: its SchedulingShard, names
+        self.shard = shard_filter(config)  # None: the whole cluster
         rt = config.runtime
         self.api = api
         self.config = config
@@ -133,7 +136,8 @@ class Runner:
                                   assume_ttl_s=rt.assume_ttl_s,
                                   reservation_app=rt.gpu_sharing.reservation_app_label)
         le = rt.leader_election
-        self.elector = LeaderElector(api, namespace=lease_namespace, name=le.lease_name, identity=identity,
+        self.elector = LeaderElector(api, namespace=lease_namespace, name=lease_name(le.lease_name, config.shard.name),
+                                     identity=identity,
                                      lease_duration_s=le.lease_duration_s, renew_deadline_s=le.renew_deadline_s,
                                      retry_period_s=le.retry_period_s) if leader_elect else None
         fence = self.elector.is_leader if self.elector is not None else (lambda: True)
@@ -150,6 +154,8 @@ class Runner:
                              sharing=None if kai_binds else rt.gpu_sharing, kai=rt.kai_binder if kai_binds else None,
                              **common)
         self.bindrequest_pool = WorkPool("bindrequests", 1)  # follows our BindRequests (binder: kai)
+        if self.binder.kai is not None:
+            self.binder.kai.shard = self.shard  # its BindRequests carry the partition label, as KAI's
         self.sharing_pool = WorkPool("gpu-sharing", 1)  # deletes reservation pods nobody shares any more
         self.evictor = Evictor(api, self.cache, self.limiter, on_result=self._evicted,
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)
@@ -238,7 +244,7 @@ class Runner:
             return False
         if last.pending_pods or last.binds or last.pipelined or last.evictions or self.evictor.pending():
             return False
-        return not self.cache.has_unscheduled(tuple(self.config.scheduler_names))
+        return not self.cache.has_unscheduled(tuple(self.config.scheduler_names), self.shard)
 
     def drain(self, timeout: float) -> bool:
         """Wait until queued binds, evictions and status writes are done."""
@@ -282,7 +288,7 @@ class Runner:
             groups, hold = self._group(names)
             tg = time.perf_counter()
             phases["group"] = tg - t0
-            snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold)
+            snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold, shard=self.shard)
             state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
             t1 = time.perf_counter()
             phases["snapshot"] = t1 - tg
@@ -328,8 +334,8 @@ class Runner:
         pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
         grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
-        grouper.sync_podgroups(self.api, grouping.podgroups, existing)
-        assigned = grouping.assignments
+        desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
+        grouper.sync_podgroups(self.api, desired, existing)
         hold: set[str] = set()
         unannotated = False
         for p in pods:
@@ -438,11 +444,12 @@ class Runner:
 
     def _count_eviction(self, req: EvictRequest) -> None:
         """kai_pod_group_evicted_pods_total as KAI labels it: the victim's pod group (name, namespace, uid), its
-        node pool (label kai.scheduler/node-pool, else "default") and the action."""
+        node pool (the shard's partition label, kai.scheduler/node-pool by default, else "default") and the
+        action."""
         ns, _, name = (req.podgroup or "").partition("/")
         obj = self.cache.get("scheduling.run.ai/v2alpha2", "PodGroup", ns, name) if name else None
         meta = (obj or {}).get("metadata") or {}
-        pool = (meta.get("labels") or {}).get(NODE_POOL_LABEL) or DEFAULT_NODE_POOL
+        pool = (meta.get("labels") or {}).get(self.config.shard.partition_label) or DEFAULT_NODE_POOL
         self.metrics.evicted(req.reason, name, ns or req.namespace, meta.get("uid") or "", pool)
 
     def _evicted(self, result: EvictResult) -> None:

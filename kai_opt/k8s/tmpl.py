@@ -8,6 +8,10 @@ A description is plain JSON-like data in which three markers may stand:
 - `When(cond, value)` as a mapping's value or a list's item: present only when `cond` holds; Go: the entry is
   wrapped in `{{- if <cond.go> }}` ... `{{- end }}`;
 - `Cond(go, py)`: a condition (Go template truthiness equals Python's for the booleans, strings and numbers used).
+
+A `Doc` with `each` (a values path of a list) is one object per item of that list; its markers see the item as
+`$item` in Go (`item(key)`), `ctx.item` in Python. Go: `{{- range $item := .Values.<each> }}{{- with $ }}` around the
+object (so `.` is the root again inside), a `---` before each.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Context:
 
     values: Mapping[str, Any]
     namespace: str
+    item: Mapping[str, Any] | None = None  # the list item a `Doc.each` object is rendered for
 
     def get(self, path: str) -> Any:
         node: Any = self.values
@@ -59,6 +64,7 @@ class Doc:
     file: str
     body: dict[str, Any]
     cond: Cond | None = None
+    each: str | None = None  # a values path of a list: one object per item (`item`)
 
 
 def value(path: str) -> Val:
@@ -81,6 +87,11 @@ def any_of(*conds: Cond) -> Cond:
 
 def negate(cond: Cond) -> Cond:
     return Cond(f"not ({cond.go})", lambda c: not cond.py(c))
+
+
+def item(key: str) -> Val:
+    """`<key>` of the list item a `Doc.each` object is rendered for."""
+    return Val(f"$item.{key}", lambda c: (c.item or {})[key])
 
 
 NAMESPACE = Val(".Release.Namespace", lambda c: c.namespace)
@@ -109,8 +120,13 @@ def resolve(node: Any, ctx: Context) -> Any:
 
 
 def render(docs: list[Doc], ctx: Context) -> list[dict[str, Any]]:
-    """The objects whose condition holds, in order."""
-    return [resolve(d.body, ctx) for d in docs if d.cond is None or d.cond.py(ctx)]
+    """The objects whose condition holds, in order (a `Doc.each` one per item of its list)."""
+    out = []
+    for d in docs:
+        for c in ([Context(ctx.values, ctx.namespace, i) for i in ctx.get(d.each) or []] if d.each else [ctx]):
+            if d.cond is None or d.cond.py(c):
+                out.append(resolve(d.body, c))
+    return out
 
 
 # -- Helm ------------------------------------------------------------------------------------------------------------
@@ -172,4 +188,8 @@ class _Writer:
 def helm_template(doc: Doc) -> str:
     """`doc` as the text of a Helm template file."""
     body = _Writer().text(doc.body)
-    return f"{{{{- if {doc.cond.go} }}}}\n{body}{{{{- end }}}}\n" if doc.cond else body
+    body = f"{{{{- if {doc.cond.go} }}}}\n{body}{{{{- end }}}}\n" if doc.cond else body
+    if doc.each:
+        body = (f"{{{{- range $item := .Values.{doc.each} }}}}\n{{{{- with $ }}}}\n---\n{body}"
+                "{{- end }}\n{{- end }}\n")
+    return body

@@ -11,6 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from kai_opt.k8s.webhook import ensure_ca_bundle, generate_tls
 
 from .helmtool import CHART, helm, helm_template, write_values
 from .schedharness import FAST_RUNTIME, bound, create, node, pod, podgroup, queue, wait_for
+from .test_run_shards import in_pool, job, scheduling_shards
 from .testcluster import LocalCluster, delete_cluster_rbac, ensure_namespace, free_port, write_kubeconfig
 
 pytestmark = pytest.mark.e2e
@@ -59,13 +61,13 @@ def _render(tmp_path: Path, ns: str, values: dict[str, Any], name: str = "values
 
 
 @contextlib.contextmanager
-def _run_deployment(cluster: LocalCluster, api: ApiClient, ns: str,
-                    workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _run_deployment(cluster: LocalCluster, api: ApiClient, ns: str, workdir: Path,
+                    deployment: str = NAME) -> Iterator[subprocess.Popen[bytes]]:
     """The applied Deployment's container run here: its args, the applied ConfigMap as its config file and its
     ServiceAccount's token (what a kubelet would give the pod)."""
-    dep = request(api, "GET", _deployment(ns))
+    dep = request(api, "GET", object_path("apps/v1", "deployments", ns, deployment))
     [container] = dep["spec"]["template"]["spec"]["containers"]
-    cm = request(api, "GET", object_path("v1", "configmaps", ns, f"{NAME}-config"))
+    cm = request(api, "GET", object_path("v1", "configmaps", ns, f"{deployment}-config"))
     config = workdir / "config.yaml"
     config.write_text(cm["data"]["config.yaml"], encoding="utf-8")
     token = cluster.service_account_token(ns, dep["spec"]["template"]["spec"]["serviceAccountName"])
@@ -117,6 +119,36 @@ def test_chart_brings_up_a_scheduler_that_schedules_a_gang(clean_cluster: LocalC
         assert set(secret["data"]) >= {"ca.crt", "tls.crt", "tls.key"}
         mwc = request(api, "GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/kai-opt")
         assert mwc["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+
+
+def test_a_charts_shard_reads_its_scheduling_shard_and_schedules_its_pool(clean_cluster: LocalCluster, ns: str,
+                                                                          tmp_path: Path) -> None:
+    """values `shards`: the shard's Deployment, run as its ServiceAccount (the chart's RBAC: the SchedulingShard
+    read, its own Lease), takes its partition from KAI's SchedulingShard and binds its pool's pods only."""
+    metrics_port = free_port()
+    objs = _render(tmp_path, ns, {"replicas": 1, "engine": "greedy", "metrics": {"port": metrics_port},
+                                  "gpuSharing": {"enabled": False},
+                                  "config": {"schedule_period_s": 0.2, "runtime": FAST_RUNTIME},
+                                  "shards": [{"name": "gpu-shard"}]})
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"] == [f"{NAME}-gpu-shard"]
+    shard = {"apiVersion": "kai.scheduler/v1", "kind": "SchedulingShard", "metadata": {"name": "gpu-shard"},
+             "spec": {"partitionLabelValue": "gpu-nodes"}}
+    with clean_cluster.api_client() as api, scheduling_shards(api, shard):
+        server_side_apply(api, objs)
+        ensure_namespace(api, WORK_NS)
+        create(api, [in_pool(node("n1", 4), "gpu-nodes"), node("n2", 4), in_pool(queue("team"), "gpu-nodes"),
+                     queue("other"), *[job(f"p-{i}", "gpu-nodes", "team") for i in range(3)],
+                     pod("unpooled", gpus=1, queue_name="other")])
+        with _run_deployment(clean_cluster, api, ns, tmp_path, f"{NAME}-gpu-shard") as proc:
+            placed = wait_for("the pool's pods bound", lambda: len(bound(api, WORK_NS)) >= 3 and bound(api, WORK_NS),
+                              timeout=60)
+            time.sleep(2)
+            log = (tmp_path / "scheduler.log").read_text()
+            assert proc.poll() is None, log
+            assert bound(api, WORK_NS) == placed == {f"p-{i}": "n1" for i in range(3)}, log
+            lease = request(api, "GET", object_path("coordination.k8s.io/v1", "leases", ns, f"{NAME}-gpu-shard"))
+            assert lease["spec"]["holderIdentity"].startswith("kai-opt-0")
+            assert "SchedulingShard gpu-shard read" in log
 
 
 def test_reapply_keeps_other_managers_fields_and_reports_conflicts(clean_cluster: LocalCluster, ns: str,

@@ -46,6 +46,18 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "existing-kai-own-binder": {"existingKai": True, "config": {"runtime": {"binder": "kai-opt"}}},
     "usage-ledger-named": {"config": {"usage_db": {"client_type": "ledger", "ledger": {
         "config_map_name": "team-usage", "config_map_namespace": "accounting"}}}},
+    "shards": {"shards": [
+        {"name": "pool-a", "partitionValue": "pool-a", "replicas": 1,
+         "config": {"engine": "greedy", "placement": {"gpu": "spread"}, "solver": {"time_budget_s": 2.5}}},
+        {"name": "default"}]},
+    "shards-ledger-kai": {"existingKai": True,
+        "podDisruptionBudget": {"enabled": False},
+        "config": {"actions": {"consolidate": True, "reclaim": False}, "placement": {"gpu": "fgd", "cpu": "fgd"},
+                   "usage_db": {"client_type": "ledger", "ledger": {"config_map_name": "usage-pool-b"}},
+                   "shard": {"partition_label": "example.com/pool"}},
+        "shards": [{"name": "pool-b", "partitionValue": "b", "config": {
+                        "actions": {"consolidate": False}, "placement": {"cpu": None}}},  # false and null win
+                   {"name": "pool-c", "partitionValue": "c"}]},
 }
 
 
@@ -77,7 +89,7 @@ def test_helm_template_equals_kai_opt_manifests(name: str, tmp_path: Path) -> No
         assert by_key[_key(obj)] == _normal(obj), _key(obj)
 
 
-@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing"])
+@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing", "shards"])
 def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
     f = write_values(tmp_path / "values.yaml", VALUE_SETS[name])
     proc = helm("lint", "--strict", str(CHART), "-f", str(f), check=False)
@@ -88,7 +100,10 @@ def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("values", [{"replicas": 0}, {"replica": 2}, {"metrics": {"port": 70000}},
-                                    {"gpuSharing": {"enable": False}}, {"config": "engine: greedy"}])
+                                    {"gpuSharing": {"enable": False}}, {"config": "engine: greedy"},
+                                    {"shards": [{"name": "Pool_A"}]}, {"shards": [{"name": "a", "zone": "x"}]},
+                                    {"shards": [{"name": "a", "config": {"usage_db": {}}}]},
+                                    {"shards": [{"name": "a", "config": {"runtime": {"binder": "kai"}}}]}])
 def test_helm_and_kai_opt_refuse_the_same_bad_values(values: dict[str, Any], tmp_path: Path) -> None:
     f = write_values(tmp_path / "values.yaml", values)
     proc = helm("template", "kai-opt", str(CHART), "-f", str(f), check=False)

@@ -20,6 +20,44 @@
 {{- toYaml $c -}}
 {{- end -}}
 
+{{- define "kai-opt.mergeInto" -}}
+{{- $dst := .dst -}}
+{{- range $k, $v := .src -}}
+{{- if and (kindIs "map" $v) (kindIs "map" (get $dst $k)) -}}
+{{- $_ := include "kai-opt.mergeInto" (dict "dst" (get $dst $k) "src" $v) -}}
+{{- else if kindIs "invalid" $v -}}
+{{- $_ := unset $dst $k -}}
+{{- else -}}
+{{- $_ := set $dst $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kai-opt.shardConfig" -}}
+{{- $c := include "kai-opt.config" .root | fromYaml -}}
+{{- $_ := include "kai-opt.mergeInto" (dict "dst" $c "src" (.shard.config | default dict)) -}}
+{{- $s := get $c "shard" | default dict -}}
+{{- $_ = set $c "shard" $s -}}
+{{- $_ = set $s "name" .shard.name -}}
+{{- $_ = set $s "partition_value" (.shard.partitionValue | default "") -}}
+{{- toYaml $c -}}
+{{- end -}}
+
+{{- define "kai-opt.ledgerNames" -}}
+{{- $ledger := (.Values.config.usage_db | default dict).ledger | default dict -}}
+{{- $name := $ledger.config_map_name | default "kai-opt-usage" -}}
+{{- if .Values.shards -}}
+{{- $out := list -}}
+{{- range .Values.shards -}}
+{{- $suffix := printf "-%s" .name -}}
+{{- $out = append $out (ternary $name (printf "%s%s" $name $suffix) (hasSuffix $suffix $name)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- else -}}
+{{- toJson (list $name) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kai-opt.binder" -}}
 {{- $rt := (.Values.config | default dict).runtime | default dict -}}
 {{- if hasKey $rt "binder" }}{{ $rt.binder }}{{ else if .Values.existingKai }}kai{{ else }}kai-opt{{ end -}}
