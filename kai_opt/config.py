@@ -215,6 +215,8 @@ class Runtime(_Model):
                                       "= only while KAI-Scheduler is not installed (detected by its BindRequest "
                                       "CRD, bindrequests.scheduling.run.ai, looked for every "
                                       "absent_kind_recheck_s); KAI's queue controller owns Queue status then")
+    queue_position: bool = Field(True, description="annotate each pending PodGroup with its queue position "
+                                 "(kai-opt.io/queue-position, -in-queue); a position change is a write per group")
     prebind_recheck: bool = Field(True, description="right before each bind, check the pod still fits its node in "
                                   "the newest cache (pods other schedulers bound since the cycle's snapshot, and our "
                                   "own binds in flight); a bind that no longer fits is dropped and the pod placed "

@@ -32,6 +32,7 @@ from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
 from kai_opt.gcpause import gc_paused
+from kai_opt.heuristics.positions import queue_positions
 from kai_opt.k8s import grouper, kaibind
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, Resource, watch_kinds_of
@@ -373,7 +374,9 @@ class Runner:
 
     def _write_status(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare) -> None:
         """The cycle's status writes, events and queue metrics (on the status-compute worker)."""
-        counts = self.status.update(snap, state, plan, fs)
+        positions = queue_positions(state, fs, self.config, among=set(plan.pending)) \
+            if self.config.runtime.queue_position else None
+        counts = self.status.update(snap, state, plan, fs, positions)
         self._queue_metrics(state, fs)
         log.debug("status writes: %s", counts)
 
