@@ -44,6 +44,7 @@ from kai_opt.k8s.leader import LeaderElector
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
+from kai_opt.k8s.scaleadjust import ScaleAdjuster
 from kai_opt.k8s.status import DEFAULT_NODE_POOL, NODE_POOL_LABEL, StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
@@ -161,6 +162,8 @@ class Runner:
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
         usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
         self.usage: UsageSource | None = usage if usage.enabled else None
+        self.scale = ScaleAdjuster(api, self.cache, self.limiter, config.autoscaler, fence=fence) \
+            if config.autoscaler.enabled else None  # placeholder pods for autoscalers (kai_opt/k8s/scaleadjust.py)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -257,6 +260,8 @@ class Runner:
         self.evictor.stop()
         self.sharing_pool.stop()
         self.bindrequest_pool.stop()
+        if self.scale is not None:
+            self.scale.stop()
         self.binder.wait_idle(2.0)
         self.evictor.wait_idle(2.0)
         self.status_compute.stop(drop_queued=False)
@@ -293,6 +298,8 @@ class Runner:
             phases["fair_share"] = plan.phases.get("fair_share", 0.0)
             phases["solve"] = max(0.0, t2 - t1 - phases["fair_share"])
             self._apply(state, plan)
+            if self.scale is not None:  # after the plan is applied; adds WaitingForScaleUp reasons to the plan
+                self.scale.cycle(state, plan, fs, self.config)
             if self.binder.sharing is not None:
                 self.sharing_pool.submit("sync", self.binder.sharing.sync, replace=True)
             self.status_compute.submit("status", lambda: self._write_status(snap, state, plan, fs), replace=True)
