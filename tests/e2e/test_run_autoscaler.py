@@ -1,0 +1,130 @@
+"""`kai-opt run` with autoscaler support on a real apiserver (kai_opt/k8s/scaleadjust.py): pending GPU-sharing pods
+with no room make whole-GPU placeholder pods with their constraints; a node the test adds (playing the autoscaler)
+gets the real pods and the placeholders go; a pending gang makes the placeholders of all its pods at once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+from kai_opt.config import Config, parse_config
+from kai_opt.k8s.client import object_path, request
+
+from .schedharness import (
+    FAST_RUNTIME,
+    NS,
+    bound,
+    create,
+    fresh,
+    get_podgroup,
+    namespace,
+    node,
+    pod,
+    podgroup,
+    queue,
+    scheduler,
+    wait_for,
+)
+from .testcluster import LocalCluster, ensure_namespace
+
+pytestmark = pytest.mark.e2e
+__all__ = ["fresh"]  # the fixture
+
+SCALING_NS = "kai-opt-scaling"
+POOL = {"pool": "gpu"}
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _config() -> Config:
+    return parse_config({"engine": "greedy", "schedule_period_s": 0.2, "runtime": FAST_RUNTIME,
+                         "autoscaler": {"enabled": True, "cool_down_s": 0}})
+
+
+def _priority_class() -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": "kai-opt-scaling-placeholder"}, "value": -100, "preemptionPolicy": "Never"}
+
+
+def placeholders(api: ApiClient) -> list[dict[str, Any]]:
+    return [p for p in request(api, "GET", object_path("v1", "pods", SCALING_NS))["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def _gpus(p: dict[str, Any]) -> str:
+    return p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+
+
+def _setup(api: ApiClient, extra: list[dict[str, Any]]) -> None:
+    ensure_namespace(api, SCALING_NS)
+    busy = pod("busy", gpus=1, queue_name="team")  # takes the only GPU there is
+    busy["spec"]["tolerations"] = [TOLERATION]
+    create(api, [namespace(), _priority_class(), node("n1", 1, POOL), queue("team"), busy])
+    wait_for("busy bound", lambda: bound(api).get("busy") == "n1")
+    create(api, extra)
+
+
+def test_fraction_pods_make_whole_gpu_placeholders_until_a_new_node_takes_them(fresh: LocalCluster) -> None:
+    shared = []
+    for name in ("f1", "f2", "f3"):
+        p = pod(name, fraction="0.5", queue_name="team")
+        p["spec"]["nodeSelector"] = dict(POOL)
+        p["spec"]["tolerations"] = [TOLERATION]
+        shared.append(p)
+    with fresh.api_client() as api, fresh.kwok(), scheduler(fresh, _config()):
+        _setup(api, [])
+        create(api, shared)
+        phs = wait_for("two placeholders", lambda: (lambda x: x if len(x) == 2 else None)(placeholders(api)))
+        time.sleep(1.0)  # a few more cycles: still exactly these two
+        assert sorted(p["metadata"]["name"] for p in placeholders(api)) == sorted(p["metadata"]["name"] for p in phs)
+        for ph in phs:
+            spec = ph["spec"]
+            assert _gpus(ph) == "1" and spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+            assert spec["nodeSelector"] == POOL and spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+            assert spec["schedulerName"] == "default-scheduler" and not spec.get("nodeName")
+            assert spec["priorityClassName"] == "kai-opt-scaling-placeholder" and spec["priority"] == -100
+            cond = {c["type"]: c for c in ph["status"].get("conditions") or []}["PodScheduled"]
+            assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+        covered = sorted(x for ph in phs for x in ph["metadata"]["annotations"]["kai-opt.io/placeholder-for"]
+                         .split(","))
+        assert covered == [f"{NS}/f1", f"{NS}/f2", f"{NS}/f3"]
+        assert bound(api) == {"busy": "n1"}
+
+        def waiting(name: str) -> bool:
+            pgs = request(api, "GET", object_path("scheduling.run.ai/v2alpha2", "podgroups", NS))["items"]
+            pg = next((g for g in pgs if name in g["metadata"]["name"]), None)
+            conds = ((pg or {}).get("status") or {}).get("schedulingConditions") or []
+            return any(r["reason"] == "WaitingForScaleUp" for c in conds for r in c.get("reasons") or [])
+
+        wait_for("the pending reason says it waits for a scale-up", lambda: all(waiting(n) for n in ("f1", "f2")))
+        # the autoscaler adds a node with room for all three
+        new = node("n2", 2, POOL)
+        new["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
+        create(api, [new])
+        wait_for("the real pods on the new node", lambda: all(bound(api).get(n) == "n2" for n in ("f1", "f2", "f3")),
+                 timeout=30)
+        wait_for("the placeholders gone", lambda: not placeholders(api), timeout=20)
+
+
+def test_a_pending_gang_makes_all_its_placeholders_at_once(fresh: LocalCluster) -> None:
+    gang = [podgroup("big", 4, "team")] + [pod(f"big-{i}", gpus=8, group="big", cpu="16", memory="64Gi")
+                                           for i in range(4)]
+    with fresh.api_client() as api, fresh.kwok(), scheduler(fresh, _config()):
+        _setup(api, gang)
+        first = wait_for("a placeholder", lambda: placeholders(api), timeout=20)
+        seen = [len(first)]
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            seen.append(len(placeholders(api)))
+            time.sleep(0.05)
+        assert seen[-1] == 4 and max(seen) == 4, seen
+        assert seen.index(4) <= 2, f"the gang's four appear within one reconcile, not cycle by cycle: {seen}"
+        phs = placeholders(api)
+        assert [_gpus(p) for p in phs] == ["8"] * 4
+        assert sorted(p["metadata"]["annotations"]["kai-opt.io/placeholder-for"] for p in phs) == \
+            [f"{NS}/big-{i}" for i in range(4)]
+        conds = (get_podgroup(api, "big").get("status") or {}).get("schedulingConditions") or []
+        assert conds and "placeholder pod(s)" in conds[-1]["message"]
+        assert not bound(api).get("big-0")
