@@ -209,3 +209,21 @@ def test_the_runner_adds_the_scale_up_reason_to_the_plan() -> None:
     assert adj.pool.wait_idle(10)
     adj.stop()
     assert Engine.greedy == cfg.engine
+
+
+def test_the_manifests_grant_placeholder_pods_in_their_namespace_only_when_enabled() -> None:
+    from kai_opt.k8s.manifests import render_manifests
+
+    def scaling(values: dict[str, Any]) -> list[dict[str, Any]]:
+        return [o for o in render_manifests(values) if "scaling" in o["metadata"]["name"]]
+
+    assert scaling({}) == [], "off by default: nothing"
+    objs = {o["kind"]: o for o in scaling({"config": {"autoscaler": {"enabled": True}}})}
+    assert set(objs) == {"Namespace", "Role", "RoleBinding", "PriorityClass"}
+    assert objs["Role"]["metadata"]["namespace"] == "kai-opt-scaling"
+    assert objs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+                                     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+    assert objs["PriorityClass"]["value"] == -100 and objs["PriorityClass"]["preemptionPolicy"] == "Never"
+    bare = {o["kind"] for o in scaling({"config": {"autoscaler": {
+        "enabled": True, "create_namespace": False, "create_priority_class": False}}})}
+    assert bare == {"Role", "RoleBinding"}

@@ -46,6 +46,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "existing-kai-own-binder": {"existingKai": True, "config": {"runtime": {"binder": "kai-opt"}}},
     "usage-ledger-named": {"config": {"usage_db": {"client_type": "ledger", "ledger": {
         "config_map_name": "team-usage", "config_map_namespace": "accounting"}}}},
+    "autoscaler": {"config": {"autoscaler": {"enabled": True}}},
+    "autoscaler-named": {"config": {"autoscaler": {"enabled": True, "namespace": "placeholders",
+                                                   "create_namespace": False, "priority_value": -7,
+                                                   "priority_class_name": "scale-me"}}},
+    "autoscaler-no-class": {"config": {"autoscaler": {"enabled": True, "create_priority_class": False}}},
 }
 
 
@@ -77,7 +82,7 @@ def test_helm_template_equals_kai_opt_manifests(name: str, tmp_path: Path) -> No
         assert by_key[_key(obj)] == _normal(obj), _key(obj)
 
 
-@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing"])
+@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing", "autoscaler"])
 def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
     f = write_values(tmp_path / "values.yaml", VALUE_SETS[name])
     proc = helm("lint", "--strict", str(CHART), "-f", str(f), check=False)
