@@ -227,3 +227,17 @@ def test_the_manifests_grant_placeholder_pods_in_their_namespace_only_when_enabl
     bare = {o["kind"] for o in scaling({"config": {"autoscaler": {
         "enabled": True, "create_namespace": False, "create_priority_class": False}}})}
     assert bare == {"Role", "RoleBinding"}
+
+
+def test_the_readme_autoscaler_example_is_a_valid_config() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Autoscaler support"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert example
+    cfg = parse_config(yaml.safe_load(example.group(1)), source="README.md")
+    assert cfg.autoscaler.enabled and cfg.autoscaler.namespace == "kai-opt-scaling"
