@@ -128,3 +128,80 @@ def test_a_pending_gang_makes_all_its_placeholders_at_once(fresh: LocalCluster) 
         conds = (get_podgroup(api, "big").get("status") or {}).get("schedulingConditions") or []
         assert conds and "placeholder pod(s)" in conds[-1]["message"]
         assert not bound(api).get("big-0")
+
+
+def test_the_manifests_rbac_is_enough_for_placeholders_and_pending_groups_carry_their_position(
+        fresh: LocalCluster) -> None:
+    """kai-opt as its own ServiceAccount (the manifests with autoscaler.enabled: the placeholder namespace, its Role
+    and PriorityClass) creates, marks and deletes placeholders, and annotates pending PodGroups with their queue
+    position."""
+    import threading
+
+    from kai_opt.k8s.client import apply_objects
+    from kai_opt.k8s.manifests import NAME, build_manifests
+    from kai_opt.k8s.runner import Runner
+
+    from .testcluster import delete_cluster_rbac
+
+    sched_ns = "kai-opt-autoscaler-e2e"
+    cfg = _config()
+    jobs = []
+    for name in ("j1", "j2"):
+        p = pod(name, fraction="0.5", queue_name="team")
+        p["spec"]["nodeSelector"] = dict(POOL)
+        jobs.append(p)
+    try:
+        with fresh.api_client() as api, fresh.kwok():
+            objs = [o for o in build_manifests(sched_ns, "kai-opt:test", config=cfg)
+                    if o["kind"] != "MutatingWebhookConfiguration"]
+            assert {(o["kind"], o["metadata"]["name"]) for o in objs} >= {
+                ("Namespace", SCALING_NS), ("PriorityClass", "kai-opt-scaling-placeholder"),
+                ("Role", "kai-opt-scaling-placeholders")}
+            apply_objects(api, objs)
+            create(api, [namespace(), node("n1", 1, POOL), queue("team"), pod("busy", gpus=1, queue_name="team")])
+            with fresh.service_account_client(sched_ns, NAME) as sa:
+                runner = Runner(sa, cfg, identity="rbac", leader_elect=False)
+                errors: list[BaseException] = []
+
+                def main() -> None:
+                    try:
+                        runner.run()
+                    except BaseException as exc:  # re-raised below
+                        errors.append(exc)
+
+                t = threading.Thread(target=main, daemon=True)
+                t.start()
+                try:
+                    wait_for("busy bound", lambda: bound(api).get("busy") == "n1")
+                    create(api, jobs)
+                    (ph,) = wait_for("one placeholder", lambda: (lambda x: x if len(x) == 1 else None)(
+                        placeholders(api)))
+                    assert _gpus(ph) == "1" and ph["spec"]["priority"] == -100
+                    wait_for("marked unschedulable", lambda: any(
+                        c["type"] == "PodScheduled" and c["reason"] == "Unschedulable"
+                        for c in (placeholders(api)[0]["status"].get("conditions") or [])))
+
+                    def positions() -> dict[str, str] | None:
+                        pgs = request(api, "GET", object_path("scheduling.run.ai/v2alpha2", "podgroups", NS))["items"]
+                        out = {g["metadata"]["name"]: (g["metadata"].get("annotations") or {}).get(
+                            "kai-opt.io/queue-position") for g in pgs if "j" in g["metadata"]["name"]}
+                        return out if len(out) == 2 and all(out.values()) else None
+
+                    got = wait_for("queue positions on the pending PodGroups", positions)
+                    assert sorted(got.values()) == ["1", "2"], got
+                    create(api, [node("n2", 1, POOL)])
+                    wait_for("both on the new node", lambda: all(bound(api).get(n) == "n2" for n in ("j1", "j2")),
+                             timeout=30)
+                    wait_for("the placeholder gone", lambda: not placeholders(api), timeout=20)
+                    wait_for("the positions gone", lambda: not any(
+                        (g["metadata"].get("annotations") or {}).get("kai-opt.io/queue-position")
+                        for g in request(api, "GET", object_path("scheduling.run.ai/v2alpha2", "podgroups",
+                                                                 NS))["items"]))
+                finally:
+                    runner.stop()
+                    t.join(15)
+                assert not errors, errors
+                assert runner.scale is not None and runner.scale.failures == 0
+    finally:
+        with fresh.api_client() as api:
+            delete_cluster_rbac(api, NAME)
