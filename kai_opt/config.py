@@ -405,7 +405,7 @@ class Autoscaler(_Model):
     cool_down_s: float = Field(60.0, ge=0, le=3600, description="after a placeholder is deleted, none is created "
                                "for this long (KAI's cool-down: the autoscaler's new nodes get a cycle first)")
     max_placeholders: int = Field(1000, ge=1, le=100_000, description="at most this many placeholders at once "
-                                  "(the first pending groups in queue order get them)")
+                                  "(the first pending groups in queue order get them, a group's all or none)")
 
 
 class Config(_Model):

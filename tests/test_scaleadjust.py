@@ -95,8 +95,11 @@ def test_a_gang_that_cannot_fit_asks_for_all_its_nodes_at_once() -> None:
     assert len({g for ph in phs for g in ph.groups}) == 1
     _, none, _ = _decide(_full_cluster() + gang, _config(whole_gpu_pods=False))
     assert none == []
-    _, capped, _ = _decide(_full_cluster() + gang, _config(max_placeholders=2))
-    assert len(capped) == 2
+    _, capped, _ = _decide(_full_cluster() + gang, _config(max_placeholders=3))
+    assert capped == [], "a gang's demand is one: all its placeholders or none"
+    singles = [x for i in range(3) for x in (podgroup(f"s{i}", "q", created_min=i), pod(f"s{i}-0", f"s{i}", gpus=8))]
+    _, capped, _ = _decide(_full_cluster() + singles, _config(max_placeholders=2))
+    assert sorted(ph.source for ph in capped) == ["default/s0-0", "default/s1-0"], "the first in queue order"
 
 
 def test_no_placeholder_when_a_node_would_not_help_or_the_pod_fits() -> None:

@@ -37,7 +37,7 @@ def pending_order(state: ClusterState, fs: FairShare, config: Config) -> list[tu
     sess = Session(state, fs, config)
     ctx = ActionContext(sess)
     jq = JobQueue(sess, ctx.pending_groups())
-    return [(g, sess.queue_request(tasks).sum(axis=0)) for g, tasks in queued_groups(ctx, jq)]
+    return [(g, jq.request(g)) for g, _tasks in queued_groups(ctx, jq)]  # (its request: cached by the pop)
 
 
 def number(state: ClusterState, order: list[tuple[int, np.ndarray]],

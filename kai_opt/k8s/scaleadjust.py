@@ -87,11 +87,11 @@ def _pending_pods(state: ClusterState, plan: Plan, g: int, placed: set[int]) -> 
 
 
 def desired_placeholders(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -> list[Placeholder]:
-    """The placeholders that should exist after this plan (see the module docstring), groups in queue order."""
+    """The placeholders that should exist after this plan (see the module docstring), by name; over
+    `max_placeholders`, those of the groups first in queue order."""
     cfg = config.autoscaler
-    pos = queue_positions(state, fs, config)
     groups = sorted((g for g, reasons in plan.pending.items() if needs_scale_up(reasons)),
-                    key=lambda g: (pos[g].overall if g in pos else len(pos) + 1, state.pg_keys[g]))
+                    key=lambda g: state.pg_keys[g])
     placed = {pl.pod for pl in plan.placements if not pl.moved}
     whole: list[Placeholder] = []
     # sharing pods by (constraints, devices per pod): [(milli-GPU per device, pod, group)], in group order
@@ -112,9 +112,24 @@ def desired_placeholders(state: ClusterState, plan: Plan, fs: FairShare, config:
     shared: list[Placeholder] = []
     for key, items in buckets.items():
         shared += _pack(state, key, items)
-    rank = {g: i for i, g in enumerate(groups)}
-    out = sorted(whole + shared, key=lambda ph: (min(rank[g] for g in ph.groups), ph.name))
-    return out[:cfg.max_placeholders]
+    out = whole + shared
+    if len(out) <= cfg.max_placeholders:
+        return sorted(out, key=lambda ph: ph.name)
+    # over the cap: the groups first in queue order keep theirs, a group's all or none (a gang's demand is
+    # one), up to the first that no longer fits (the order costs a JobQueue walk: only now)
+    pos = queue_positions(state, fs, config)
+    rank = {g: (pos[g].overall if g in pos else len(pos) + 1, state.pg_keys[g]) for g in groups}
+    per: dict[int, list[Placeholder]] = {}
+    for ph in out:
+        per.setdefault(min(ph.groups, key=lambda g: rank[g]), []).append(ph)
+    kept: list[Placeholder] = []
+    for g in sorted(per, key=lambda g: rank[g]):
+        if len(kept) + len(per[g]) > cfg.max_placeholders:
+            log.warning("autoscaler: max_placeholders %d reached; %s and the groups after it get none",
+                        cfg.max_placeholders, state.pg_keys[g])
+            break
+        kept += per[g]
+    return sorted(kept, key=lambda ph: ph.name)
 
 
 def _pack(state: ClusterState, key: str, items: list[tuple[int, int, int]]) -> list[Placeholder]:
