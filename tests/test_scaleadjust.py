@@ -174,7 +174,12 @@ def test_the_reconciler_creates_missing_deletes_unneeded_and_bound_ones_and_cool
     adj = sa.ScaleAdjuster(None, cache, TokenBucket(1000, 100), cfg, clock=lambda: now[0])
     keep = sa.Placeholder("kai-opt-ph-keep", 1, 1000, 1, "default/a", ("default/a",), (0,))
     new = sa.Placeholder("kai-opt-ph-new", 8, 1000, 1, "default/b", ("default/b",), (1,))
-    digest = sa.placeholder_pod(keep, None, cfg)["metadata"]["annotations"][sa.SPEC_ANNOTATION]
+    sources = {n: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": n, "namespace": "default", "uid": n},
+                   "spec": {"schedulerName": "kai-opt", "nodeSelector": SELECTOR, "containers": [{"name": "c"}]},
+                   "status": {"phase": "Pending"}} for n in ("a", "b")}
+    for obj in sources.values():
+        cache._apply(res, "ADDED", obj)
+    digest = sa.placeholder_pod(keep, sources["a"], cfg)["metadata"]["annotations"][sa.SPEC_ANNOTATION]
     for obj in (_placeholder_obj("kai-opt-ph-keep", spec_digest=digest), _placeholder_obj("kai-opt-ph-old"),
                 _placeholder_obj("kai-opt-ph-new", spec_digest="stale", node_name="n9")):
         cache._apply(res, "ADDED", obj)
@@ -190,9 +195,16 @@ def test_the_reconciler_creates_missing_deletes_unneeded_and_bound_ones_and_cool
     post = next(c for c in calls if c[0] == "POST")
     assert post[1] == "/api/v1/namespaces/kai-opt-scaling/pods"
     assert post[2]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
+    assert post[2]["spec"]["nodeSelector"] == SELECTOR, "the constraints of the source pod"
     status = next(c for c in calls if c[0] == "PATCH")
     assert status[1].endswith("/pods/kai-opt-ph-new/status")
     assert status[2]["status"]["conditions"][0]["reason"] == "Unschedulable"
+    # the source pod of a desired placeholder is gone: nothing is made for it (and the kept one stays)
+    cache._apply(res, "DELETED", sources["b"])
+    now[0] += 31
+    cache._apply(res, "DELETED", _placeholder_obj("kai-opt-ph-new"))
+    calls.clear()
+    assert adj.sync([keep, new]) == ([], []) and calls == []
     fenced = sa.ScaleAdjuster(None, cache, TokenBucket(1000, 100), cfg, fence=lambda: False)
     calls.clear()
     assert fenced.sync([]) == ([], []) and calls == [], "only the leader writes"

@@ -255,7 +255,9 @@ class ScaleAdjuster:
         want = {}
         for ph in desired:
             ns, name = ph.source.split("/", 1)
-            want[ph.name] = placeholder_pod(ph, self.cache.get("v1", "Pod", ns, name), self.cfg)
+            source = self.cache.get("v1", "Pod", ns, name)
+            if source is not None:  # gone since the cycle: its constraints are not known, and it needs none
+                want[ph.name] = placeholder_pod(ph, source, self.cfg)
         have: dict[str, dict[str, Any]] = {}
         deleted: list[str] = []
         for obj in self.existing():
