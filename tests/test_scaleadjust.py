@@ -130,8 +130,9 @@ def test_packing_fills_no_device_over_one_and_needs_at_least_the_summed_fraction
 
 def test_placeholder_pod_copies_the_constraints_and_stays_out_of_kai_opts_way() -> None:
     cfg = _config().autoscaler
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}},
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    affinity: dict[str, Any] = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [zone]}},
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     source = {"metadata": {"name": "f0-0", "namespace": "team"},

@@ -138,10 +138,10 @@ def _pack(state: ClusterState, key: str, items: list[tuple[int, int, int]]) -> l
     used: list[int] = []
     order = {p: i for i, (_, p, _) in enumerate(items)}
     for item in sorted(items, key=lambda x: (-x[0], order[x[1]])):
-        for b, u in enumerate(used):
+        for j, u in enumerate(used):
             if u + item[0] <= GPU_MILLI:
-                bins[b].append(item)
-                used[b] += item[0]
+                bins[j].append(item)
+                used[j] += item[0]
                 break
         else:
             bins.append([item])
@@ -239,7 +239,10 @@ class ScaleAdjuster:
         desired = desired_placeholders(state, plan, fs, config)
         for g, reason in scale_up_reasons(state, desired, self.cfg).items():
             plan.pending[g] = [*plan.pending.get(g, []), reason]
-        self.pool.submit("sync", lambda: self.sync(desired), replace=True)
+        def job() -> None:
+            self.sync(desired)
+
+        self.pool.submit("sync", job, replace=True)
         return desired
 
     def existing(self) -> list[dict[str, Any]]:
