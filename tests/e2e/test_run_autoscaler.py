@@ -83,7 +83,7 @@ def test_fraction_pods_make_whole_gpu_placeholders_until_a_new_node_takes_them(f
         _setup(api, [])
         create(api, shared)
         phs = wait_for("two placeholders, marked unschedulable", lambda: (
-            lambda x: x if len(x) == 2 and all(_unschedulable(p) for p in x) else None)(placeholders(api)))
+            lambda x: x if len(x) == 2 and all(_unschedulable(p) for p in x) else None)(placeholders(api)), timeout=40)
         time.sleep(1.0)  # a few more cycles: still exactly these two
         assert sorted(p["metadata"]["name"] for p in placeholders(api)) == sorted(p["metadata"]["name"] for p in phs)
         for ph in phs:
@@ -103,14 +103,15 @@ def test_fraction_pods_make_whole_gpu_placeholders_until_a_new_node_takes_them(f
             conds = ((pg or {}).get("status") or {}).get("schedulingConditions") or []
             return any(r["reason"] == "WaitingForScaleUp" for c in conds for r in c.get("reasons") or [])
 
-        wait_for("the pending reason says it waits for a scale-up", lambda: all(waiting(n) for n in ("f1", "f2")))
+        wait_for("the pending reason says it waits for a scale-up", lambda: all(waiting(n) for n in ("f1", "f2")),
+                 timeout=40)
         # the autoscaler adds a node with room for all three
         new = node("n2", 2, POOL)
         new["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
         create(api, [new])
         wait_for("the real pods on the new node", lambda: all(bound(api).get(n) == "n2" for n in ("f1", "f2", "f3")),
-                 timeout=30)
-        wait_for("the placeholders gone", lambda: not placeholders(api), timeout=20)
+                 timeout=60)
+        wait_for("the placeholders gone", lambda: not placeholders(api), timeout=40)
 
 
 def test_a_pending_gang_makes_all_its_placeholders_at_once(fresh: LocalCluster) -> None:
