@@ -215,6 +215,8 @@ class Runtime(_Model):
                                       "= only while KAI-Scheduler is not installed (detected by its BindRequest "
                                       "CRD, bindrequests.scheduling.run.ai, looked for every "
                                       "absent_kind_recheck_s); KAI's queue controller owns Queue status then")
+    queue_position: bool = Field(True, description="annotate each pending PodGroup with its queue position "
+                                 "(kai-opt.io/queue-position, -in-queue); a position change is a write per group")
     prebind_recheck: bool = Field(True, description="right before each bind, check the pod still fits its node in "
                                   "the newest cache (pods other schedulers bound since the cycle's snapshot, and our "
                                   "own binds in flight); a bind that no longer fits is dropped and the pod placed "
@@ -396,6 +398,34 @@ class Shard(_Model):
                                         "(kai.scheduler/v1) when present: its partitionLabelValue, and its "
                                         "placementStrategy, minRuntime, kValue and actions where this file does "
                                         "not set them")
+class Autoscaler(_Model):
+    """Autoscaler support (kai_opt/k8s/scaleadjust.py; KAI's node-scale-adjuster): for pending GPU pods that fit no
+    node, placeholder pods requesting whole `nvidia.com/gpu` with the pods' constraints, which cluster-autoscaler
+    and Karpenter see (GPU-sharing requests are annotations they cannot read)."""
+
+    enabled: bool = Field(False, description="create placeholder pods for pending GPU pods that fit no node")
+    namespace: str = Field("kai-opt-scaling", pattern=_DNS_LABEL_RE, description="namespace of the placeholder "
+                           "pods (kai-opt may create and delete pods there)")
+    scheduler_name: str = Field("default-scheduler", min_length=1, max_length=253, description="schedulerName of "
+                                "the placeholders: never one of kai-opt's (kai-opt never places them; the "
+                                "autoscaler sees them unschedulable)")
+    priority_class_name: str = Field("kai-opt-scaling-placeholder", pattern=_DNS_SUBDOMAIN_RE,
+                                     description="PriorityClass of the placeholders (negative value: they never "
+                                     "hold capacity real work needs)")
+    priority_value: int = Field(-100, ge=-(2**31), le=-1, description="value of that PriorityClass when the "
+                                "chart creates it (create_priority_class)")
+    create_priority_class: bool = Field(True, description="the chart creates the PriorityClass")
+    create_namespace: bool = Field(True, description="the chart creates the namespace")
+    image: str = Field("registry.k8s.io/pause:3.10", min_length=1, pattern=r"^\S+$",
+                       description="image of the placeholders (they only sleep)")
+    gpu_memory_to_fraction_ratio: float = Field(0.1, gt=0, le=1, description="a gpu-memory pod counts as this "
+                                                "fraction of a GPU (KAI's gpuMemoryToFractionRatio)")
+    whole_gpu_pods: bool = Field(True, description="placeholders for whole-GPU pods too (kai-opt does not mark its "
+                                 "pending pods PodScheduled=False, so autoscalers see none of them)")
+    cool_down_s: float = Field(60.0, ge=0, le=3600, description="after a placeholder is deleted, none is created "
+                               "for this long (KAI's cool-down: the autoscaler's new nodes get a cycle first)")
+    max_placeholders: int = Field(1000, ge=1, le=100_000, description="at most this many placeholders at once "
+                                  "(the first pending groups in queue order get them, a group's all or none)")
 
 
 class Config(_Model):
@@ -436,6 +466,15 @@ class Config(_Model):
     runtime: Runtime = Field(Runtime(), description="in-cluster scheduler (kai-opt run)")
     shard: Shard = Field(Shard(), description="scheduling shard: the partition of the cluster this scheduler "
                          "schedules (KAI's SchedulingShard)")
+    autoscaler: Autoscaler = Field(Autoscaler(), description="in-cluster: placeholder pods for cluster-autoscaler "
+                                   "and Karpenter (off by default)")
+
+    @model_validator(mode="after")
+    def _placeholders_not_ours(self) -> Config:
+        if self.autoscaler.scheduler_name in self.scheduler_names:
+            raise ValueError(f"autoscaler.scheduler_name {self.autoscaler.scheduler_name!r} is one of "
+                             "scheduler_names: kai-opt would schedule its own placeholders")
+        return self
 
 
 def load_config(path: str | Path | None) -> Config:

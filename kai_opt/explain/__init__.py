@@ -28,6 +28,7 @@ from kai_opt.explain.pending import explain_pending
 from kai_opt.explain.placed import explain_placed
 from kai_opt.explain.queue import explain_queue
 from kai_opt.fairshare import FairShare, compute_fair_share
+from kai_opt.heuristics.positions import queue_positions
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState, PodStatus
 
@@ -84,6 +85,9 @@ def _group(ctx: Context, g: int, solve: bool, only: set[int] | None = None) -> d
     if g in plan.pending:
         status.append("pending")
         out["pending"] = explain_pending(ctx, g, solve=solve)
+        pos = queue_positions(st, ctx.fs, ctx.config).get(g)
+        if pos is not None:  # the order the cycle took it up in (`kai-opt queue`)
+            out["position"] = {"overall": pos.overall, "in_queue": pos.in_queue}
     if not status:
         counts: dict[str, int] = {}
         for p in pods.tolist():
@@ -143,6 +147,9 @@ def _summary(ctx: Context, out: dict[str, Any]) -> list[str]:
         lines.append(f"evicted {e['pod']} on {e['node']}: {e['reason']}"
                      + (f" for {e['beneficiary']}" if e["beneficiary"] else ""))
     pend = out.get("pending")
+    if "position" in out:
+        lines.append(f"queue position {out['position']['overall']} in the cycle's order "
+                     f"({out['position']['in_queue']} in queue {out['queue']})")
     if pend:
         for r in pend["reasons"]:
             lines.append(f"reason {r['code']}: {' '.join(r['message'].split())}")

@@ -18,7 +18,10 @@ pods whose Role lets them get and patch pods there only (each reports its GPU in
 GPU-sharing admission webhook comes with its Service, its MutatingWebhookConfiguration, and for its certificate a
 Role to create Secrets in kai-opt's namespace and read Secret kai-opt-webhook-tls only, plus get/patch of that one
 configuration (its caBundle). Nothing else (no other Secret read, no deletes outside the reservation namespace, no
-Queue spec writes).
+Queue spec writes). With autoscaler support
+on (`autoscaler.enabled`), a Role in the placeholder namespace (`kai-opt-scaling`, created unless
+`create_namespace: false`) lets kai-opt create and delete pods there and patch their status, and a PriorityClass
+of negative value is created for them unless `create_priority_class: false`.
 
 With `runtime.binder: kai` (the default with `existingKai`, unless the config sets `binder`) KAI's binder binds:
 kai-opt gets create/get/list/watch/delete on BindRequests instead of pods/binding and ConfigMap writes, and no
@@ -350,6 +353,45 @@ def _reservation_docs() -> list[Doc]:
     ]
 
 
+_AUTOSCALER = "(.Values.config.autoscaler | default dict)"
+
+
+def _autoscaler_config(ctx: Context) -> Any:
+    return parse_config(effective_config(ctx), source="the config value").autoscaler
+
+
+def _autoscaler_docs() -> list[Doc]:
+    """Autoscaler support (config autoscaler.enabled): the placeholder namespace (optional), kai-opt's Role there
+    (create and delete the placeholder pods, patch their status: PodScheduled=False), and the negative-priority
+    PriorityClass of the placeholders (optional)."""
+    on = Cond(f"{_AUTOSCALER}.enabled", lambda c: _autoscaler_config(c).enabled)
+
+    def unless_false(key: str) -> Cond:  # a boolean whose default is true
+        return Cond(f'ne (toString {_AUTOSCALER}.{key}) "false"', lambda c: bool(getattr(_autoscaler_config(c), key)))
+
+    ns = Val(f'{_AUTOSCALER}.namespace | default "kai-opt-scaling"', lambda c: _autoscaler_config(c).namespace)
+    pc = Val(f'{_AUTOSCALER}.priority_class_name | default "kai-opt-scaling-placeholder"',
+             lambda c: _autoscaler_config(c).priority_class_name)
+    pv = Val(f"{_AUTOSCALER}.priority_value | default -100", lambda c: _autoscaler_config(c).priority_value)
+    role = f"{NAME}-scaling-placeholders"
+    return [
+        Doc("autoscaler-namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)},
+            all_of(on, unless_false("create_namespace"))),
+        Doc("autoscaler-role.yaml", {
+            "apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": _meta(role, ns),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+                      {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]}, on),
+        Doc("autoscaler-rolebinding.yaml", {
+            "apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": _meta(role, ns),
+            "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": role}, "subjects": _subject()}, on),
+        Doc("autoscaler-priorityclass.yaml", {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": _meta(pc), "value": pv,
+            "globalDefault": False, "preemptionPolicy": "Never",
+            "description": "kai-opt's placeholder pods for autoscalers: below all real work"},
+            all_of(on, unless_false("create_priority_class"))),
+    ]
+
+
 def _excluded(c: Context) -> list[str]:
     return sorted({*SYSTEM_NAMESPACES, c.namespace, c.get("gpuSharing.reservationNamespace")})
 
@@ -527,6 +569,7 @@ def documents() -> list[Doc]:
         *_rbac_docs(),
         *_reservation_docs(),
         *_usage_ledger_docs(),
+        *_autoscaler_docs(),
         Doc("configmap.yaml", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{NAME}-config", NAMESPACE),
                                "data": {"config.yaml": CONFIG}}, UNSHARDED),
         Doc("shard-configmap.yaml", {"apiVersion": "v1", "kind": "ConfigMap",

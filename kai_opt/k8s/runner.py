@@ -32,6 +32,7 @@ from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
 from kai_opt.gcpause import gc_paused
+from kai_opt.heuristics.positions import queue_positions
 from kai_opt.k8s import grouper, kaibind
 from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, Resource, watch_kinds_of
@@ -43,6 +44,7 @@ from kai_opt.k8s.leader import LeaderElector, lease_name
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
+from kai_opt.k8s.scaleadjust import ScaleAdjuster
 from kai_opt.k8s.shard import grouping_in_shard, resolve_shard_config, shard_config, shard_filter
 from kai_opt.k8s.status import DEFAULT_NODE_POOL, StatusWriter
 from kai_opt.k8s.usage_store import UsageSource
@@ -166,6 +168,8 @@ class Runner:
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
         usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
         self.usage: UsageSource | None = usage if usage.enabled else None
+        self.scale = ScaleAdjuster(api, self.cache, self.limiter, config.autoscaler, fence=fence) \
+            if config.autoscaler.enabled else None  # placeholder pods for autoscalers (kai_opt/k8s/scaleadjust.py)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -262,6 +266,8 @@ class Runner:
         self.evictor.stop()
         self.sharing_pool.stop()
         self.bindrequest_pool.stop()
+        if self.scale is not None:
+            self.scale.stop()
         self.binder.wait_idle(2.0)
         self.evictor.wait_idle(2.0)
         self.status_compute.stop(drop_queued=False)
@@ -298,6 +304,8 @@ class Runner:
             phases["fair_share"] = plan.phases.get("fair_share", 0.0)
             phases["solve"] = max(0.0, t2 - t1 - phases["fair_share"])
             self._apply(state, plan)
+            if self.scale is not None:  # after the plan is applied; adds WaitingForScaleUp reasons to the plan
+                self.scale.cycle(state, plan, fs, self.config)
             if self.binder.sharing is not None:
                 self.sharing_pool.submit("sync", self.binder.sharing.sync, replace=True)
             self.status_compute.submit("status", lambda: self._write_status(snap, state, plan, fs), replace=True)
@@ -379,7 +387,9 @@ class Runner:
 
     def _write_status(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare) -> None:
         """The cycle's status writes, events and queue metrics (on the status-compute worker)."""
-        counts = self.status.update(snap, state, plan, fs)
+        positions = queue_positions(state, fs, self.config, among=set(plan.pending)) \
+            if self.config.runtime.queue_position else None
+        counts = self.status.update(snap, state, plan, fs, positions)
         self._queue_metrics(state, fs)
         log.debug("status writes: %s", counts)
 

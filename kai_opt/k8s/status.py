@@ -17,6 +17,9 @@ PodGroup annotations (KAI's, read back by the engine): `kai.scheduler/stale-podg
 group with running pods stays below minMember after the cycle's plan (and removed once it is whole again or has
 no running pods): the stale-gang action evicts it after `stale_gang_grace_s`; `kai.scheduler/last-start-timestamp`
 is set when the plan starts a group that had no running pods (the min-runtime rules measure from it).
+kai-opt's own `kai-opt.io/queue-position` and `kai-opt.io/queue-position-in-queue` (1-based integers; KAI's
+PodGroup CRD has no field for them) are set on every group the plan leaves pending, numbered among those in the
+order the cycle took them up (kai_opt.heuristics.positions), and removed once the group is no longer pending.
 
 Events: `FailedScheduling` (Warning) on each pending pod and `Unschedulable` (Warning) on its PodGroup with the
 plan's reason messages; a Warning named by the issue's reason on every object the snapshot rejected or warned
@@ -46,6 +49,7 @@ from kai_opt.api import Pod
 from kai_opt.api.meta import format_time
 from kai_opt.api.podgroup import LAST_START_ANNOTATION, STALE_TIMESTAMP_ANNOTATION
 from kai_opt.fairshare import FairShare
+from kai_opt.heuristics.positions import Position
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
 from kai_opt.k8s.coexist import owned_podgroups, pod_is_ours
@@ -63,6 +67,8 @@ NODE_POOL_LABEL = "kai.scheduler/node-pool"
 DEFAULT_NODE_POOL = "default"
 VALID_CONDITION = "Valid"
 _API_VERSION = {r.kind: r.api_version for r in SCHEDULING_KINDS}
+QUEUE_POSITION_ANNOTATION = "kai-opt.io/queue-position"
+QUEUE_POSITION_IN_QUEUE_ANNOTATION = "kai-opt.io/queue-position-in-queue"
 
 
 def now_rfc3339() -> str:
@@ -155,6 +161,13 @@ def _changed(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def position_annotations(ann: dict[str, Any], pos: Position | None) -> dict[str, str | None]:
+    """The annotation patch that makes `ann` carry `pos` (None: no position, the annotations go)."""
+    want = {QUEUE_POSITION_ANNOTATION: str(pos.overall) if pos else None,
+            QUEUE_POSITION_IN_QUEUE_ANNOTATION: str(pos.in_queue) if pos else None}
+    return {k: v for k, v in want.items() if ann.get(k) != v}
+
+
 # -- Queue status ----------------------------------------------------------------------------------------------------
 def _num(x: float) -> str:
     if abs(x - round(x)) < 1e-9:
@@ -224,15 +237,18 @@ class StatusWriter:
         self._pruned = clock()
         self.failures = 0
 
-    def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None) -> dict[str, int]:
-        """Queue this cycle's status writes and events; returns counts {podgroups, queues, events}."""
+    def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None,
+               positions: dict[int, Position] | None = None) -> dict[str, int]:
+        """Queue this cycle's status writes and events; returns counts {podgroups, queues, events}. `positions`:
+        the queue positions of the groups the plan leaves pending (None: the position annotations are left
+        as they are)."""
         now = now_rfc3339()
         rejected = {(i.kind, i.name): i for i in snap.rejected}
         counts = {"podgroups": 0, "queues": 0, "events": 0}
         owned = owned_podgroups(snap.pods, snap.scheduler_names)
         queues = self.write_queues()
         counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now, owned)
-        counts["podgroups"] += self._annotations(state, plan, owned)
+        counts["podgroups"] += self._annotations(state, plan, owned, positions)
         counts["queues"] = self._queues(state, fs, rejected, now) if queues else 0
         counts["events"] = (self._pending_events(state, plan, owned)
                             + self._issue_events(snap, owned, queues=queues))
@@ -265,8 +281,10 @@ class StatusWriter:
                 n += 1
         return n
 
-    def _annotations(self, state: ClusterState, plan: Plan, owned: set[str]) -> int:
-        """Stale and last-start timestamps of declared PodGroups (see the module docstring)."""
+    def _annotations(self, state: ClusterState, plan: Plan, owned: set[str],
+                     positions: dict[int, Position] | None = None) -> int:
+        """Stale and last-start timestamps and queue positions of declared PodGroups (see the module
+        docstring)."""
         active = np.isin(state.pod_status, (PodStatus.BOUND,)) & (state.pod_pg >= 0)
         for e in plan.evictions:
             active[e.pod] = False
@@ -296,6 +314,8 @@ class StatusWriter:
                 patch[STALE_TIMESTAMP_ANNOTATION] = None
             if binds[g] and not running[g] and ann.get(LAST_START_ANNOTATION) != stamp:
                 patch[LAST_START_ANNOTATION] = stamp
+            if positions is not None:
+                patch.update(position_annotations(ann, positions.get(g)))
             if patch and self._submit(f"podgroup-meta/{key}", object_path(
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")),
                     {"metadata": {"annotations": patch}}, wrap=False):

@@ -58,6 +58,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "shards": [{"name": "pool-b", "partitionValue": "b", "config": {
                         "actions": {"consolidate": False}, "placement": {"cpu": None}}},  # false and null win
                    {"name": "pool-c", "partitionValue": "c"}]},
+    "autoscaler": {"config": {"autoscaler": {"enabled": True}}},
+    "autoscaler-named": {"config": {"autoscaler": {"enabled": True, "namespace": "placeholders",
+                                                   "create_namespace": False, "priority_value": -7,
+                                                   "priority_class_name": "scale-me"}}},
+    "autoscaler-no-class": {"config": {"autoscaler": {"enabled": True, "create_priority_class": False}}},
 }
 
 
@@ -89,7 +94,8 @@ def test_helm_template_equals_kai_opt_manifests(name: str, tmp_path: Path) -> No
         assert by_key[_key(obj)] == _normal(obj), _key(obj)
 
 
-@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing", "shards"])
+@pytest.mark.parametrize("name", ["defaults", "everything-changed", "existing-kai-no-sharing", "shards",
+                                  "autoscaler"])
 def test_helm_lint_is_clean(name: str, tmp_path: Path) -> None:
     f = write_values(tmp_path / "values.yaml", VALUE_SETS[name])
     proc = helm("lint", "--strict", str(CHART), "-f", str(f), check=False)
