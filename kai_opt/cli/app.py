@@ -65,7 +65,9 @@ COMMANDS: dict[str, Lazy] = {
                  "kai_opt.cli.show"),
     "simulate": Lazy("Run up to N cycles, applying each plan in memory (binds run, pipelined pods wait for their "
                      "victims, evicted pods return to pending), then report every cycle and whether the last one "
-                     "changed nothing (stable).", "kai_opt.cli.simulate"),
+                     "changed nothing (stable). The run stops early once the cluster has settled: a cycle changed "
+                     "nothing and no later cycle could (not with --usage: the usage term changes every cycle).",
+                     "kai_opt.cli.simulate"),
     "solve": Lazy("Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons.",
                   "kai_opt.cli.solve"),
 }

@@ -1,4 +1,5 @@
-"""Entry point of the `kai-opt` console script: user errors are one line on stderr and exit code 2.
+"""Entry point of the `kai-opt` console script (and of `kubectl kai-opt`, `python -m kai_opt`): errors are one line
+on stderr; exit code 2 for usage errors and bad input, 1 for runtime failures (a request to the cluster failed).
 
 Click's own errors (unknown option or command, bad choice, missing argument, out-of-range value) are caught here,
 not printed by click, so they read like every other user error: one line with a hint to the command's help.
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KaiOptError as exc:
         print(f"kai-opt: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        sys.exit(exc.exit_code)  # 2 bad input; 1 a runtime failure (ClusterRequestError)
     except KeyboardInterrupt:
         print("kai-opt: interrupted", file=sys.stderr)
         sys.exit(130)
