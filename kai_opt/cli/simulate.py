@@ -67,7 +67,7 @@ def simulate(
     assert result.final is not None
     end_state = build_state(result.final, default_queue=cfg.default_queue)
     end = summarize(end_state)
-    data = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary,
+    data: dict[str, Any] = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary,
                         **({"queues": c.queues} if past is not None else {})} for c in result.cycles],
             "stable": result.stable, "settled_after": result.settled_after,
             "end": {k: end[k] for k in ("nodes", "gpus", "pods", "pending_podgroups")}}

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -40,30 +40,30 @@ class FormatNoName(StrEnum):
     yaml = "yaml"
 
 
-def snapshot_argument() -> typer.models.ArgumentInfo:
+def snapshot_argument() -> Any:  # typer.Argument: typed Any, as typer types it
     return typer.Argument(None, help="Snapshot: kubectl YAML/JSON (file or directory), KAI zip, scenario; `-` "
                           "reads it from stdin; none: the live cluster (--kubeconfig/--context)")
 
 
-def output_option(default: StrEnum) -> typer.models.OptionInfo:
+def output_option(default: StrEnum) -> Any:  # typer.Option
     return typer.Option(default, "--output", "-o", help="Output format: " + ", ".join(type(default)))
 
 
-def kubeconfig_option() -> typer.models.OptionInfo:
+def kubeconfig_option() -> Any:  # typer.Option
     return typer.Option(None, "--kubeconfig", help="Read the live cluster with this kubeconfig (default without a "
                         "snapshot: $KUBECONFIG, ~/.kube/config, in-cluster)")
 
 
-def context_option() -> typer.models.OptionInfo:
+def context_option() -> Any:  # typer.Option
     return typer.Option(None, "--context", help="kubeconfig context of the live cluster (default: current)")
 
 
 def namespace_option(help: str = "Only pods and podgroups of this namespace in the output (the cycle still "
-                     "sees the whole cluster)") -> typer.models.OptionInfo:
+                     "sees the whole cluster)") -> Any:  # typer.Option
     return typer.Option(None, "--namespace", "-n", help=help)
 
 
-def all_namespaces_option() -> typer.models.OptionInfo:
+def all_namespaces_option() -> Any:  # typer.Option
     return typer.Option(False, "--all-namespaces", "-A", help="Every namespace (the default; overrides -n)")
 
 

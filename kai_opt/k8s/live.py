@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.k8s.client import cluster_error, make_api_client
 from kai_opt.limits import check_counts
-from kai_opt.snapshot import Snapshot
+from kai_opt.snapshot import RawObject, Snapshot
 
 
 def read_cluster(*, kubeconfig: str | Path | None = None, context: str | None = None,
@@ -41,7 +41,8 @@ def read_cluster(*, kubeconfig: str | Path | None = None, context: str | None = 
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise cluster_error(exc, f"list {res.plural}", api) from exc
         # no scheduler names: nothing is rewritten (no assumptions exist), the objects are as listed
-        objects = cache.scheduling_objects(())
+        # typed list[RawObject]: mypy reads cache.py's `list` annotation as the cache's method `list`
+        objects: list[RawObject] = cache.scheduling_objects(())  # type: ignore[valid-type]
     kinds: dict[str, int] = {}
     for o in objects:
         kinds[o.kind] = kinds.get(o.kind, 0) + 1
