@@ -75,3 +75,18 @@ def test_python_dash_m_kai_opt() -> None:
     proc = subprocess.run([sys.executable, "-m", "kai_opt", "--version"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("kai-opt ")
+
+
+def test_shell_completion_completes_commands_and_formats() -> None:
+    """Completion is on (typer's add_completion): the shell asks the program itself, through _KAI_OPT_COMPLETE."""
+    import os
+
+    def complete(words: str) -> list[str]:
+        env = {**os.environ, "_KAI_OPT_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
+        proc = subprocess.run([sys.executable, "-m", "kai_opt"], capture_output=True, text=True, timeout=120,
+                              env=env, check=False)
+        return proc.stdout.split()
+
+    assert complete("kai-opt ex") == ["explain"]
+    assert complete("kai-opt show -o ") == ["table", "wide", "json", "yaml", "name"]

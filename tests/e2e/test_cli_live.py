@@ -129,3 +129,20 @@ def test_unreachable_cluster_is_a_runtime_failure(tmp_path: Path) -> None:
     assert res.stderr.startswith("kai-opt: error: list nodes: ")
     res = kai_opt("show", "--kubeconfig", str(tmp_path / "nope"))
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "no such file" in res.stderr, res.stderr
+
+
+def test_dump_json_and_namespace(live: tuple[Path, Path], tmp_path: Path) -> None:
+    """`dump -o json` is the same snapshot as the YAML dump; `dump -n NS` keeps only that namespace's pods."""
+    kubeconfig, dumped = live
+    as_json = tmp_path / "dump.json"
+    res = kai_opt("dump", "--kubeconfig", str(kubeconfig), "-o", "json", "-f", str(as_json))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(as_json.read_text())["kind"] == "List"
+    shown = [json.loads(kai_opt("show", str(p), "-o", "json").stdout) for p in (dumped, as_json)]
+    assert shown[0] == shown[1]
+    other = kai_opt("dump", "--kubeconfig", str(kubeconfig), "-n", "no-such-ns", "-o", "json")
+    items = json.loads(other.stdout)["items"]
+    assert not [i for i in items if i["kind"] in ("Pod", "PodGroup")]
+    assert {"Node", "Queue"} <= {i["kind"] for i in items}
+    refused = kai_opt("dump", "--kubeconfig", str(kubeconfig), "-o", str(tmp_path / "x.yaml"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--output" in refused.stderr
