@@ -72,7 +72,7 @@ def test_bad_choice(capsys: pytest.CaptureFixture[str], args: tuple[str, ...]) -
 
 
 @pytest.mark.parametrize("args", [
-    ("simulate", "x.yaml", "-n", "0"),
+    ("simulate", "x.yaml", "--cycles", "0"),
     ("simulate", "x.yaml", "--cycles", "-5"),
     ("run", "--metrics-port", "70000"),
     ("bench", "trace", "--seeds", "0"),

@@ -52,8 +52,9 @@ def test_cli_json(capsys) -> None:
     target = one[0].parent if len(one) else SCENARIOS
     with pytest.raises(SystemExit) as done:
         main(["conformance", str(target), "-o", "json"])
-    assert done.value.code == 0
     data = json.loads(capsys.readouterr().out)
+    # issue 22: a mismatch or an error fails the run (exit 1), as a failed check does
+    assert done.value.code == (1 if data["summary"]["mismatch"] or data["summary"]["error"] else 0)
     assert set(data["summary"]) >= {"total", "match", "better", "mismatch", "skipped"}
     assert data["summary"]["total"] == len(data["cases"]) > 0
     assert all(c["result"] in ("match", "better", "mismatch", "skipped", "error") for c in data["cases"])

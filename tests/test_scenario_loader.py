@@ -288,7 +288,7 @@ def test_expand_pattern() -> None:
 
 
 def test_committed_schema_matches_models() -> None:
-    """Regenerate with: kai-opt schema > kai_opt/schemas/scenario.schema.json"""
+    """Regenerate with: kai-opt schema --generate > kai_opt/schemas/scenario.schema.json"""
     assert json.loads(SCHEMA_FILE.read_text()) == scenario_json_schema()
 
 

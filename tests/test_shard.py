@@ -329,7 +329,7 @@ def test_offline_commands_take_the_shard(tmp_path: Path, capsys: Any) -> None:
     code, out, err = run_cli(capsys, "fairshare", str(snap), "-o", "json", "-c", str(cfg))
     assert code == 0, err
     assert [q["name"] for q in json.loads(out)["queues"]] == ["qb"]
-    code, out, err = run_cli(capsys, "simulate", str(snap), "-o", "json", "-n", "2", "-c", str(cfg))
+    code, out, err = run_cli(capsys, "simulate", str(snap), "-o", "json", "--cycles", "2", "-c", str(cfg))
     assert code == 0, err
     assert json.loads(out)["end"]["nodes"] == 1
     code, out, err = run_cli(capsys, "explain", str(snap), "--podgroup", "default/ga", "-o", "json", "-e", "greedy",

@@ -35,7 +35,7 @@ def small_cluster(tmp_path: Path) -> Path:
 
 
 def test_cycles_above_the_cap_are_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "simulate", str(small_cluster(tmp_path)), "-n", "1000000")
+    code, out, err = run(capsys, "simulate", str(small_cluster(tmp_path)), "--cycles", "1000000")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("kai-opt: error: ")
     assert f"less than or equal to {MAX_CYCLES}" in err and "(see kai-opt simulate --help)" in err
@@ -46,11 +46,11 @@ def test_many_cycles_on_a_settled_cluster_stop_early(tmp_path: Path, capsys: pyt
     cfg.write_text("engine: greedy\n")
     path = small_cluster(tmp_path)
     start = time.monotonic()
-    code, out, err = run(capsys, "simulate", str(path), "-n", str(MAX_CYCLES), "-c", str(cfg))
+    code, out, err = run(capsys, "simulate", str(path), "--cycles", str(MAX_CYCLES), "-c", str(cfg))
     assert code == 0, err
     assert time.monotonic() - start < 60  # 10,000 cycles would take minutes
     assert "settled after 2 cycles" in out  # cycle 1 binds fits-0, cycle 2 changes nothing
-    code, out, err = run(capsys, "simulate", str(path), "-n", str(MAX_CYCLES), "-c", str(cfg), "-o", "json")
+    code, out, err = run(capsys, "simulate", str(path), "--cycles", str(MAX_CYCLES), "-c", str(cfg), "-o", "json")
     data = json.loads(out)
     assert data["settled_after"] == 2 and len(data["cycles"]) == 2 and data["stable"]
     pending = [g["podgroup"] for g in data["end"]["pending_podgroups"]]
@@ -61,7 +61,7 @@ def test_a_run_that_ends_unsettled_says_nothing_about_settling(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "greedy.yaml"
     cfg.write_text("engine: greedy\n")
-    code, out, _ = run(capsys, "simulate", str(small_cluster(tmp_path)), "-n", "1", "-c", str(cfg), "-o", "json")
+    code, out, _ = run(capsys, "simulate", str(small_cluster(tmp_path)), "--cycles", "1", "-c", str(cfg), "-o", "json")
     data = json.loads(out)
     assert code == 0 and data["settled_after"] is None and len(data["cycles"]) == 1 and not data["stable"]
 

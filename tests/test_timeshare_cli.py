@@ -105,7 +105,7 @@ def test_simulate_50_cycles_the_starved_queue_reclaims_first_and_the_split_moves
     10 minutes), the over-quota split moves back toward team-a, one GPU at a time."""
     cfg = _config(tmp_path, usage_db={"usage_params": {"half_life_period": "2h", "window_size": "1w"}})
     png = tmp_path / "queues.png"
-    code, out, err = run_cli(capsys, "simulate", str(cluster), "-n", "50", "-c", str(cfg), "--usage", str(usage),
+    code, out, err = run_cli(capsys, "simulate", str(cluster), "--cycles", "50", "-c", str(cfg), "--usage", str(usage),
                              "--period", "600", "--plot", str(png), "-o", "json")
     assert code == 0, err
     cycles = json.loads(out)["cycles"]
@@ -123,7 +123,7 @@ def test_simulate_50_cycles_the_starved_queue_reclaims_first_and_the_split_moves
     assert 8 < b_after[-1] < 12  # the split moved back toward team-a, without reaching the plain 8/8 yet
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # without usage the run settles on the plain split at once
-    code, out, err = run_cli(capsys, "simulate", str(cluster), "-n", "50", "-c", str(cfg), "-o", "json")
+    code, out, err = run_cli(capsys, "simulate", str(cluster), "--cycles", "50", "-c", str(cfg), "-o", "json")
     plain = json.loads(out)
     assert plain["settled_after"] is not None and plain["cycles"][0]["evictions"] == 8
     assert "queues" not in plain["cycles"][0]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +23,47 @@ except AttributeError:  # pragma: no cover
     _Dumper = yaml.SafeDumper
 
 
+class DumpFormat(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
 @app.command()
 def dump(
     kubeconfig: Path | None = typer.Option(None, "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, "
                                            "~/.kube/config, or in-cluster config inside a pod)"),
     context: str | None = typer.Option(None, "--context", help="kubeconfig context (default: current)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="write to FILE instead of stdout"),
+    file: Path | None = typer.Option(None, "--file", "-f", help="write to FILE instead of stdout (`-`: stdout)"),
+    output: DumpFormat = typer.Option(DumpFormat.yaml, "--output", "-o", help="Output format: yaml or json (both "
+                                      "are snapshots every command reads)"),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="only the Pods and PodGroups of this "
+                                         "namespace (cluster-scoped kinds stay whole)"),
+    all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="every namespace (the default; "
+                                        "overrides -n)"),
 ) -> None:
     """Nodes, Pods, PodGroups, Queues, PriorityClasses and Topologies as one YAML List (managedFields removed)."""
     from kai_opt.k8s.client import make_api_client
     from kai_opt.k8s.dump import dump_cluster
 
-    to_stdout = output is None or str(output) == "-"
-    if output is not None and not to_stdout:
-        _check_writable(output)  # before the (possibly long) listing
+    to_stdout = file is None or str(file) == "-"
+    if file is not None and not to_stdout:
+        _check_writable(file)  # before the (possibly long) listing
     with make_api_client(kubeconfig=kubeconfig, context=context) as api:
         data = dump_cluster(api, note=lambda m: print(f"kai-opt: note: {m}", file=sys.stderr))
-    if output is None or to_stdout:
-        write_yaml(data, sys.stdout)
+    ns = None if all_namespaces else namespace
+    if ns is not None:
+        data["items"] = [o for o in data["items"]
+                         if o["kind"] not in ("Pod", "PodGroup") or (o.get("metadata") or {}).get("namespace") == ns]
+    write = write_json if output == DumpFormat.json else write_yaml
+    if file is None or to_stdout:
+        write(data, sys.stdout)
         return
-    _write_file(output, data)
+    _write_file(file, data, write)
     counts: dict[str, int] = {}
     for item in data["items"]:
         counts[item["kind"]] = counts.get(item["kind"], 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no objects"
-    print(f"kai-opt: wrote {summary} to {output}", file=sys.stderr)
+    print(f"kai-opt: wrote {summary} to {file}", file=sys.stderr)
 
 
 def write_yaml(data: Any, stream: Any) -> None:
@@ -62,7 +81,12 @@ def _check_writable(path: Path) -> None:
         raise InputError(f"directory {directory} is not writable", source=str(path))
 
 
-def _write_file(path: Path, data: Any) -> None:
+def write_json(data: Any, stream: Any) -> None:
+    json.dump(data, stream, indent=2)
+    stream.write("\n")
+
+
+def _write_file(path: Path, data: Any, write: Callable[[Any, Any], None] = write_yaml) -> None:
     """Write atomically: a partial dump never replaces a good one."""
     directory = path.parent if str(path.parent) else Path(".")
     try:
@@ -71,7 +95,7 @@ def _write_file(path: Path, data: Any) -> None:
         raise InputError(f"cannot write: {exc.strerror or exc}", source=str(path)) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            write_yaml(data, f)
+            write(data, f)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a dump is an ordinary file

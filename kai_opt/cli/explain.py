@@ -1,8 +1,10 @@
-"""`kai-opt explain SNAPSHOT (--pod NS/NAME | --podgroup NS/NAME | --queue NAME)`: why it ends the cycle the way
-it does (kai_opt/explain). Table for people, JSON for tools."""
+"""`kai-opt explain [SNAPSHOT] KIND/NAME` (or `--pod NS/NAME | --podgroup NS/NAME | --queue NAME`): why it ends the
+cycle the way it does (kai_opt/explain). Table for people, JSON/YAML for tools. Without SNAPSHOT it reads the live
+cluster: `kubectl kai-opt explain -n team-a pod/foo`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,21 +12,49 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from kai_opt.cli.app import Output, app
-from kai_opt.cli.render import console, fmt_num, print_json
+from kai_opt.cli.app import app
+from kai_opt.cli.render import console, emit, fmt_num
 from kai_opt.cli.solve import SHARD_HELP, of_shard
-from kai_opt.config import Engine, load_config
+from kai_opt.cli.source import FormatNoName, context_option, kubeconfig_option, load, output_option
+from kai_opt.config import Engine
 from kai_opt.errors import KaiOptError
-from kai_opt.explain import explain as run_explain
-from kai_opt.explain.context import qty
-from kai_opt.explain.planfile import load_plan
-from kai_opt.loaders import load_snapshot
-from kai_opt.state import build_state
+
+# kubectl's kinds and short names of a KIND/NAME target
+_KINDS = {"pod": "pod", "pods": "pod", "po": "pod", "podgroup": "podgroup", "podgroups": "podgroup",
+          "pg": "podgroup", "queue": "queue", "queues": "queue", "q": "queue"}
+_TARGET = re.compile(r"^(?P<kind>[a-z]+)/(?P<name>[^/\s]+(?:/[^/\s]+)?)$")
+
+
+def split_args(args: list[str], namespace: str | None) -> tuple[str | None, dict[str, str]]:
+    """(snapshot, {kind: name}) of the positional arguments `[SNAPSHOT] [KIND/NAME]`. KIND/NAME is recognised by
+    its kind (pod, po, podgroup, pg, queue, q and plurals); NAME is `name` (namespace from -n, else default) or
+    `ns/name`. A snapshot path that looks like a target is written `./pod/...`."""
+    snapshot: str | None = None
+    target: dict[str, str] = {}
+    for arg in args:
+        m = _TARGET.match(arg)
+        if m and m["kind"] in _KINDS and not target:
+            kind, name = _KINDS[m["kind"]], m["name"]
+            if kind == "queue":
+                if "/" in name:
+                    raise KaiOptError(f"{arg}: a queue has no namespace (queue/NAME)")
+            elif "/" not in name:
+                name = f"{namespace or 'default'}/{name}"
+            elif namespace is not None and name.split("/", 1)[0] != namespace:
+                raise KaiOptError(f"{arg}: its namespace differs from -n {namespace}")
+            target[kind] = name
+        elif snapshot is None and not target:
+            snapshot = arg
+        else:
+            raise KaiOptError(f"unexpected argument {arg!r} (arguments: [SNAPSHOT] [KIND/NAME])")
+    return snapshot, target
 
 
 @app.command()
 def explain(
-    snapshot: Path = typer.Argument(..., help="Snapshot file or directory"),
+    args: list[str] | None = typer.Argument(None, metavar="[SNAPSHOT] [KIND/NAME]", help="Snapshot file or "
+                                            "directory (`-`: stdin; none: the live cluster), then what to explain: "
+                                            "pod/NAME, podgroup/NAME (pg/), queue/NAME (q/); NAME may be NS/NAME"),
     pod: str | None = typer.Option(None, "--pod", help="NS/NAME of a pod"),
     podgroup: str | None = typer.Option(None, "--podgroup", help="NS/NAME of a podgroup"),
     queue: str | None = typer.Option(None, "--queue", help="name of a queue"),
@@ -32,24 +62,43 @@ def explain(
     engine: Engine | None = typer.Option(None, "--engine", "-e", help="greedy or cpsat (default: from config)"),
     plan: Path | None = typer.Option(None, "--plan", help="explain this plan (`kai-opt solve -o json`) instead of "
                                      "computing one"),
-    output: Output = typer.Option(Output.table, "--output", "-o", help="table or json"),
+    output: FormatNoName = output_option(FormatNoName.table),
+    kubeconfig: Path | None = kubeconfig_option(),
+    context: str | None = context_option(),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="namespace of a pod/NAME or "
+                                         "podgroup/NAME target (default: default)"),
     shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Explain a pod, podgroup or queue: where and why it was placed, why it stays pending and what would
     unblock it, or how its queue's fair share was computed."""
-    if sum(x is not None for x in (pod, podgroup, queue)) != 1:
+    snapshot, target = split_args(list(args or []), namespace)
+    given = {"pod": pod, "podgroup": podgroup, "queue": queue}
+    for kind, name in target.items():
+        if given[kind] is not None:
+            raise KaiOptError(f"give exactly one of KIND/NAME, --pod, --podgroup, --queue (both {kind}/"
+                              f"{name.split('/')[-1]} and --{kind})")
+        given[kind] = name
+    if sum(v is not None for v in given.values()) != 1:
         raise KaiOptError("give exactly one of --pod, --podgroup, --queue")
+    pod, podgroup, queue = given["pod"], given["podgroup"], given["queue"]
+    from kai_opt.config import load_config
+    from kai_opt.explain import explain as run_explain
+    from kai_opt.explain.planfile import load_plan
+    from kai_opt.state import build_state
+
     cfg = load_config(config)
-    state = build_state(of_shard(load_snapshot(snapshot, scheduler_names=None), cfg, shard),
+    state = build_state(of_shard(load(snapshot, kubeconfig=kubeconfig, context=context, scheduler_names=None),
+                                 cfg, shard),
                         default_queue=cfg.default_queue)
     the_plan = load_plan(plan, state) if plan is not None else None
     data = run_explain(state, cfg, pod=pod, podgroup=podgroup, queue=queue, plan=the_plan, engine=engine)
-    if output == Output.json:
-        print_json(data)
-    elif queue is not None:
-        render_queue(data)
-    else:
-        render_group(data)
+    emit(data, output, table=lambda _wide: render_queue(data) if queue is not None else render_group(data))
+
+
+def qty(res: str, x: float) -> str:
+    from kai_opt.explain.context import qty as explain_qty
+
+    return explain_qty(res, x)
 
 
 # -- tables ----------------------------------------------------------------------------------------------------

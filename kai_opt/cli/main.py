@@ -1,4 +1,5 @@
-"""Entry point of the `kai-opt` console script: user errors are one line on stderr and exit code 2.
+"""Entry point of the `kai-opt` console script (and of `kubectl kai-opt`, `python -m kai_opt`): errors are one line
+on stderr; exit code 2 for usage errors and bad input, 1 for runtime failures (a request to the cluster failed).
 
 Click's own errors (unknown option or command, bad choice, missing argument, out-of-range value) are caught here,
 not printed by click, so they read like every other user error: one line with a hint to the command's help.
@@ -10,7 +11,7 @@ import sys
 
 import typer
 
-from kai_opt.cli.app import app
+from kai_opt.cli.app import app, load_all
 from kai_opt.errors import KaiOptError
 
 # click's exception classes, wherever this typer takes click from (typer >= 0.2x vendors its own copy)
@@ -18,25 +19,11 @@ _click_errors = sys.modules[typer.BadParameter.__module__]
 ClickException: type[Exception] = _click_errors.ClickException
 NoArgsIsHelpError: type[Exception] = getattr(_click_errors, "NoArgsIsHelpError", ())  # type: ignore[assignment]
 
-_NOT_COMMANDS = {"app", "main", "render"}
-
 
 def _register(argv: list[str] | None = None) -> None:
-    """Import the command modules of this package, each registers its command(s) on `app`: only those of the
-    command asked for (`solve` -> solve, `config` -> config_cmd, `bench` -> bench*), else (help, an unknown name)
-    all. Importing all costs about 2 s (SciPy, OR-Tools, pandas), far more than refusing a bad input takes."""
-    import importlib
-    import pkgutil
-
-    import kai_opt.cli as pkg
-
-    modules = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                     if m.name not in _NOT_COMMANDS and not m.name.startswith("_"))
-    args = sys.argv[1:] if argv is None else argv
-    first = next((a for a in args if not a.startswith("-")), None)
-    wanted = [m for m in modules if first is not None and (m == first or m.startswith(f"{first}_"))]
-    for mod in wanted or modules:
-        importlib.import_module(f"kai_opt.cli.{mod}")
+    """Import every command module, each registers its command(s) on `app` (tests walk the whole command tree;
+    `main` imports only the command asked for, through the lazy registry of kai_opt/cli/app.py)."""
+    load_all()
 
 
 def usage_line(exc: Exception) -> str:
@@ -50,7 +37,6 @@ def usage_line(exc: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register(argv)
     try:
         # standalone_mode=False: click raises its errors instead of printing usage boilerplate, and returns the
         # code of an explicit exit (typer.Exit, --help) instead of calling sys.exit
@@ -66,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except KaiOptError as exc:
         print(f"kai-opt: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        sys.exit(exc.exit_code)  # 2 bad input; 1 a runtime failure (ClusterRequestError)
     except KeyboardInterrupt:
         print("kai-opt: interrupted", file=sys.stderr)
         sys.exit(130)

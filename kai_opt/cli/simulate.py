@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from kai_opt.bench.plots import pyplot
-from kai_opt.cli.app import Output, app
-from kai_opt.cli.render import console, fmt_num, print_json, status_line
-from kai_opt.cli.simulate_plot import plot_queues
+from kai_opt.cli.app import app
+from kai_opt.cli.render import console, emit, fmt_num, in_namespace, status_line
 from kai_opt.cli.solve import SHARD_HELP, of_shard
+from kai_opt.cli.source import (
+    FormatNoName,
+    all_namespaces_option,
+    context_option,
+    kubeconfig_option,
+    load,
+    namespace_filter,
+    namespace_option,
+    output_option,
+    snapshot_argument,
+)
 from kai_opt.config import load_config
-from kai_opt.loaders import load_snapshot
 from kai_opt.loaders.usage_file import load_usage_file
 from kai_opt.simulate import MAX_CYCLES
 from kai_opt.simulate import simulate as run_simulation
@@ -25,17 +35,21 @@ MAX_PERIOD_S = 30 * 86400.0  # --period above this is a usage error
 
 @app.command()
 def simulate(
-    snapshot: Path = typer.Argument(..., help="Snapshot file or directory"),
-    cycles: int = typer.Option(5, "--cycles", "-n", min=1, max=MAX_CYCLES,
+    snapshot: str | None = snapshot_argument(),
+    cycles: int = typer.Option(5, "--cycles", min=1, max=MAX_CYCLES,
                                help="Cycles to run at most (the run stops once the cluster has settled)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
-    output: Output = typer.Option(Output.table, "--output", "-o", help="table or json"),
+    output: FormatNoName = output_option(FormatNoName.table),
     usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue as of the first "
                                       "cycle (time-based fair share); the run adds what queues hold as it goes"),
     period: float | None = typer.Option(None, "--period", min=0.001, max=MAX_PERIOD_S,
                                         help="Seconds between cycles (default: schedule_period_s)"),
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG: GPUs allocated and fair share per leaf "
                                      "queue over the cycles (and the usage term with --usage)"),
+    kubeconfig: Path | None = kubeconfig_option(),
+    context: str | None = context_option(),
+    namespace: str | None = namespace_option("Only pending podgroups of this namespace in the end state"),
+    all_namespaces: bool = all_namespaces_option(),
     shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Run up to N cycles, applying each plan in memory (binds run, pipelined pods wait for their victims, evicted
@@ -47,21 +61,27 @@ def simulate(
     cfg = load_config(config)
     past = load_usage_file(usage) if usage is not None else None
     with status_line("loading the snapshot") as say:
-        snap = of_shard(load_snapshot(snapshot), cfg, shard)
+        snap = of_shard(load(snapshot, kubeconfig=kubeconfig, context=context), cfg, shard)
         result = run_simulation(snap, cfg, cycles, progress=say, usage=past, period_s=period,
                                 queue_stats=plot is not None)
     assert result.final is not None
     end_state = build_state(result.final, default_queue=cfg.default_queue)
     end = summarize(end_state)
-    data = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary,
+    data: dict[str, Any] = {"cycles": [{"cycle": c.cycle, "wall_s": round(c.wall_s, 4), **c.summary,
                         **({"queues": c.queues} if past is not None else {})} for c in result.cycles],
             "stable": result.stable, "settled_after": result.settled_after,
             "end": {k: end[k] for k in ("nodes", "gpus", "pods", "pending_podgroups")}}
+    ns = namespace_filter(namespace, all_namespaces)
+    data["end"]["pending_podgroups"] = [pg for pg in data["end"]["pending_podgroups"]
+                                        if in_namespace(pg["podgroup"], ns)]
     if plot is not None:
+        from kai_opt.cli.simulate_plot import plot_queues
+
         plot_queues(result, plot, [n for q, n in enumerate(end_state.q_names) if end_state.q_is_leaf[q]])
-    if output == Output.json:
-        print_json(data)
-        return
+    emit(data, output, table=lambda _wide: _render(data, result))
+
+
+def _render(data: dict[str, Any], result: Any) -> None:
     t = Table(title="Cycles", title_justify="left")
     for col in ("cycle", "binds", "pipelines", "evictions", "GPUs after", "pending groups", "seconds"):
         t.add_column(col)

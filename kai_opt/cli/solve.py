@@ -6,15 +6,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-import yaml
-from rich.markup import escape
-from rich.table import Table
 
-from kai_opt.cli.app import OutputWithYaml, app
-from kai_opt.cli.render import console, fmt_num, print_json, status_line, warn_skipped
-from kai_opt.config import Engine, load_config
-from kai_opt.loaders import load_snapshot
-from kai_opt.loaders.usage_file import load_usage_file
+from kai_opt.cli.app import app
+from kai_opt.cli.render import console, emit, fmt_num, in_namespace, status_line, warn_skipped
+from kai_opt.cli.source import (
+    Format,
+    all_namespaces_option,
+    context_option,
+    kubeconfig_option,
+    load,
+    namespace_filter,
+    namespace_option,
+    output_option,
+    snapshot_argument,
+)
+from kai_opt.config import Engine
 
 if TYPE_CHECKING:
     from kai_opt.config import Config
@@ -38,19 +44,27 @@ def of_shard(snap: Snapshot, cfg: Config, shard: str | None) -> Snapshot:
 
 @app.command()
 def solve(
-    snapshot: Path = typer.Argument(..., help="Snapshot file or directory"),
+    snapshot: str | None = snapshot_argument(),
     engine: Engine | None = typer.Option(None, "--engine", "-e", help="greedy or cpsat (default: from config)"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
-    output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
+    output: Format = output_option(Format.table),
     usage: Path | None = typer.Option(None, "--usage", help="Usage file: past usage per queue for time-based "
                                       "fair share (k_value from the config)"),
+    kubeconfig: Path | None = kubeconfig_option(),
+    context: str | None = context_option(),
+    namespace: str | None = namespace_option(),
+    all_namespaces: bool = all_namespaces_option(),
     shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons."""
+    from kai_opt.config import load_config
+    from kai_opt.loaders.usage_file import load_usage_file
+
     cfg = load_config(config)
     history = load_usage_file(usage).history() if usage is not None else None
     with status_line("loading the snapshot") as say:  # a 10,000-node cycle takes tens of seconds
-        snap = load_snapshot(snapshot, scheduler_names=None)
+        # live cluster: a dry run, the plan is printed and nothing is applied
+        snap = load(snapshot, kubeconfig=kubeconfig, context=context)
         snap = of_shard(snap, cfg, shard)
         warn_skipped(snap.warnings)
         # the engine (OR-Tools, the heuristics) and the cluster state are imported only once the inputs are read
@@ -64,15 +78,24 @@ def solve(
                               history=history)
     data = plan.to_dict(state)
     data["summary"] = plan_summary(state, plan)
-    if output == OutputWithYaml.json:
-        print_json(data)
-    elif output == OutputWithYaml.yaml:
-        print(yaml.safe_dump(data, sort_keys=False), end="")
-    else:
-        render(state, plan, data)
+    ns = namespace_filter(namespace, all_namespaces)
+    if ns is not None:  # the summary counts stay the whole cycle's; the lists show the namespace
+        for kind, key in (("binds", "pod"), ("pipelines", "pod"), ("evictions", "pod"), ("moves", "pod"),
+                          ("pending", "podgroup")):
+            if kind in data:
+                data[kind] = [e for e in data[kind] if in_namespace(e.get(key), ns)]
+
+    def names() -> list[str]:
+        return [f"pod/{b['pod']}" for kind in ("binds", "pipelines") for b in data[kind]]
+
+    emit(data, output, names=names, table=lambda wide: render(state, plan, data, wide=wide))
 
 
-def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
+def render(state: ClusterState, plan: Plan, data: dict[str, Any], *, wide: bool = False) -> None:
+    """The plan as tables (`wide` prints the same columns: a plan entry has no more fields)."""
+    from rich.markup import escape
+    from rich.table import Table
+
     c = console()
     s = data["summary"]
     solver = data["solver"]
@@ -115,6 +138,4 @@ def render(state: ClusterState, plan: Plan, data: dict[str, Any]) -> None:
         for p in data["pending"]:
             t.add_row(p["podgroup"], "\n".join(f"{r['code']}: {r['message']}" for r in p["reasons"]))
         c.print(t)
-
-
 

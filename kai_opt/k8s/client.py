@@ -28,6 +28,13 @@ class ClusterError(KaiOptError):
     """The cluster cannot be reached, refused a request, or the connection settings are wrong (one line)."""
 
 
+class ClusterRequestError(ClusterError):
+    """A request to the cluster failed (unreachable, refused, forbidden): a runtime failure, exit code 1 as
+    kubectl's; wrong connection settings (a missing kubeconfig) stay bad input, exit code 2."""
+
+    exit_code = 1
+
+
 @dataclass(frozen=True)
 class CRD:
     """A custom resource kai-opt reads or writes."""
@@ -121,19 +128,19 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def cluster_error(exc: BaseException, what: str, api: client.ApiClient | None = None) -> ClusterError:
+def cluster_error(exc: BaseException, what: str, api: client.ApiClient | None = None) -> ClusterRequestError:
     """A one-line `ClusterError` for a failed request (`what`: e.g. "list nodes")."""
     server = f" at {api.configuration.host}" if api is not None else ""
     if isinstance(exc, ApiException):
         detail = status_message(exc)
-        return ClusterError(f"{what}: the API server{server} answered {exc.status} {exc.reason}"
+        return ClusterRequestError(f"{what}: the API server{server} answered {exc.status} {exc.reason}"
                             + (f": {detail}" if detail and detail != exc.reason else ""))
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         exc = exc.reason
     if isinstance(exc, urllib3.exceptions.SSLError | urllib3.exceptions.ProtocolError
                   | urllib3.exceptions.NewConnectionError):
-        return ClusterError(f"{what}: cannot connect to the API server{server}: {_short_reason(exc)}")
-    return ClusterError(f"{what}: cannot reach the API server{server}: {_short_reason(exc)}")
+        return ClusterRequestError(f"{what}: cannot connect to the API server{server}: {_short_reason(exc)}")
+    return ClusterRequestError(f"{what}: cannot reach the API server{server}: {_short_reason(exc)}")
 
 
 def _short_reason(exc: BaseException) -> str:

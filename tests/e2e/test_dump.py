@@ -110,7 +110,7 @@ def populate(cluster: LocalCluster) -> None:
 def test_dump_then_show_reproduces_the_cluster(clean_cluster: LocalCluster, tmp_path: Path) -> None:
     populate(clean_cluster)
     out = tmp_path / "snap.yaml"
-    res = run_cli("dump", "--kubeconfig", str(clean_cluster.kubeconfig()), "-o", str(out))
+    res = run_cli("dump", "--kubeconfig", str(clean_cluster.kubeconfig()), "--file", str(out))
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""
 
@@ -186,10 +186,10 @@ def test_dump_to_stdout_skips_a_missing_crd_with_a_note(clean_cluster: LocalClus
 
 
 def test_dump_needs_only_read_access(clean_cluster: LocalCluster, tmp_path: Path) -> None:
-    """Without RBAC the reader gets one line (403, exit 2); with get/list on the six kinds the dump works."""
+    """Without RBAC the reader gets one line (403, exit 1); with get/list on the six kinds the dump works."""
     kubeconfig = str(clean_cluster.kubeconfig("reader"))
     res = run_cli("dump", "--kubeconfig", kubeconfig)
-    assert res.returncode == 2
+    assert res.returncode == 1  # a refused request: a runtime failure (issue 22)
     assert len(res.stderr.splitlines()) == 1 and "403" in res.stderr and "list nodes" in res.stderr
     rbac = """
 apiVersion: rbac.authorization.k8s.io/v1
@@ -213,7 +213,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: reader}]
             "clusterrolebinding.rbac.authorization.k8s.io/kai-opt-dump-reader created"]
         assert apply_objects(api, parse_yaml(rbac))[0].endswith("configured")
     deadline = time.monotonic() + 20  # the RBAC authorizer sees new bindings after a moment
-    while (res := run_cli("dump", "--kubeconfig", kubeconfig, "-o", str(tmp_path / "d.yaml"))).returncode:
+    while (res := run_cli("dump", "--kubeconfig", kubeconfig, "--file", str(tmp_path / "d.yaml"))).returncode:
         assert time.monotonic() < deadline, res.stderr
         time.sleep(0.2)
     assert yaml.safe_load((tmp_path / "d.yaml").read_text())["kind"] == "List"
@@ -234,8 +234,8 @@ def test_dump_connection_problems_are_one_line(problem: str, tmp_path: Path, req
         cluster: LocalCluster = request.getfixturevalue("cluster")
         kc = write_kubeconfig(tmp_path / "kc", host=cluster.host, token="wrong", ca_file=cluster.ca_file)
         expected = "401 Unauthorized"
-    res = run_cli("dump", "--kubeconfig", str(kc), "-o", str(tmp_path / "out.yaml"))
-    assert res.returncode == 2
+    res = run_cli("dump", "--kubeconfig", str(kc), "--file", str(tmp_path / "out.yaml"))
+    assert res.returncode == 1  # the cluster cannot be read: a runtime failure (issue 22)
     assert res.stdout == ""
     lines = res.stderr.splitlines()
     assert len(lines) == 1, res.stderr
