@@ -144,7 +144,7 @@ class Placer(NodeFilter):
         choice = self._choose(p, mask, allow_pipeline=allow_pipeline, exclude=exclude)
         self._last = None
         if choice is not None and exclude < 0 and self._strategy(p) == Strategy.binpack:
-            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.version)
+            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.caches.version)
         return choice
 
     def _prefilter(self, p: int, candidates: np.ndarray) -> np.ndarray:
@@ -177,7 +177,7 @@ class Placer(NodeFilter):
         n scores at least as well as before (less free, sharing tier only rises, others unchanged), so it is
         the choice again if it still fits the same way (bind vs pipeline)."""
         last = self._last
-        if last is None or exclude >= 0 or self.sess.version != last[5] + 1:
+        if last is None or exclude >= 0 or self.sess.caches.version != last[5] + 1:
             return None
         shape, last_mask, last_pipe_ok, n, was_pipelined, _ = last
         if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p):
@@ -190,7 +190,7 @@ class Placer(NodeFilter):
         devices = self.devices_for(p, n, pipelined)
         if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
             pipelined = True
-        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.version)
+        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.caches.version)
         return Choice(n, pipelined, devices)
 
     def _choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
@@ -264,7 +264,7 @@ class FgdScorer:
         self.cpu = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n)
         self._refresh(np.arange(n))
-        self._seen = len(sess.touched)  # how much of sess.touched the cache reflects
+        self._seen = len(sess.caches.touched)  # how much of sess.touched the cache reflects
 
     def _dev_free(self, dev: np.ndarray) -> np.ndarray:
         sess = self.sess
@@ -286,8 +286,8 @@ class FgdScorer:
         self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
 
     def _sync(self) -> None:
-        """Bring the cache up to date: every change of node resources logs its node in sess.touched."""
-        touched = self.sess.touched
+        """Bring the cache up to date: every change of node resources logs its node in sess.caches.touched."""
+        touched = self.sess.caches.touched
         if len(touched) == self._seen:
             return
         if len(touched) < self._seen:  # the log was reset: recompute all

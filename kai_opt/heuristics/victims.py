@@ -96,15 +96,16 @@ def _protected_mask(sess: Session, kind: str) -> np.ndarray:
 def victim_rank(sess: Session) -> np.ndarray:
     """Per group, its place in the victim order among jobs of equal elasticity: lower priority first, then newer,
     then by key (then index). Static for a session, computed once."""
-    rank = getattr(sess, "_victim_rank", None)
-    if rank is None:
-        st = sess.state
-        created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
-        prio = st.pg_priority.tolist()
-        order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
-        rank = np.empty(st.n_groups, dtype=np.int64)
-        rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
-        sess._victim_rank = rank  # type: ignore[attr-defined]
+    return sess.static("victim_rank", lambda: _read_only(_victim_rank(sess)))
+
+
+def _victim_rank(sess: Session) -> np.ndarray:
+    st = sess.state
+    created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
+    prio = st.pg_priority.tolist()
+    order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
+    rank = np.empty(st.n_groups, dtype=np.int64)
+    rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
     return rank
 
 
@@ -580,7 +581,8 @@ def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible:
         if feasible[n]:
             before.setdefault(n, int(whole_future[n]))
     sess.evict_many(chunk, reason, g)
-    freed = [float(sess._evict_op[p].amount[R_GPU]) for p in chunk]
+    ev = sess.eviction_ops
+    freed = [float(ev[p].amount[R_GPU]) for p in chunk]
     fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
     return freed
 
@@ -631,7 +633,8 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     # Python numbers updated as chunks go back (no session change per chunk: the chunks still_ok cannot see go
     # back together at the end). A decided chunk that goes back only uses nodes and devices where every evicted
     # pod fits back at once, so leaving it out of the room changes no answer of the walk
-    ops = {p: sess._evict_op[p] for i, c in enumerate(evicted) if i not in decided for p in c}
+    ev = sess.eviction_ops
+    ops = {p: ev[p] for i, c in enumerate(evicted) if i not in decided for p in c}
     nodes = sorted({op.node for op in ops.values()})
     room = dict(zip(nodes, (sess.alloc[nodes] - sess.held[nodes]).tolist(), strict=True))
     devs = sorted({d for op in ops.values() for d in op.devices})
@@ -697,7 +700,7 @@ def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], ac
     order, per gang until its first chunk that is not known (its later chunks depend on that one). `active` is
     brought up to date for the chunks that go back."""
     st = sess.state
-    ev = sess._evict_op
+    ev = sess.eviction_ops
     ops = [ev[p] for c in evicted for p in c]
     n_pods = len(ops)
     node = np.fromiter((op.node for op in ops), dtype=np.int64, count=n_pods)
