@@ -10,6 +10,7 @@ session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does, th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class Placer(NodeFilter):
     def __init__(self, sess: Session) -> None:
         super().__init__(sess)
         st = sess.state
-        self._last: tuple | None = None  # the last binpack choice, for _same_node_again
+        self._last: tuple[Any, ...] | None = None  # the last binpack choice, for _same_node_again
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
         self._fgd: FgdScorer | None = None
@@ -161,7 +162,7 @@ class Placer(NodeFilter):
             return candidates[sess.alloc[candidates, R_CPU] - sess.held[candidates, R_CPU] >= cpu]
         return candidates
 
-    def _shape(self, p: int) -> tuple | None:
+    def _shape(self, p: int) -> tuple[Any, ...] | None:
         """Pods with equal shapes are interchangeable for placement (None: this pod is not, it has pod
         (anti-)affinity, which depends on where other pods are)."""
         st = self.sess.state

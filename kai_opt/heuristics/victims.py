@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
@@ -257,10 +258,11 @@ class _VictimTree:
         self.priority = sess.state.q_priority
         self.allocated = sess.ledger.allocated.copy()
         self.share = np.where(fs.allocatable_share == -1, fs.total, fs.allocatable_share)
-        self.jobs: dict[int, list[tuple[tuple, int]]] = {}
-        self.children: dict[int, list[tuple[tuple, int, int]]] = {}  # parent (-1: top) -> (key, version, queue)
+        self.jobs: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+        # parent (-1: top) -> (key, version, queue)
+        self.children: dict[int, list[tuple[tuple[Any, ...], int, int]]] = {}
         self.version: dict[int, int] = {}
-        self.levels: dict[int, tuple] = {}
+        self.levels: dict[int, tuple[Any, ...]] = {}
         self.over = np.all(fs.fair_share < self.allocated, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.drf = np.where(self.share == 0, self.allocated * 1000.0, self.allocated / self.share).max(axis=1)
@@ -271,7 +273,7 @@ class _VictimTree:
             int(qs[a]): (int(a), int(b)) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
         self.leaves = set(self.slices)
 
-    def _jobs(self, q: int) -> list[tuple[tuple, int]]:
+    def _jobs(self, q: int) -> list[tuple[tuple[Any, ...], int]]:
         h = self.jobs.get(q)
         if h is None:
             a, b = self.slices.pop(q, (0, 0))
@@ -279,13 +281,13 @@ class _VictimTree:
             self.leaves.add(q)
         return h
 
-    def level_key(self, q: int) -> tuple:
+    def level_key(self, q: int) -> tuple[Any, ...]:
         k = self.levels.get(q)
         if k is None:
             k = self.levels[q] = (not bool(self.over[q]), int(self.priority[q]), -float(self.drf[q]))
         return k
 
-    def push_job(self, q: int, key: tuple, g: int) -> None:
+    def push_job(self, q: int, key: tuple[Any, ...], g: int) -> None:
         heapq.heappush(self._jobs(q), (key, g))
 
     def build(self) -> None:
@@ -304,17 +306,17 @@ class _VictimTree:
         if top is not None:
             heapq.heapify(top)
 
-    def _best(self, q: int) -> tuple | None:
+    def _best(self, q: int) -> tuple[Any, ...] | None:
         if q in self.leaves:
             sl = self.slices.get(q)
             if sl is not None:
                 return (self.el[sl[0]], self.rk[sl[0]])
             h = self.jobs[q]
             return h[0][0] if h else None
-        h = self.children.get(q, [])
-        while h and h[0][1] != self.version.get(h[0][2]):
-            heapq.heappop(h)
-        return h[0][0] if h else None
+        kids = self.children.get(q, [])
+        while kids and kids[0][1] != self.version.get(kids[0][2]):
+            heapq.heappop(kids)
+        return kids[0][0] if kids else None
 
     def refresh(self, q: int) -> None:
         """Re-key q and its ancestors in their parents' heaps (after q's jobs or allocation changed)."""
@@ -339,12 +341,12 @@ class _VictimTree:
     def pop_job(self) -> int | None:
         q = -1
         while q not in self.leaves:
-            h = self.children.get(q, [])
-            while h and h[0][1] != self.version.get(h[0][2]):
-                heapq.heappop(h)
-            if not h:
+            kids = self.children.get(q, [])
+            while kids and kids[0][1] != self.version.get(kids[0][2]):
+                heapq.heappop(kids)
+            if not kids:
                 return None
-            q = h[0][2]
+            q = kids[0][2]
         h = self._jobs(q)
         return heapq.heappop(h)[1] if h else None
 
@@ -685,8 +687,8 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
         active[g] += int(IS_ACTIVE[[ops[p].prev_status for p in chunk]].sum())
         for n, a in extra.items():
             room[n] = [r - x for r, x in zip(room[n], a, strict=True)]
-        for d, a in dev_extra.items():
-            dev_room[d] -= a
+        for d, milli in dev_extra.items():
+            dev_room[d] -= milli
     sess.unevict_many(later)
     return [p for c in evicted for p in c if p not in kept]
 
