@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class _Decisions:
     moved: dict[int, tuple[int, tuple[int, ...]]]  # pod -> (node, devices): consolidation re-placements
     evicted: dict[int, tuple[str, int]]  # pod -> (reason, beneficiary)
 
-    def arrays(self, which: dict) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, which: dict[int, tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """(pods, nodes) of `placed` or `moved`."""
         pods = np.fromiter(which.keys(), dtype=np.int64, count=len(which))
         nodes = np.fromiter((v[0] for v in which.values()), dtype=np.int64, count=len(which))
@@ -339,7 +340,8 @@ def _for_no_one(reason: str) -> bool:
 
 
 def _victim_problems(state: ClusterState, config: Config, rules: EvictionRules, p: int, b: int,
-                     placed_groups: set[int], moved: dict, runtimes: dict[int, float], names: _PodNames) -> list[str]:
+                     placed_groups: set[int], moved: dict[int, tuple[int, tuple[int, ...]]], runtimes: dict[int, float],
+                     names: _PodNames) -> list[str]:
     """Pod p's eviction (for beneficiary b) against the rules of the action that wrote it."""
     if not rules.beneficiary:
         return []
@@ -435,7 +437,7 @@ def _topology_problems(state: ClusterState, g: int, pods: np.ndarray, active: np
         else:
             node_of[p] = int(state.pod_node[p])
     for t, lvl, members, what in checks:
-        doms = defaultdict(int)
+        doms: defaultdict[int, int] = defaultdict(int)
         for p in members.tolist():
             if active[p] and node_of[p] >= 0:
                 doms[int(state.topologies[t].domain[lvl][node_of[p]])] += 1

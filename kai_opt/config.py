@@ -70,8 +70,14 @@ class _Model(BaseModel):
 
 # Which decisions a cycle may take: one flag per action of kai_opt.actions.ACTIONS, in cycle order (derived, so a
 # new action gets its flag from its entry there)
-Actions: type[_Model] = create_model(
-    "Actions", __base__=_Model, __doc__="Which decisions a cycle may take (KAI's actions, in the order a cycle "
+class _ActionFlags(_Model):
+    def on(self, name: str) -> bool:
+        """The flag of action `name` (an entry of kai_opt.actions.ACTIONS)."""
+        return bool(getattr(self, name))
+
+
+Actions: type[_ActionFlags] = create_model(  # type: ignore[call-overload]  # (fields made from ACTIONS)
+    "Actions", __base__=_ActionFlags, __doc__="Which decisions a cycle may take (KAI's actions, in the order a cycle "
     "runs them).", **{a.name: (bool, Field(True, description=a.description)) for a in ACTIONS})
 
 

@@ -172,7 +172,7 @@ class Snapshot:
             ("Topology", self.topologies, lambda o: o.name),
         ):
             seen: set[str] = set()
-            keep = []
+            keep: list[Any] = []  # of this kind
             for o in items:
                 k = keyf(o)
                 if k in seen:

@@ -69,7 +69,7 @@ def test_trace_fgd_policy_uses_the_shared_math() -> None:
 
 
 def test_fgd_cache_follows_the_session() -> None:
-    # the scorer's per-node statistics, refreshed from sess.touched, equal a fresh scorer's after places,
+    # the scorer's per-node statistics, refreshed from sess.caches.touched, equal a fresh scorer's after places,
     # evictions and a rollback
     from kai_opt.fairshare import compute_fair_share
     from kai_opt.heuristics.placer import FgdScorer, Placer

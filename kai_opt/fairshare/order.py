@@ -14,6 +14,7 @@ Siblings are compared at each level of the tree: the best top-level queue, then 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class QueueOrder:
         self.deserved = fs.deserved.tolist()
         self.total = fs.total.tolist()
 
-    def key(self, q: int, job: np.ndarray) -> tuple:
+    def key(self, q: int, job: np.ndarray) -> tuple[Any, ...]:
         """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
         alloc = self.ledger.allocated[q].tolist()
         over = less_all(self.fair_share[q], alloc)
@@ -81,7 +82,7 @@ class QueueOrder:
         candidate's key is made once."""
         return self.best_by_key(candidates, {q: self.key(q, job[q]) for q in candidates})
 
-    def best_by_key(self, candidates: list[int], keys: dict[int, tuple]) -> int:
+    def best_by_key(self, candidates: list[int], keys: dict[int, tuple[Any, ...]]) -> int:
         """best, given each candidate's key (as made by `key`)."""
         best = candidates[0]
         best_key = keys[best]

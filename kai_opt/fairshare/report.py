@@ -18,7 +18,7 @@ def fair_share_table(state: ClusterState, fs: FairShare) -> list[dict[str, Any]]
         row: dict[str, Any] = {"name": name, "parent": state.q_names[parent] if parent >= 0 else None,
                                "priority": int(state.q_priority[q]), "drf_share": float(drf[q])}
         for r, res in enumerate(QR):
-            entry = {
+            entry: dict[str, Any] = {
                 "deserved": float(fs.deserved[q, r]),
                 "limit": float(fs.limit[q, r]),
                 "over_quota_weight": float(fs.over_quota_weight[q, r]),

@@ -102,7 +102,7 @@ def divide_tree(
     fair = np.zeros((Q, total.shape[0]))
     steps: list[list[list[str]]] | None = [[[] for _ in range(total.shape[0])] for _ in range(Q)] if trace else None
     children: list[list[int]] = [[] for _ in range(Q)]
-    top = []
+    top: list[int] = []
     for q in range(Q):
         (children[int(parent[q])] if parent[q] >= 0 else top).append(q)
     for r in range(total.shape[0]):

@@ -5,8 +5,10 @@ fills what the model left (work outside the window, leftover room)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
+from ortools.sat.python import cp_model
 
 from kai_opt.formulation.model import Built, is_share, share_size
 from kai_opt.formulation.scope import Scope
@@ -22,7 +24,7 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     """Apply the solution to `sess` (a fresh session of the same cycle). Raises DecodeError if it does not fit."""
     st = sess.state
 
-    def val(v) -> int:
+    def val(v: cp_model.IntVar) -> int:
         return int(values[v.index])
 
     placed_groups = {i for i, g in enumerate(built.gang) if val(g)}
@@ -45,26 +47,28 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     def overlap(j: int, where: set[int]) -> int:
         return -sum(1 for s in scope.groups[j].shapes for n in pool_nodes[built.pool_of[s]] if n in where)
 
+    def nearest(js: list[int], where: set[int]) -> int:
+        """The beneficiary among js with the most placements on the nodes `where` (then the lowest index)."""
+        return min(js, key=lambda j: (overlap(j, where), j))
+
     # evictions, each with a beneficiary that is placed and allowed to take it
-    for vi, v in enumerate(scope.victims):
+    for vi, victim in enumerate(scope.victims):
         pre, rec = val(built.evict_pre[vi]), val(built.evict_rec[vi])
         if not (pre or rec):
             continue
         reason = "preempt" if pre else "reclaim"
-        bens = [j for j in v.beneficiaries if v.reason_for[j] == reason and j in placed_groups]
+        bens = [j for j in victim.beneficiaries if victim.reason_for[j] == reason and j in placed_groups]
         if not bens:
-            raise DecodeError(f"eviction of {st.pods[v.pods[0]].key} has no placed beneficiary")
-        where = {int(sess.node[p]) for p in v.pods}
-        b = min(bens, key=lambda j, where=where: (overlap(j, where), j))
-        for p in v.pods:
+            raise DecodeError(f"eviction of {st.pods[victim.pods[0]].key} has no placed beneficiary")
+        b = nearest(bens, {int(sess.node[p]) for p in victim.pods})
+        for p in victim.pods:
             sess.evict(p, reason, scope.groups[b].group)
     served = [j for j in scope.move_for if j in placed_groups]
     for pods in moving.values():
         if not served:
             raise DecodeError(f"{st.pods[pods[0]].key} moved without a placed group consolidation serves")
         for p in pods:
-            where = {int(sess.node[p])}
-            b = min(served, key=lambda j, where=where: (overlap(j, where), j))
+            b = nearest(served, {int(sess.node[p])})
             sess.evict(p, "consolidate", scope.groups[b].group)
     # placements: per node whole-GPU pods first (on the devices the model handed them), then shares; a pool's
     # moved pods take nodes other than their own first, its pending pods the rest
@@ -129,7 +133,8 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
             sess.convert_to_pipelined(pods)
 
 
-def _moves(sess: Session, scope: Scope, built: Built, val, pool_nodes: dict[int, dict[int, int]],
+def _moves(sess: Session, scope: Scope, built: Built, val: Callable[[cp_model.IntVar], int],
+           pool_nodes: dict[int, dict[int, int]],
            share_devs: dict[tuple[tuple[int, int], int], dict[int, int]]) -> dict[int, list[int]]:
     """Pool -> the running pods that move. A pod the solution sends back onto its own node stays where it is
     instead, and one place of its pool there is dropped (for a share, one of its size on each of its devices)."""

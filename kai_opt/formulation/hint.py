@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import Any
 
 from ortools.sat.python import cp_model
 
@@ -20,7 +21,7 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     shape_of = {p: s for s, shape in enumerate(scope.shapes) for p in shape.pods}
     counts: Counter[tuple[int, int]] = Counter()  # (pool, node) -> pods
     per_shape: Counter[int] = Counter()  # shape -> pods placed on its candidate nodes
-    devices: Counter[tuple] = Counter()
+    devices: Counter[tuple[Any, ...]] = Counter()
     whole: set[int] = set()
     for pl in greedy.placements:
         if pl.moved or pl.pod not in shape_of:
@@ -40,8 +41,8 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         _set(hint, var, counts.get(key, 0))
     for i, g in enumerate(scope.groups):
         _set(hint, built.gang[i], int(g.group in placed_groups))
-    for key, var in built.on_device.items():
-        _set(hint, var, devices.get(key, 0))
+    for dev_key, var in built.on_device.items():
+        _set(hint, var, devices.get(dev_key, 0))
     for d, var in built.whole_dev.items():
         _set(hint, var, int(d in whole))
     evicted = {e.pod: e.reason for e in greedy.evictions}
@@ -66,20 +67,19 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     reclaimers = {e.beneficiary for e in greedy.evictions if e.reason == "reclaim"}
     for i, var in built.reclaims.items():
         _set(hint, var, int(scope.groups[i].group in reclaimers))
-    doms = defaultdict(set)
+    doms: defaultdict[int, set[int]] = defaultdict(set)  # group -> nodes the greedy plan placed it on
     for pl in greedy.placements:
-        g = int(st.pod_pg[pl.pod])
-        doms[g].add(pl.node)
+        doms[int(st.pod_pg[pl.pod])].add(pl.node)
     for (i, d), var in built.domain.items():
-        g = scope.groups[i]
-        dom = st.topologies[g.topology].domain[g.required_level]
-        _set(hint, var, int(any(int(dom[n]) == d for n in doms.get(g.group, ()))))
+        gs = scope.groups[i]
+        dom = st.topologies[gs.topology].domain[gs.required_level]
+        _set(hint, var, int(any(int(dom[n]) == d for n in doms.get(gs.group, set()))))
     sol = built.model.proto.solution_hint
     sol.vars.extend(hint.keys())
     sol.values.extend(hint.values())
 
 
-def _set(hint: dict[int, int], var, value) -> None:
+def _set(hint: dict[int, int], var: cp_model.IntVar, value: int) -> None:
     hint[var.index] = int(value)
 
 

@@ -17,15 +17,16 @@ Variables
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from kai_opt.formulation.objective import Objective
-from kai_opt.formulation.scope import Scope
+from kai_opt.formulation.scope import Mover, Scope, Victim
 from kai_opt.heuristics.session import DEV, Session
-from kai_opt.state import R_GPU
+from kai_opt.state import R_GPU, ClusterState
 
 UNLIMITED = -1.0
 QSCALE = (1000.0, 1.0, 1.0)  # queue resources to integers: milli-GPU, millicores, bytes (exact: a queue at exactly
@@ -43,12 +44,15 @@ def _down(x: np.ndarray) -> np.ndarray:
     return np.floor(np.asarray(x) * np.array(QSCALE) + EPS).astype(np.int64)
 
 
-def lsum(exprs: list) -> cp_model.LinearExprT:
+Expr = cp_model.LinearExpr | int  # a model expression or a constant (what lsum and wsum return)
+
+
+def lsum(exprs: Sequence[Expr]) -> Expr:
     """Sum of model expressions in one call (Python's sum builds a chain of partial sums)."""
     return cp_model.LinearExpr.sum(exprs) if exprs else 0
 
 
-def wsum(exprs: list, coeffs: list[int]) -> cp_model.LinearExprT:
+def wsum(exprs: Sequence[Expr], coeffs: Sequence[int]) -> Expr:
     """Weighted sum of model expressions in one call."""
     return cp_model.LinearExpr.weighted_sum(exprs, coeffs) if exprs else 0
 
@@ -63,21 +67,23 @@ class Built:
     serving: cp_model.IntVar | None = None  # some placed group consolidation may serve (moves allowed)
     placed: dict[int, cp_model.IntVar] = field(default_factory=dict)  # shape of a pool of several -> pods placed
     gang: list[cp_model.IntVar] = field(default_factory=list)
-    on_device: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
+    on_device: dict[tuple[tuple[int, int], int], cp_model.IntVar] = field(default_factory=dict)  # (size, device)
     whole_dev: dict[int, cp_model.IntVar] = field(default_factory=dict)
     domain: dict[tuple[int, int], cp_model.IntVar] = field(default_factory=dict)
     evict_pre: list[cp_model.IntVar] = field(default_factory=list)
     evict_rec: list[cp_model.IntVar] = field(default_factory=list)
     reclaims: dict[int, cp_model.IntVar] = field(default_factory=dict)  # scope group -> placed by reclaiming
-    derived: list[tuple] = field(default_factory=list)  # (sum var, previous sum var | None, [(shape, coef)])
-    evicted_sums: list[tuple] = field(default_factory=list)  # (sum var, [(victim unit, coef)]): freed per queue
-    value: cp_model.LinearExpr | None = None  # tier 1: priority-weighted work placed
-    eviction_cost: cp_model.LinearExpr | None = None  # tier 2
-    packing: cp_model.LinearExpr | None = None  # tier 3
+    # (sum var, previous sum var | None, [(shape, coef)])
+    derived: list[tuple[cp_model.IntVar, cp_model.IntVar | None, list[tuple[int, int]]]] = field(default_factory=list)
+    # (sum var, [(victim unit, coef)]): freed per queue
+    evicted_sums: list[tuple[cp_model.IntVar, list[tuple[int, int]]]] = field(default_factory=list)
+    value: Expr = 0  # tier 1: priority-weighted work placed
+    eviction_cost: Expr = 0  # tier 2
+    packing: Expr = 0  # tier 3
     value_terms: dict[int, int] = field(default_factory=dict)  # shape -> weight per pod (for hints / reports)
-    totals: dict[int, cp_model.LinearExprT] = field(default_factory=dict)  # shape -> its pods placed
+    totals: dict[int, Expr] = field(default_factory=dict)  # shape -> its pods placed
     place_most: dict[tuple[int, int], int] = field(default_factory=dict)  # (pool, node) -> its place var's bound
-    evicted: list[cp_model.LinearExprT] = field(default_factory=list)  # per victim unit: evicted (0/1)
+    evicted: list[Expr] = field(default_factory=list)  # per victim unit: evicted (0/1)
 
 
 def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
@@ -197,7 +203,8 @@ def _eviction_vars(sess: Session, scope: Scope, b: Built) -> None:
         m.add(er <= lsum([b.gang[j] for j in rec]) if rec else er == 0)  # only for an allowed, placed reclaimer
         b.evict_pre.append(ep)
         b.evict_rec.append(er)
-    b.evicted = evicted = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
+    evicted: list[Expr] = [b.evict_pre[i] + b.evict_rec[i] for i in range(len(victims))]
+    b.evicted = evicted
     by_group: dict[int, list[int]] = defaultdict(list)
     for vi, v in enumerate(victims):
         by_group[v.group].append(vi)
@@ -226,9 +233,9 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
         on_node[n].append((scope.pools[pi].pod, v))  # (a pod of the pool, its count here)
         on_node_most[n].append(most_here[(pi, n)])
     # node -> (how many leave, one of them, at most): victim pods evicted, moved pods
-    released: dict[int, list[tuple[cp_model.LinearExpr, int, int]]] = defaultdict(list)
-    for vi, v in enumerate(victims):
-        for p in v.pods:
+    released: dict[int, list[tuple[Expr, int, int]]] = defaultdict(list)
+    for vi, victim in enumerate(victims):
+        for p in victim.pods:
             released[int(sess.node[p])].append((evicted[vi], p, 1))
     for mv, x in zip(scope.movers, b.move, strict=True):
         released[mv.node].append((x, mv.pods[0], len(mv.pods)))
@@ -311,7 +318,7 @@ class _NodeRoom:
     """Per node, what could ever be free in this cycle (every candidate victim evicted and every mover gone),
     as arrays over all nodes and devices, so a pool's caps over its candidate nodes are one vector operation."""
 
-    def __init__(self, sess: Session, victims: list, movers: list) -> None:
+    def __init__(self, sess: Session, victims: list[Victim], movers: list[Mover]) -> None:
         self.sess = sess
         st = sess.state
         self.room = (sess.alloc - sess.held).astype(np.int64)
@@ -354,18 +361,18 @@ class _NodeRoom:
         return np.maximum(cap, 0)
 
 
-def is_share(st, p: int) -> bool:
+def is_share(st: ClusterState, p: int) -> bool:
     return bool(st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
 
 
-def _device_constraints(sess: Session, b: Built, n: int, items: list, released: list,
-                        whole_use: cp_model.LinearExpr) -> None:
+def _device_constraints(sess: Session, b: Built, n: int, items: list[tuple[int, cp_model.IntVar]],
+                        released: list[tuple[Expr, int, int]], whole_use: Expr) -> None:
     """Shares and whole GPUs on node n at device level: each device holds shares up to its free room, or is
     handed whole to a whole-GPU pod when nothing stays on it. `items`: (a pod of a pool, its count on n);
     `released`: (how many leave, one of them, at most) for victims and moved pods."""
     st, m = sess.state, b.model
     a, z = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
-    per_victim_dev: dict[int, list[tuple[cp_model.LinearExpr, int, int]]] = defaultdict(list)  # device ->
+    per_victim_dev: dict[int, list[tuple[Expr, int, int]]] = defaultdict(list)  # device ->
     for x, p, most in released:  # (how many leave, milli-GPU each, at most)
         per = st.pod_gpu_per_device(p, n)
         for d in sess.pod_devices(p):
@@ -373,7 +380,7 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     whole_devs = []
     # shares of one size are interchangeable on a device: one count per (milli-GPU per device, devices per pod)
     # and device, whatever shape they come from
-    pools: dict[tuple[int, int], list] = defaultdict(list)  # size -> shape totals on this node
+    pools: dict[tuple[int, int], list[cp_model.IntVar]] = defaultdict(list)  # size -> shape totals on this node
     for p, v in items:
         if is_share(st, p):
             pools[share_size(st, p, n)].append(v)
@@ -415,12 +422,13 @@ def _device_constraints(sess: Session, b: Built, n: int, items: list, released: 
     m.add(whole_use <= lsum(whole_devs))
 
 
-def share_size(st, p: int, n: int) -> tuple[int, int]:
+def share_size(st: ClusterState, p: int, n: int) -> tuple[int, int]:
     """A share pod's size on node n: (milli-GPU per device, devices per pod)."""
     return int(st.pod_gpu_per_device(p, n)), int(st.pod_gpu_ndev[p])
 
 
-def _late_work(st, scope: Scope, wanted: set[tuple[int, int]], scale: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+def _late_work(st: ClusterState, scope: Scope, wanted: set[tuple[int, int]],
+               scale: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
     """(queue, turn) -> what the excluded groups' fixed decisions of later turns added to the queue's allocation
     (scaled like the model's queue rows): the session holds it, the greedy's check at that turn did not."""
     anc = st.q_ancestors
@@ -436,14 +444,14 @@ def _late_work(st, scope: Scope, wanted: set[tuple[int, int]], scale: np.ndarray
     return {k: np.round(v * scale).astype(np.int64) for k, v in out.items()}
 
 
-def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evicted: list) -> None:
+def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, Expr], evicted: list[Expr]) -> None:
     st, fs, m = sess.state, sess.fs, b.model
     groups, shapes, victims = scope.groups, scope.shapes, scope.victims
     anc = st.q_ancestors
     scale = np.array(QSCALE)
     qreqs = {s: _qreq(sess, shape.pods) for s, shape in enumerate(shapes)}
-    placed_q: dict[int, list] = defaultdict(list)  # queue -> [(expr, qreq vector, most pods)]
-    placed_np_q: dict[int, list] = defaultdict(list)
+    placed_q: dict[int, list[tuple[Expr, np.ndarray, int]]] = defaultdict(list)  # queue -> [(expr, qreq, most pods)]
+    placed_np_q: dict[int, list[tuple[Expr, np.ndarray, int]]] = defaultdict(list)
     for g in groups:
         for s in g.shapes:
             qr = qreqs[s]
@@ -451,15 +459,15 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
                 placed_q[q].append((totals[s], qr, len(shapes[s].pods)))
                 if not g.preemptible:
                     placed_np_q[q].append((totals[s], qr, len(shapes[s].pods)))
-    evicted_q: dict[int, list] = defaultdict(list)  # queue -> [(victim unit, amount it frees)]
+    evicted_q: dict[int, list[tuple[int, np.ndarray]]] = defaultdict(list)  # queue -> [(victim unit, amount it frees)]
     for vi, v in enumerate(victims):
         qv = int(st.pg_queue[v.group])
         amt = _down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
         for q in anc[qv]:
             evicted_q[q].append((vi, amt))
-    evicted_sum: dict[tuple[int, int], cp_model.LinearExpr] = {}
+    evicted_sum: dict[tuple[int, int], Expr] = {}
 
-    def evicted_amount(q: int, r: int) -> cp_model.LinearExpr:
+    def evicted_amount(q: int, r: int) -> Expr:
         """Queue q's resource r freed by the evictions: one variable per (queue, resource), since the reclaim rule
         repeats it for every reclaiming group (written out once, not per group)."""
         if (q, r) not in evicted_sum:
@@ -511,7 +519,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
         if js:
             m.add(b.evict_rec[vi] <= lsum([uses[j] for j in js]))
     mult = sess.cfg.reclaim_saturation_multiplier
-    placed_g: dict[int, list] = defaultdict(list)  # group -> [(expr, qreq vector, most pods)]
+    placed_g: dict[int, list[tuple[int, np.ndarray, int]]] = defaultdict(list)  # group -> [(shape, qreq, most pods)]
     for i, g in enumerate(groups):
         for s in g.shapes:
             placed_g[i].append((s, qreqs[s], len(shapes[s].pods)))
@@ -525,13 +533,14 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict, evic
             for r in range(3):
                 key = (q, r)
                 start = done.get(key, 0)
-                terms, most = [], 0
+                terms: list[tuple[int, int]] = []  # (shape, coefficient)
+                most = 0
                 for i in range(start, j + 1):
                     if q in anc[groups[i].queue]:
-                        for e, v, k in placed_g[i]:
-                            if int(v[r]):
-                                terms.append((e, int(v[r])))
-                                most += int(v[r]) * k
+                        for sh, qr, k in placed_g[i]:
+                            if int(qr[r]):
+                                terms.append((sh, int(qr[r])))
+                                most += int(qr[r]) * k
                 prev, prev_most = running.get(key, (None, 0))
                 most += prev_most
                 if terms:

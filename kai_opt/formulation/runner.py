@@ -62,7 +62,8 @@ def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int 
         p.max_time_in_seconds = max(0.01, seconds)
 
 
-def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report=None, slowdown: float = 1.0) -> SolveResult:
+def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report: Send | None = None,
+                        slowdown: float = 1.0) -> SolveResult:
     """`report(result)`, when given, receives the tier-1 result as soon as it is known (the watchdog keeps it if
     tiers 2-3 overrun)."""
     start = time.perf_counter()
@@ -151,16 +152,17 @@ def _without_moves(solver: cp_model.CpSolver, built: Built, cfg: Solver,
 
 def _hint_all(m: cp_model.CpModel, values: list[int]) -> None:
     """Replace the model's hint by a complete solution (every variable, in index order)."""
-    m.clear_hints()
+    m.clear_hints()  # type: ignore[no-untyped-call]  # (ortools declares it without annotations)
     m.proto.solution_hint.vars.extend(range(len(values)))
     m.proto.solution_hint.values.extend(values)
 
 
-def solve_weighted(built: Built, cfg: Solver, seconds: float, report=None, slowdown: float = 1.0) -> SolveResult:
+def solve_weighted(built: Built, cfg: Solver, seconds: float, report: Send | None = None,
+                        slowdown: float = 1.0) -> SolveResult:
     start = time.perf_counter()
     w = cfg.objective
     m = built.model
-    m.maximize(built.value * w.placement_weight // 1000 + built.packing * w.packing_weight
+    m.maximize(built.value * max(1, w.placement_weight // 1000) + built.packing * w.packing_weight
                - built.eviction_cost * max(1, w.eviction_weight // 1000))
     solver = cp_model.CpSolver()
     _params(solver, cfg, seconds, len(m.proto.variables), slowdown)

@@ -12,16 +12,18 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from kai_opt.config import Config
 from kai_opt.fairshare.reclaim import can_reclaim, fits_strategy, leveled
 from kai_opt.heuristics.actions import Actions
 from kai_opt.heuristics.session import ACTIVE, Session
 from kai_opt.heuristics.tasks import group_shape, pending_mask
 from kai_opt.heuristics.victims import protected_by_min_runtime
-from kai_opt.plan import Plan
-from kai_opt.state import R_GPU, PodStatus
+from kai_opt.plan import Eviction, Plan
+from kai_opt.state import R_GPU, ClusterState, PodStatus
 
 # config solver.keep_greedy_groups (default true): every group the greedy placed stays placed (the model may move
 # it); KAI's queue order is the rule there (docs/DESIGN-NOTES.md).
@@ -36,14 +38,14 @@ FIXED_PER_DECISION = 0.00007  # s per decision of the greedy plan the CP-SAT sta
 # size: replaying the decisions outside the window, then checking and scoring the whole plan
 
 
-def model_seconds(cfg, decisions: int = 0) -> float:
+def model_seconds(cfg: Config, decisions: int = 0) -> float:
     """The part of the time budget that sizes the model: the budget less the fixed work over the greedy plan's
     `decisions` (placements and evictions), and never less than a tenth of it."""
     budget = cfg.solver.time_budget_s
     return max(0.1 * budget, budget - FIXED_PER_DECISION * decisions)
 
 
-def pair_budget(cfg, decisions: int = 0) -> int:
+def pair_budget(cfg: Config, decisions: int = 0) -> int:
     """(pool, candidate node) pairs of one model under this configuration's time budget."""
     return min(PAIR_BUDGET, int(PAIRS_PER_SECOND * model_seconds(cfg, decisions)))
 
@@ -129,7 +131,7 @@ class Scope:
     late_work: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
 
-def _shape_key(sess: Session, p: int) -> tuple:
+def _shape_key(sess: Session, p: int) -> tuple[Any, ...]:
     st = sess.state
     return (int(st.pod_sg[p]), tuple(st.pod_req[p].tolist()), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]),
             int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]), int(st.pod_sig[p]))
@@ -174,7 +176,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
         need = max(0, int(st.pg_min_member[g]) - int(active.sum()))
         sub_need = {s: max(0, int(st.sg_min_member[s]) - int(np.isin(sess.status[sp], ACTIVE).sum()))
                     for s, sp in shape.leaves}
-        by_key: dict[tuple, list[int]] = {}
+        by_key: dict[tuple[Any, ...], list[int]] = {}
         for p in pend.tolist():
             by_key.setdefault(_shape_key(sess, p), []).append(p)
         idx = []
@@ -244,7 +246,7 @@ WINDOW_PODS_PER_SECOND = 1_000  # pending pods one model decides per second of t
 # the greedy plan's decisions): scope, model, solve and decode grow with them (see docs/DESIGN-NOTES.md)
 
 
-def window_pods(cfg, decisions: int = 0) -> int:
+def window_pods(cfg: Config, decisions: int = 0) -> int:
     """Pending pods one model may decide under this configuration (solver.max_model_pods caps it), beside a
     greedy plan of `decisions` placements and evictions."""
     return max(1, min(cfg.solver.max_model_pods, int(WINDOW_PODS_PER_SECOND * model_seconds(cfg, decisions))))
@@ -330,7 +332,7 @@ def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) ->
     scheduling signature) share one count per node: the model then decides per (pool, node) and per shape how
     many of its pods go, so identical gangs cost one set of node variables. A shape of a group with a required
     topology level keeps its own (the domain is the group's)."""
-    by_key: dict[tuple, Pool] = {}
+    by_key: dict[tuple[Any, ...], Pool] = {}
     pools: list[Pool] = []
     for gs in groups:
         own = gs.topology >= 0 and gs.required_level >= 0
@@ -347,7 +349,7 @@ def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) ->
     return pools
 
 
-def subgroup_domains(st) -> np.ndarray:
+def subgroup_domains(st: ClusterState) -> np.ndarray:
     """Per podgroup: some sub-group of it has a required topology level."""
     out = np.zeros(st.n_groups, dtype=bool)
     req = (st.sg_topology >= 0) & (st.sg_required_level >= 0)
@@ -355,7 +357,7 @@ def subgroup_domains(st) -> np.ndarray:
     return out
 
 
-def pool_key(sess: Session, p: int) -> tuple:
+def pool_key(sess: Session, p: int) -> tuple[Any, ...]:
     """What decides where pod p fits (its shape key without the sub-group)."""
     return _shape_key(sess, p)[1:]
 
@@ -368,7 +370,7 @@ def _movable(sess: Session, groups: list[GroupScope], greedy: Plan) -> tuple[lis
     or with gpu-memory requests (whose queue request depends on the node) stay."""
     st, cfg = sess.state, sess.cfg
     none = np.zeros(0, dtype=np.int64)
-    if not cfg.actions.consolidate or cfg.max_consolidation_preemptees == 0 or st.n_nodes > MOVE_MAX_NODES:
+    if not cfg.actions.on("consolidate") or cfg.max_consolidation_preemptees == 0 or st.n_nodes > MOVE_MAX_NODES:
         return [], none
     move_for = [i for i, gs in enumerate(groups)
                 if gs.preemptible and can_reclaim(sess.fs, sess.ledger, gs.queue, _min_request(sess, gs),
@@ -391,7 +393,7 @@ MOVES_PER_SECOND = 600  # and at most this many per second of the time budget: e
 # node's devices, and the model must be built, solved and decoded within the budget (see docs/DESIGN-NOTES.md)
 
 
-def move_budget(cfg, decisions: int = 0) -> int:
+def move_budget(cfg: Config, decisions: int = 0) -> int:
     """Running pods one model may move under this configuration's time budget."""
     return min(MOVE_BUDGET, int(MOVES_PER_SECOND * model_seconds(cfg, decisions)))
 # moves only in clusters up to this size: above it the larger model with moves finds less than the one without
@@ -415,7 +417,7 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
     pods = pods[np.argsort(rank[sess.node[pods]], kind="stable")][:most]
     own = {k for gs in scope.groups if gs.topology >= 0 and gs.required_level >= 0 for k in gs.shapes}
     by_key = {pool_key(sess, pool.pod): i for i, pool in enumerate(scope.pools) if pool.shapes[0] not in own}
-    classes: dict[tuple, Mover] = {}
+    classes: dict[tuple[Any, ...], Mover] = {}
     for p in pods.tolist():
         g = int(st.pod_pg[p])
         key = pool_key(sess, p)
@@ -439,12 +441,12 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
                            f"{len(scope.move_for)} eligible groups")
 
 
-def placed_per_group(st, plan: Plan) -> Counter[int]:
+def placed_per_group(st: ClusterState, plan: Plan) -> Counter[int]:
     """Podgroup -> pods the plan places (moves not counted)."""
     return Counter(int(st.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved)
 
 
-def replayed_evictions(st, greedy: Plan) -> list:
+def replayed_evictions(st: ClusterState, greedy: Plan) -> list[Eviction]:
     """The greedy evictions the model takes as given: consolidation, victims that were moved (reclaim and preempt
     re-place victims that fit elsewhere), every eviction on a node a moved pod lands on (the move counts on that
     room), and the rest of any group one of those belongs to (a victim keeps its minimum or goes whole)."""
@@ -458,7 +460,7 @@ def replayed_evictions(st, greedy: Plan) -> list:
     return [e for e in greedy.evictions if int(st.pod_pg[e.pod]) in groups]
 
 
-def _evict_in_runs(sess: Session, evictions: list) -> None:
+def _evict_in_runs(sess: Session, evictions: list[Eviction]) -> None:
     """Evict in the plan's order, consecutive evictions with one reason and beneficiary in one call."""
     i = 0
     while i < len(evictions):
@@ -493,7 +495,7 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
     reclaimers: dict[int, bool] = {}
     requests = {i: _min_request(sess, gs) for i, gs in enumerate(groups)}
     for i, gs in enumerate(groups):
-        reclaimers[i] = sess.cfg.actions.reclaim and can_reclaim(fs, sess.ledger, gs.queue, requests[i],
+        reclaimers[i] = sess.cfg.actions.on("reclaim") and can_reclaim(fs, sess.ledger, gs.queue, requests[i],
                                                                   preemptible=gs.preemptible)
     out: list[Victim] = []
     rule: dict[tuple[int, int], bool] = {}  # (scope group, victim queue) -> reclaim allowed at cycle start
@@ -516,7 +518,7 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
             if gs.group == v:
                 continue
             if gs.queue == vq:
-                if (sess.cfg.actions.preempt and gs.priority > int(st.pg_priority[v])
+                if (sess.cfg.actions.on("preempt") and gs.priority > int(st.pg_priority[v])
                         and not is_protected("preempt")):
                     bens[i] = "preempt"
             elif reclaimers[i] and not is_protected("reclaim"):

@@ -8,6 +8,7 @@ import logging
 import math
 import time
 import traceback
+from collections.abc import Callable
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
@@ -184,7 +185,8 @@ def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
 
 
 def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
-                actions: tuple[str, ...] | None = None, progress=None, second: SecondHint | None = None) -> Plan:
+                actions: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None,
+                second: SecondHint | None = None) -> Plan:
     def phase(what: str) -> None:
         if progress is not None:
             progress(what)
@@ -287,7 +289,8 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
 
 
 def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
-                   actions: tuple[str, ...] | None, second: SecondHint | None, phase) -> tuple[Plan, str]:
+                   actions: tuple[str, ...] | None, second: SecondHint | None,
+                   phase: Callable[[str], None]) -> tuple[Plan, str]:
     """The plan the model starts from (scope, keep, hint, fallback): the KAI-scored greedy plan, or the FGD-scored
     one when second_hint_note accepts it. With wall time only if the plan computed beside (`second`) is ready now;
     deterministic mode computes it here. Returns the plan and a note ('' when the KAI-scored plan stays)."""
@@ -301,7 +304,7 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     else:
         return greedy, ""
     note = second_hint_note(state, fs, greedy, alt) if alt is not None else ""
-    if not note:
+    if alt is None or not note:
         return greedy, ""
     alt.solver = greedy.solver
     alt.phases = greedy.phases  # the cycle's own phases (the KAI-scored greedy's)

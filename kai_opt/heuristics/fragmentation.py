@@ -67,7 +67,7 @@ def typical_shapes(cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, spec: Se
     covering `coverage` of the pods (ties: larger shape first), weights renormalised."""
     chosen = popular_shapes(list(zip(cpu.tolist(), milli.tolist(), num.tolist(), spec, strict=True)), coverage)
     n_ = [n for n, _ in chosen]
-    cpu_, milli_, num_, spec_ = zip(*(s for _, s in chosen), strict=True)  # type: ignore[misc]
+    cpu_, milli_, num_, spec_ = zip(*(s for _, s in chosen), strict=True)
     w = np.asarray(n_, dtype=np.float64)
     return Workload(np.asarray(cpu_, dtype=np.int64), np.asarray(milli_, dtype=np.int64),
                     np.asarray(num_, dtype=np.int64), np.asarray([spec_mask(x, models) for x in spec_],

@@ -151,6 +151,7 @@ class GangPlacer:
                 with self._quiet():
                     a = self._place_in(g, tasks, m, allow_pipeline, pref_lvl, topo)
                 if a.ok:
+                    sess.commit(cp)
                     return a
                 per_domain.append(f"<{name}>: node-group {name} can allocate only {len(a.placed)} of "
                                   f"{len(tasks)} required pods.")
@@ -167,7 +168,9 @@ class GangPlacer:
                                                                         "level": level, "required": len(tasks),
                                                                         "domains": fit})])
         a = self._place_in(g, tasks, None, allow_pipeline, pref_lvl, topo)
-        if not a.ok:
+        if a.ok:
+            sess.commit(cp)
+        else:
             sess.rollback(cp)
         return a
 
@@ -230,6 +233,7 @@ class GangPlacer:
                     break
                 sess.place(p, choice.node, choice.devices, pipelined=True, moved=True)
             else:
+                sess.commit(cp)
                 return True
             sess.rollback(cp)
         return False

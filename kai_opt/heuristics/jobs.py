@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ class JobQueue:
         self.sess = sess
         st = sess.state
         self.order = QueueOrder(sess.fs, sess.ledger, st.q_names, st.q_creation, st.q_priority)
-        self.leaf: dict[int, list[tuple[tuple, int]]] = {}
+        self.leaf: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = np.zeros(st.n_queues, dtype=np.int64)  # jobs in each queue's subtree
         self._request: dict[int, np.ndarray] = {}
         self._tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
@@ -30,14 +31,14 @@ class JobQueue:
         self._seen = sess.ledger.allocated.copy()
         # queue -> (its head job, that job's request, its queue-order key): valid while the queue's allocation
         # stays the same (_sync drops it) and its head job and request are the same objects
-        self._keys: dict[int, tuple[int, np.ndarray, tuple]] = {}
+        self._keys: dict[int, tuple[int, np.ndarray, tuple[Any, ...]]] = {}
         for g in jobs:
             self.push(g)
 
     def __len__(self) -> int:
         return int(sum(len(v) for v in self.leaf.values()))
 
-    def job_key(self, g: int) -> tuple:
+    def job_key(self, g: int) -> tuple[Any, ...]:
         st = self.sess.state
         created = st.pg_creation[g]
         return (-int(st.pg_priority[g]), elastic_state(self.sess, g),
@@ -100,7 +101,7 @@ class JobQueue:
             return queues[0]
         return self.order.best_by_key(queues, {q: self._key(q) for q in queues})
 
-    def _key(self, q: int) -> tuple:
+    def _key(self, q: int) -> tuple[Any, ...]:
         g = self._head(q)
         r = self.request(g)
         hit = self._keys.get(q)

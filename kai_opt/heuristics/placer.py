@@ -10,6 +10,7 @@ session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does, th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class Placer(NodeFilter):
     def __init__(self, sess: Session) -> None:
         super().__init__(sess)
         st = sess.state
-        self._last: tuple | None = None  # the last binpack choice, for _same_node_again
+        self._last: tuple[Any, ...] | None = None  # the last binpack choice, for _same_node_again
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
         self._fgd: FgdScorer | None = None
@@ -144,7 +145,7 @@ class Placer(NodeFilter):
         choice = self._choose(p, mask, allow_pipeline=allow_pipeline, exclude=exclude)
         self._last = None
         if choice is not None and exclude < 0 and self._strategy(p) == Strategy.binpack:
-            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.version)
+            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.caches.version)
         return choice
 
     def _prefilter(self, p: int, candidates: np.ndarray) -> np.ndarray:
@@ -161,7 +162,7 @@ class Placer(NodeFilter):
             return candidates[sess.alloc[candidates, R_CPU] - sess.held[candidates, R_CPU] >= cpu]
         return candidates
 
-    def _shape(self, p: int) -> tuple | None:
+    def _shape(self, p: int) -> tuple[Any, ...] | None:
         """Pods with equal shapes are interchangeable for placement (None: this pod is not, it has pod
         (anti-)affinity, which depends on where other pods are)."""
         st = self.sess.state
@@ -177,7 +178,7 @@ class Placer(NodeFilter):
         n scores at least as well as before (less free, sharing tier only rises, others unchanged), so it is
         the choice again if it still fits the same way (bind vs pipeline)."""
         last = self._last
-        if last is None or exclude >= 0 or self.sess.version != last[5] + 1:
+        if last is None or exclude >= 0 or self.sess.caches.version != last[5] + 1:
             return None
         shape, last_mask, last_pipe_ok, n, was_pipelined, _ = last
         if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p):
@@ -190,7 +191,7 @@ class Placer(NodeFilter):
         devices = self.devices_for(p, n, pipelined)
         if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
             pipelined = True
-        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.version)
+        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.caches.version)
         return Choice(n, pipelined, devices)
 
     def _choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
@@ -264,7 +265,7 @@ class FgdScorer:
         self.cpu = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n)
         self._refresh(np.arange(n))
-        self._seen = len(sess.touched)  # how much of sess.touched the cache reflects
+        self._seen = len(sess.caches.touched)  # how much of sess.touched the cache reflects
 
     def _dev_free(self, dev: np.ndarray) -> np.ndarray:
         sess = self.sess
@@ -286,8 +287,8 @@ class FgdScorer:
         self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
 
     def _sync(self) -> None:
-        """Bring the cache up to date: every change of node resources logs its node in sess.touched."""
-        touched = self.sess.touched
+        """Bring the cache up to date: every change of node resources logs its node in sess.caches.touched."""
+        touched = self.sess.caches.touched
         if len(touched) == self._seen:
             return
         if len(touched) < self._seen:  # the log was reset: recompute all

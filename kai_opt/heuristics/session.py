@@ -1,16 +1,23 @@
-"""A cycle's mutable simulation state with an operation log: checkpoint, rollback, commit (KAI's Statement).
+"""A cycle's mutable simulation state, changed only through typed operations and undone exactly (KAI's Statement).
 
 Resources per node are split into `held` (bound, newly placed or pipelined pods) and `rel` (pods being
 released). Free now = allocatable - held - rel; free once releases finish = allocatable - held. GPU devices
-follow the same split in milli-GPUs. Every change is logged so a failed attempt rolls back exactly.
+follow the same split in milli-GPUs.
+
+The state-changing API is the Session's: checkpoint / rollback / commit around the operations place, place_many,
+evict, evict_many, unevict, unevict_many and convert_to_pipelined. Each operation appends one typed record to the
+log (Allocate, AllocateRun, Pipeline, Evict, Move, Unevict, UnevictMany) that carries its own undo; a rollback undoes
+the records above its checkpoint, newest first. The arrays readers see (held, rel, dev_held, dev_rel, dev_piped,
+status, node) are read-only views of the session's own. Every cache over the state is declared in SessionCaches with
+the rule that keeps it valid.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import ClassVar, TypeVar
 
 import numpy as np
 
@@ -22,53 +29,306 @@ from kai_opt.state import R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
 from kai_opt.usage import pod_queue
 
-ALLOCATED = 6  # placed in this cycle, to be bound (PodStatus values 0..5 come from the snapshot)
-ACTIVE = (PodStatus.BOUND, PodStatus.PIPELINED, ALLOCATED)  # counts towards a gang's minMember
+ACTIVE = (PodStatus.BOUND, PodStatus.PIPELINED, PodStatus.ALLOCATED)  # counts towards a gang's minMember
 IS_ACTIVE = np.zeros(16, dtype=bool)  # status -> in ACTIVE (a table lookup instead of np.isin in hot loops)
 IS_ACTIVE[list(ACTIVE)] = True
 DEV = 1000  # milli-GPU per device
 T = TypeVar("T")
 MEMO_STATES = 4  # states whose memo() results are kept (a search returns to the state it started from)
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
 
 
-@dataclass
-class _Run:
-    """A run of binds made at once (Session.place_many): per pod, in order."""
-
-    pods: np.ndarray
-    nodes: np.ndarray
-    amounts: np.ndarray  # node resources taken
-    devices: np.ndarray  # global devices, pod after pod
-    dev_amounts: np.ndarray  # milli-GPU on each of `devices`
-    queue_amounts: np.ndarray
-    non_preemptible: np.ndarray
-    prev_status: np.ndarray
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A view of `a` that cannot be written through (the session writes `a` itself; readers see the change)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
-@dataclass
-class _Op:
-    kind: str  # place | evict | move | pipeline | unevict
-    pod: int
-    node: int
-    devices: tuple[int, ...]
-    prev_status: int
-    amount: np.ndarray  # node resources moved
-    dev_amount: int  # milli-GPU per device
-    queue_amount: np.ndarray
-    non_preemptible: bool
-    claimed: np.ndarray | None = None  # releasing resources a pipelined placement claimed
-    dev_claimed: tuple[int, ...] = ()
-    eviction: Eviction | None = None  # unevict: the eviction it took back
-    batch: list[tuple[_Op, Eviction]] | None = None  # unevict_many: the eviction ops taken back, in order
-    run: _Run | None = None  # place_run: the binds it made
-    _amount_list: list[int] | None = None
-    serial: int = 0  # unique per op of a session (Session.state_id)
+class SessionCaches:
+    """Every cache kept over a session's state, each with the rule that keeps it valid. The session calls touch /
+    touch_many for each node an operation (or its undo) changes and bump() for a change that moves no resource;
+    readers only read these."""
+
+    __slots__ = ("_memo", "_static", "dirty", "touched", "version")
+
+    def __init__(self) -> None:
+        # +1 per node an operation or undo changes (and per pipeline conversion): equal versions mean no change
+        # since; version == seen + 1 means exactly one single-node change since (the placer's last-choice cache)
+        self.version = 0
+        # every node whose resources changed, in order, never shortened: a reader that keeps how many entries it
+        # has read refreshes only the nodes after them (the placer's fragmentation scorer)
+        self.touched: list[int] = []
+        # nodes whose GPU summaries (Session.whole_idle, whole_future, max_idle, max_future) are stale: the session
+        # recomputes them, and empties the set, on the next read of a summary
+        self.dirty: set[int] = set()
+        # state_id -> key -> result (Session.memo): a result is valid while the session's state_id is the one it was
+        # made in; the MEMO_STATES most recently used states are kept
+        self._memo: OrderedDict[int, dict[object, object]] = OrderedDict()
+        # key -> result (static()): depends on the snapshot, fair share and config only, valid for the whole session
+        self._static: dict[str, object] = {}
+
+    def touch(self, n: int) -> None:
+        self.version += 1
+        self.touched.append(n)
+        self.dirty.add(n)
+
+    def touch_many(self, nodes: list[int]) -> None:
+        self.version += len(nodes)
+        self.touched.extend(nodes)
+        self.dirty.update(nodes)
+
+    def bump(self) -> None:
+        self.version += 1
+
+    def memo(self, state_id: int, key: object, make: Callable[[], T]) -> T:
+        memo = self._memo.get(state_id)
+        if memo is None:
+            memo = self._memo[state_id] = {}
+            while len(self._memo) > MEMO_STATES:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(state_id)
+        if key in memo:
+            return memo[key]  # type: ignore[return-value]
+        out = memo[key] = make()
+        return out
+
+    def static(self, key: str, make: Callable[[], T]) -> T:
+        if key in self._static:
+            return self._static[key]  # type: ignore[return-value]
+        out = self._static[key] = make()
+        return out
+
+
+# -- operations: one record per change, each with its undo ----------------------------------------------------------
+class Op:
+    """A logged change of the session. `serial` is unique per op of a session (Session.state_id)."""
+
+    __slots__ = ("serial",)
+    kind: ClassVar[str]
+    serial: int
+
+    def undo(self, sess: Session) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def undo_all(cls, sess: Session, ops: list[Op]) -> None:
+        """Undo a run of consecutive ops of this class, newest first (as popped from the log)."""
+        for op in ops:
+            op.undo(sess)
+
+
+class PodOp(Op):
+    """A change of one pod on one node: what it moved, so its undo moves it back."""
+
+    __slots__ = (
+        "_amount_list",
+        "amount",
+        "dev_amount",
+        "devices",
+        "node",
+        "non_preemptible",
+        "pod",
+        "prev_status",
+        "queue_amount",
+    )
+
+    def __init__(self, pod: int, node: int, devices: tuple[int, ...], prev_status: int, amount: np.ndarray,
+                 dev_amount: int, queue_amount: np.ndarray, non_preemptible: bool) -> None:
+        self.pod = pod
+        self.node = node
+        self.devices = devices  # global device indexes
+        self.prev_status = prev_status  # the pod's status before the op
+        self.amount = amount  # node resources moved
+        self.dev_amount = dev_amount  # milli-GPU on each of `devices`
+        self.queue_amount = queue_amount  # the pod's queue resources moved
+        self.non_preemptible = non_preemptible
+        self._amount_list: list[int] | None = None
 
     def amount_list(self) -> list[int]:
         """`amount` as Python ints (made once)."""
         if self._amount_list is None:
             self._amount_list = self.amount.tolist()
         return self._amount_list
+
+
+class Allocate(PodOp):
+    """Pending pod bound (or pipelined: `claimed` set) on a node in this cycle."""
+
+    __slots__ = ("claimed", "dev_claimed")
+    kind = "place"
+
+    def __init__(self, pod: int, node: int, devices: tuple[int, ...], prev_status: int, amount: np.ndarray,
+                 dev_amount: int, queue_amount: np.ndarray, non_preemptible: bool, claimed: np.ndarray | None,
+                 dev_claimed: tuple[int, ...]) -> None:
+        super().__init__(pod, node, devices, prev_status, amount, dev_amount, queue_amount, non_preemptible)
+        self.claimed = claimed  # pipelined: the releasing resources it claimed (None: bound now)
+        self.dev_claimed = dev_claimed  # pipelined: releasing milli-GPU it claimed on each of `devices`
+
+    def undo(self, sess: Session) -> None:
+        n = self.node
+        sess._held[n] -= self.amount
+        for d in self.devices:
+            sess._dev_held[d] -= self.dev_amount
+        if self.claimed is not None:
+            for d in self.devices:
+                sess._dev_piped[d] -= self.dev_amount
+            sess._rel[n] += self.claimed
+            for d, c in zip(self.devices, self.dev_claimed, strict=True):
+                sess._dev_rel[d] += c
+        sess.ledger.add(int(sess.queue_of_pod[self.pod]), -self.queue_amount, non_preemptible=self.non_preemptible)
+        self._forget(sess)
+        sess.caches.touch(n)
+
+    def _forget(self, sess: Session) -> None:
+        p = self.pod
+        sess._status[p] = self.prev_status
+        sess._node[p] = -1
+        sess.devices.pop(p, None)
+        del sess.placements[p]
+
+
+class Move(Allocate):
+    """An evicted pod re-placed by consolidation (pipelined onto its new node; it keeps its status and node)."""
+
+    __slots__ = ()
+    kind = "move"
+
+    def _forget(self, sess: Session) -> None:
+        del sess.moves[self.pod]
+
+
+class Pipeline(Op):
+    """A pod allocated in this cycle turned pipelined (its gang waits for releases); it keeps its resources."""
+
+    __slots__ = ("node", "pod")
+    kind = "pipeline"
+    prev_status = PodStatus.ALLOCATED
+
+    def __init__(self, pod: int, node: int) -> None:
+        self.pod = pod
+        self.node = node
+
+    def undo(self, sess: Session) -> None:
+        p = self.pod
+        sess._status[p] = PodStatus.ALLOCATED
+        old = sess.placements[p]
+        sess.placements[p] = Placement(old.pod, old.node, old.devices, False)
+        for d in sess.devices.get(p, ()):
+            sess._dev_piped[d] -= sess.gpu_per_device(p, self.node)
+
+
+class Evict(PodOp):
+    """A pod evicted: its resources turn releasing and leave its queue."""
+
+    __slots__ = ()
+    kind = "evict"
+
+    def undo(self, sess: Session) -> None:
+        Evict.undo_all(sess, [self])
+
+    @classmethod
+    def undo_all(cls, sess: Session, ops: list[Op]) -> None:
+        run: list[Evict] = ops  # type: ignore[assignment]  # undo_all is only called with ops of its class
+        sess._apply_evictions(run, -1)
+        for op in run:
+            sess._status[op.pod] = op.prev_status
+            del sess.evictions[op.pod]
+        sess.caches.touch_many([op.node for op in run])
+
+
+class Unevict(Op):
+    """An eviction made in this session taken back (the pod keeps running as if never chosen)."""
+
+    __slots__ = ("evict", "eviction")
+    kind = "unevict"
+
+    def __init__(self, evict: Evict, eviction: Eviction) -> None:
+        self.evict = evict
+        self.eviction = eviction
+
+    def undo(self, sess: Session) -> None:
+        ev = self.evict
+        sess._apply_eviction(ev, +1)
+        sess._status[ev.pod] = PodStatus.RELEASING
+        sess.evictions[ev.pod] = self.eviction
+        sess.caches.touch(ev.node)
+
+
+class _ManyPods:
+    """An op over many pods: the single-pod fields of a log record read as none."""
+
+    __slots__ = ()
+
+    pod: ClassVar[int] = -1
+    node: ClassVar[int] = -1
+    devices: ClassVar[tuple[int, ...]] = ()
+    prev_status: ClassVar[int] = 0
+    amount: ClassVar[np.ndarray] = _EMPTY
+    dev_amount: ClassVar[int] = 0
+    queue_amount: ClassVar[np.ndarray] = _EMPTY
+    non_preemptible: ClassVar[bool] = False
+
+
+class UnevictMany(_ManyPods, Op):
+    """Unevict of many pods at once (Session.unevict_many), in order."""
+
+    __slots__ = ("batch",)
+    kind = "unevict_many"
+
+    def __init__(self, batch: list[tuple[Evict, Eviction]]) -> None:
+        self.batch = batch  # the eviction ops taken back and their evictions, in order
+
+    def undo(self, sess: Session) -> None:
+        ops = [o for o, _ in reversed(self.batch)]
+        sess._apply_evictions(ops, +1)
+        for o, eviction in self.batch:
+            sess._status[o.pod] = PodStatus.RELEASING
+            sess.evictions[o.pod] = eviction
+        sess.caches.touch_many([o.node for o in ops])
+
+
+class AllocateRun(_ManyPods, Op):
+    """A run of binds made at once (Session.place_many): per pod, in order."""
+
+    __slots__ = ("amounts", "dev_amounts", "flags", "nodes", "pods", "prev_statuses", "queue_amounts", "run_devices")
+    kind = "place_run"
+
+    def __init__(self, pods: np.ndarray, nodes: np.ndarray, amounts: np.ndarray, run_devices: np.ndarray,
+                 dev_amounts: np.ndarray, queue_amounts: np.ndarray, flags: np.ndarray,
+                 prev_statuses: np.ndarray) -> None:
+        self.pods = pods
+        self.nodes = nodes
+        self.amounts = amounts  # node resources taken
+        self.run_devices = run_devices  # global devices, pod after pod
+        self.dev_amounts = dev_amounts  # milli-GPU on each of `run_devices`
+        self.queue_amounts = queue_amounts
+        self.flags = flags  # non-preemptible, per pod
+        self.prev_statuses = prev_statuses
+
+    def undo(self, sess: Session) -> None:
+        sess._apply_run(self, -1)
+        sess._status[self.pods] = self.prev_statuses
+        sess._node[self.pods] = -1
+        for q in self.pods.tolist():
+            sess.devices.pop(q, None)
+            del sess.placements[q]
+        sess.caches.touch_many(self.nodes.tolist())
+
+
+class _Mark:
+    """The queue ledger at an open checkpoint (a rollback restores it exactly: undoing float additions could
+    leave last-bit differences behind); `refs`: checkpoints at this log length not yet committed."""
+
+    __slots__ = ("allocated", "allocated_np", "at", "refs")
+
+    def __init__(self, at: int, allocated: np.ndarray, allocated_np: np.ndarray) -> None:
+        self.at = at
+        self.allocated = allocated
+        self.allocated_np = allocated_np
+        self.refs = 1
 
 
 class Session:
@@ -78,46 +338,45 @@ class Session:
         self.cfg = config
         self.alloc = state.node_alloc
         # held: stays once releases finish (bound + pipelined); rel: being released and not yet claimed
-        self.held = state.node_used - state.node_releasing + state.node_pipelined
-        self.rel = np.maximum(state.node_releasing - state.node_pipelined, 0)
-        self.dev_held = state.dev_used - state.dev_releasing + state.dev_pipelined
-        self.dev_rel = np.maximum(state.dev_releasing - state.dev_pipelined, 0)
-        self.dev_piped = state.dev_pipelined.copy()  # milli-GPU reserved by pods waiting to bind (shared devices)
+        self._held = state.node_used - state.node_releasing + state.node_pipelined
+        self._rel = np.maximum(state.node_releasing - state.node_pipelined, 0)
+        self._dev_held = state.dev_used - state.dev_releasing + state.dev_pipelined
+        self._dev_rel = np.maximum(state.dev_releasing - state.dev_pipelined, 0)
+        self._dev_piped = state.dev_pipelined.copy()  # milli-GPU reserved by pods waiting to bind (shared devices)
+        self._status = state.pod_status.astype(np.int8).copy()
+        self._node = state.pod_node.copy()
+        self.held, self.rel = _read_only(self._held), _read_only(self._rel)
+        self.dev_held, self.dev_rel = _read_only(self._dev_held), _read_only(self._dev_rel)
+        self.dev_piped = _read_only(self._dev_piped)
+        self.status, self.node = _read_only(self._status), _read_only(self._node)
         self.dev_start = state.dev_start
         self.dev_node = state.dev_node
-        self.status = state.pod_status.astype(np.int8).copy()
-        self.node = state.pod_node.copy()
         self.devices: dict[int, tuple[int, ...]] = {}  # global device indexes of pods placed in this cycle
         self.ledger = QueueLedger.start(state, fs)
         self.queue_of_pod = pod_queue(state)
-        self.log: list[_Op] = []
+        self.log: list[Op] = []
         self.placements: dict[int, Placement] = {}
         self.moves: dict[int, Placement] = {}
         self.evictions: dict[int, Eviction] = {}
-        self.touched: list[int] = []  # nodes changed, in order (caches re-check these)
-        self.version = 0  # bumped by every change of the state (place, evict, pipeline, undo)
+        self.caches = SessionCaches()
         self._serial = 0
-        # ledger values at checkpoints (log length, allocated, allocated_np): a rollback restores them exactly
-        # (undoing float additions could leave last-bit differences behind)
-        self._marks: list[tuple[int, np.ndarray, np.ndarray]] = []
-        self._memo: OrderedDict[int, dict[object, object]] = OrderedDict()  # state_id -> key -> result: memo()
+        self._marks: list[_Mark] = []  # open checkpoints, by log length
         # pod -> an eviction op of it (unevict undoes it; a pod's evictions in one session are all alike)
-        self._evict_op: dict[int, _Op] = {}
-        self._anc_pad: np.ndarray | None = None
+        self._evict_op: dict[int, Evict] = {}
+        self.eviction_ops: Mapping[int, Evict] = MappingProxyType(self._evict_op)  # read-only view
         n = state.n_nodes
-        # GPU summaries per node, brought up to date lazily: changes mark their node dirty, reads refresh
+        # GPU summaries per node, brought up to date lazily (SessionCaches.dirty)
         self._whole_idle = np.zeros(n, dtype=np.int64)  # devices with nothing on them now
         self._whole_future = np.zeros(n, dtype=np.int64)  # devices free once releases finish
         self._max_idle = np.zeros(n, dtype=np.int64)  # most milli-GPU free now on one device
         self._max_future = np.zeros(n, dtype=np.int64)
-        self._dirty: set[int] = set()
         self._refresh_gpu_summary(np.arange(n))
 
     # -- GPU summaries per node --------------------------------------------------------------------------------
     def _flush(self) -> None:
-        if self._dirty:
-            nodes = np.fromiter(self._dirty, dtype=np.int64, count=len(self._dirty))
-            self._dirty.clear()
+        if self.caches.dirty:
+            nodes = np.fromiter(self.caches.dirty, dtype=np.int64, count=len(self.caches.dirty))
+            self.caches.dirty.clear()
             self._refresh_gpu_summary(nodes)
 
     @property
@@ -186,7 +445,7 @@ class Session:
             self._max_future[n] = int(future.max())
 
     # -- state identity ---------------------------------------------------------------------------------------
-    def _log(self, op: _Op) -> None:
+    def _log(self, op: Op) -> None:
         self._serial += 1
         op.serial = self._serial
         self.log.append(op)
@@ -200,18 +459,12 @@ class Session:
     def memo(self, key: object, make: Callable[[], T]) -> T:
         """make(), remembered for key while the session stays in this state (a result that depends on the
         session's state and key only). Results are shared: callers must not change them."""
-        sid = self.state_id
-        memo = self._memo.get(sid)
-        if memo is None:
-            memo = self._memo[sid] = {}
-            while len(self._memo) > MEMO_STATES:
-                self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(sid)
-        if key in memo:
-            return memo[key]  # type: ignore[return-value]
-        out = memo[key] = make()
-        return out
+        return self.caches.memo(self.state_id, key, make)
+
+    def static(self, key: str, make: Callable[[], T]) -> T:
+        """make(), computed once per session (a result that depends on the snapshot, fair share and config only).
+        Results are shared: callers must not change them."""
+        return self.caches.static(key, make)
 
     # -- queries -----------------------------------------------------------------------------------------------
     def idle(self) -> np.ndarray:
@@ -243,45 +496,80 @@ class Session:
         g = int(self.state.pod_pg[p])
         return bool(self.state.pg_preemptible[g]) if g >= 0 else True
 
-    # -- operations --------------------------------------------------------------------------------------------
+    # -- the state-changing API: checkpoint / rollback / commit around the operations --------------------------
     def checkpoint(self) -> int:
+        """Open a checkpoint at the current state; close it with rollback (back to it) or commit (keep)."""
         cp = len(self.log)  # marks above the log's length were dropped by the rollback that shortened it
-        if not self._marks or self._marks[-1][0] != cp:
-            self._marks.append((cp, self.ledger.allocated.copy(), self.ledger.allocated_np.copy()))
+        marks = self._marks
+        if marks and marks[-1].at == cp:
+            marks[-1].refs += 1
+        else:
+            marks.append(_Mark(cp, self.ledger.allocated.copy(), self.ledger.allocated_np.copy()))
         return cp
+
+    def rollback(self, checkpoint: int) -> None:
+        """Undo every op since `checkpoint`, newest first; the checkpoint stays open (roll back to it again, or
+        commit it), the ones opened after it are closed."""
+        log = self.log
+        changed = len(log) > checkpoint
+        while len(log) > checkpoint:
+            cls = type(log[-1])
+            run = [log.pop()]
+            while len(log) > checkpoint and type(log[-1]) is cls:
+                run.append(log.pop())
+            cls.undo_all(self, run)
+        marks = self._marks
+        while marks and marks[-1].at > checkpoint:
+            marks.pop()
+        if changed and marks and marks[-1].at == checkpoint:
+            mark = marks[-1]
+            self.ledger.allocated[...] = mark.allocated
+            self.ledger.allocated_np[...] = mark.allocated_np
+
+    def commit(self, checkpoint: int) -> None:
+        """Keep every op since `checkpoint` and close it (a rollback to an earlier checkpoint still undoes them)."""
+        marks = self._marks
+        for i in range(len(marks) - 1, -1, -1):
+            if marks[i].at == checkpoint:
+                marks[i].refs -= 1
+                if marks[i].refs == 0:
+                    del marks[i]
+                return
+            if marks[i].at < checkpoint:
+                return
 
     def place(self, p: int, n: int, devices: tuple[int, ...], *, pipelined: bool, moved: bool = False) -> None:
         """Bind (or pipeline) pending pod p on node n; `moved`: a consolidation re-placement of an evicted pod."""
         amount = self.pod_node_amount(p, n)
         per_dev = self.gpu_per_device(p, n) if devices else 0
-        self.held[n] += amount
+        self._held[n] += amount
         for d in devices:
-            self.dev_held[d] += per_dev
+            self._dev_held[d] += per_dev
         claimed = None
         dev_claimed: tuple[int, ...] = ()
         if pipelined:
             for d in devices:
-                self.dev_piped[d] += per_dev
-            claimed = np.minimum(amount, self.rel[n])
-            self.rel[n] -= claimed
-            dev_claimed = tuple(int(min(per_dev, self.dev_rel[d])) for d in devices)
+                self._dev_piped[d] += per_dev
+            claimed = np.minimum(amount, self._rel[n])
+            self._rel[n] -= claimed
+            dev_claimed = tuple(int(min(per_dev, self._dev_rel[d])) for d in devices)
             for d, c in zip(devices, dev_claimed, strict=True):
-                self.dev_rel[d] -= c
+                self._dev_rel[d] -= c
         q = int(self.queue_of_pod[p])
         qa = self.queue_request([p], np.array([n]))[0]
         np_flag = not self.is_preemptible(p)
         self.ledger.add(q, qa, non_preemptible=np_flag)
-        prev = int(self.status[p])
+        prev = int(self._status[p])
         if moved:
             self.moves[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), True, True)
         else:
-            self.status[p] = PodStatus.PIPELINED if pipelined else ALLOCATED
-            self.node[p] = n
+            self._status[p] = PodStatus.PIPELINED if pipelined else PodStatus.ALLOCATED
+            self._node[p] = n
             self.devices[p] = devices
             self.placements[p] = Placement(p, n, tuple(d - int(self.dev_start[n]) for d in devices), pipelined)
-        self._log(_Op("move" if moved else "place", p, n, devices, prev, amount, per_dev, qa, np_flag,
-                            claimed, dev_claimed))
-        self._touch(n)
+        self._log((Move if moved else Allocate)(p, n, devices, prev, amount, per_dev, qa, np_flag, claimed,
+                                                dev_claimed))
+        self.caches.touch(n)
 
     def place_many(self, items: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
         """place() for each (pod, node, devices, pipelined), in order: runs of binds in one vectorised step (the
@@ -301,7 +589,7 @@ class Session:
             i = j
 
     def _bind_run(self, run: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
-        """Bind a run of pending pods at once: one "place_run" op in the log (undone as a whole), the resources,
+        """Bind a run of pending pods at once: one AllocateRun op in the log (undone as a whole), the resources,
         devices and queue ledger updated in one vectorised step each, the ledger's float sums in pod order."""
         st = self.state
         pods = np.fromiter((it[0] for it in run), dtype=np.int64, count=len(run))
@@ -320,23 +608,23 @@ class Session:
         groups = st.pod_pg[pods]
         np_flags = (groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)] if st.n_groups \
             else np.zeros(len(run), dtype=bool)  # is_preemptible: a pod without a group is preemptible
-        prevs = self.status[pods].copy()
-        batch = _Run(pods, nodes, amounts, devs, np.repeat(per_dev, counts), qas, np_flags, prevs)
-        self._apply_run(batch, 1)
-        self.status[pods] = ALLOCATED
-        self.node[pods] = nodes
+        prevs = self._status[pods].copy()
+        op = AllocateRun(pods, nodes, amounts, devs, np.repeat(per_dev, counts), qas, np_flags, prevs)
+        self._apply_run(op, 1)
+        self._status[pods] = PodStatus.ALLOCATED
+        self._node[pods] = nodes
         starts = st.dev_start[nodes].tolist()
         for (p, n, devices, _), base in zip(run, starts, strict=True):
             self.devices[p] = devices
             self.placements[p] = Placement(p, n, tuple(d - base for d in devices), False)
-        self._log(_Op("place_run", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, run=batch))
-        self._touch_many(nodes.tolist())
+        self._log(op)
+        self.caches.touch_many(nodes.tolist())
 
-    def _apply_run(self, run: _Run, sign: int) -> None:
+    def _apply_run(self, run: AllocateRun, sign: int) -> None:
         """sign +1: a run of binds takes its resources, devices and queue amounts; -1: gives them back."""
-        np.add.at(self.held, run.nodes, sign * run.amounts)
-        if len(run.devices):
-            np.add.at(self.dev_held, run.devices, sign * run.dev_amounts)
+        np.add.at(self._held, run.nodes, sign * run.amounts)
+        if len(run.run_devices):
+            np.add.at(self._dev_held, run.run_devices, sign * run.dev_amounts)
         queues = self.queue_of_pod[run.pods]
         ok = queues >= 0
         if ok.any():
@@ -345,7 +633,7 @@ class Session:
             which = np.repeat(np.arange(len(run.pods)), table.shape[1])
             keep = rows >= 0
             np.add.at(self.ledger.allocated, rows[keep], sign * run.queue_amounts[which[keep]])
-            keep &= run.non_preemptible[which]
+            keep &= run.flags[which]
             if keep.any():
                 np.add.at(self.ledger.allocated_np, rows[keep], sign * run.queue_amounts[which[keep]])
 
@@ -353,21 +641,21 @@ class Session:
         self.evict_many([p], reason, beneficiary)
 
     def evict_many(self, pods: list[int], reason: str, beneficiary: int) -> None:
-        """Evict each of `pods` (distinct), in order: one "evict" op each in the log; the resources turn releasing
+        """Evict each of `pods` (distinct), in order: one Evict op each in the log; the resources turn releasing
         and leave the pods' queues (a pod not bound, pipelined or placed counts for no queue) in one vectorised
         step, in op order (_apply_evictions), so the queue ledger's float sums are the one-by-one ones."""
         if not pods:
             return
         st = self.state
         arr = np.asarray(pods, dtype=np.int64)
-        nodes = self.node[arr]
+        nodes = self._node[arr]
         node_list = nodes.tolist()
         amounts = st.pod_req[arr].copy()
         qas = self.queue_request(arr, nodes)
         groups = st.pod_pg[arr]
         np_flags = ((groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)]).tolist() \
             if st.n_groups else [False] * len(pods)  # is_preemptible: a pod without a group is preemptible
-        prevs = self.status[arr].tolist()
+        prevs = self._status[arr].tolist()
         gpu_mem = st.pod_gpu_mem[arr].tolist()
         ops = []
         for i, p in enumerate(pods):
@@ -378,24 +666,22 @@ class Session:
             per_dev = self.gpu_per_device(p, n) if devices else 0
             prev = prevs[i]
             qa = qas[i] if prev in ACTIVE else qas[i] * 0
-            self.status[p] = PodStatus.RELEASING
+            self._status[p] = PodStatus.RELEASING
             self.evictions[p] = Eviction(p, reason, beneficiary)
-            op = _Op("evict", p, n, devices, prev, amounts[i], per_dev, qa, np_flags[i])
+            op = Evict(p, n, devices, prev, amounts[i], per_dev, qa, np_flags[i])
             self._log(op)
             self._evict_op[p] = op
             ops.append(op)
         self._apply_evictions(ops, 1)
-        self._touch_many(node_list)
+        self.caches.touch_many(node_list)
 
     def unevict(self, p: int) -> None:
         """Take back the eviction of p made in this session (the pod keeps running as if never chosen)."""
         ev = self._evict_op[p]
         self._apply_eviction(ev, -1)
-        self.status[p] = ev.prev_status
-        eviction = self.evictions.pop(p)
-        self._log(_Op("unevict", p, ev.node, ev.devices, ev.prev_status, ev.amount, ev.dev_amount,
-                            ev.queue_amount, ev.non_preemptible, eviction=eviction))
-        self._touch(ev.node)
+        self._status[p] = ev.prev_status
+        self._log(Unevict(ev, self.evictions.pop(p)))
+        self.caches.touch(ev.node)
 
     def unevict_many(self, pods: list[int]) -> None:
         """unevict for many pods at once (one log entry, vectorised; same result as one by one in this order)."""
@@ -405,23 +691,38 @@ class Session:
         self._apply_evictions(ops, -1)
         batch = []
         for op in ops:
-            self.status[op.pod] = op.prev_status
+            self._status[op.pod] = op.prev_status
             batch.append((op, self.evictions.pop(op.pod)))
-        self._log(_Op("unevict_many", -1, -1, (), 0, np.zeros(0), 0, np.zeros(0), False, batch=batch))
-        self._touch_many([op.node for op in ops])
+        self._log(UnevictMany(batch))
+        self.caches.touch_many([op.node for op in ops])
 
-    def _apply_evictions(self, ops: list[_Op], sign: int) -> None:
+    def convert_to_pipelined(self, pods: list[int]) -> None:
+        """KAI: when any task of a gang must wait for releases, the whole gang waits (pipelined). The pods keep
+        the resources they were given (free now); they are bound together once the rest is released."""
+        self.caches.bump()
+        for p in pods:
+            if int(self._status[p]) == PodStatus.ALLOCATED:
+                n = int(self._node[p])
+                self._log(Pipeline(p, n))
+                self._status[p] = PodStatus.PIPELINED
+                old = self.placements[p]
+                self.placements[p] = Placement(old.pod, old.node, old.devices, True)
+                for d in self.devices.get(p, ()):
+                    self._dev_piped[d] += self.gpu_per_device(p, n)
+
+    # -- applying evictions (used by Evict, Unevict and UnevictMany and their undo) -----------------------------
+    def _apply_evictions(self, ops: list[Evict], sign: int) -> None:
         """_apply_eviction of each op, in order (np.add.at applies repeated indices one after the other, so the
         queue ledger's float sums come out as the op-by-op loop's)."""
         nodes = np.fromiter((op.node for op in ops), dtype=np.int64, count=len(ops))
         amounts = np.stack([op.amount for op in ops])
-        np.add.at(self.held, nodes, -sign * amounts)
-        np.add.at(self.rel, nodes, sign * amounts)
+        np.add.at(self._held, nodes, -sign * amounts)
+        np.add.at(self._rel, nodes, sign * amounts)
         devs = [d for op in ops for d in op.devices]
         if devs:
-            per = np.array([op.dev_amount for op in ops for _ in op.devices], dtype=self.dev_held.dtype)
-            np.add.at(self.dev_held, devs, -sign * per)
-            np.add.at(self.dev_rel, devs, sign * per)
+            per = np.array([op.dev_amount for op in ops for _ in op.devices], dtype=self._dev_held.dtype)
+            np.add.at(self._dev_held, devs, -sign * per)
+            np.add.at(self._dev_rel, devs, sign * per)
         pad = self._ancestor_table()
         queues = self.queue_of_pod[np.fromiter((op.pod for op in ops), dtype=np.int64, count=len(ops))]
         ok = queues >= 0
@@ -439,128 +740,22 @@ class Session:
 
     def _ancestor_table(self) -> np.ndarray:
         """int64[Q, depth]: each queue's ledger ancestors (itself first), padded with -1."""
-        if self._anc_pad is None:
-            anc = self.ledger.ancestors
-            depth = max((len(a) for a in anc), default=1)
-            pad = np.full((len(anc), max(depth, 1)), -1, dtype=np.int64)
-            for q, a in enumerate(anc):
-                pad[q, :len(a)] = a
-            self._anc_pad = pad
-        return self._anc_pad
+        return self.static("ancestor_table", self._make_ancestor_table)
 
-    def _apply_eviction(self, op: _Op, sign: int) -> None:
+    def _make_ancestor_table(self) -> np.ndarray:
+        anc = self.ledger.ancestors
+        depth = max((len(a) for a in anc), default=1)
+        pad = np.full((len(anc), max(depth, 1)), -1, dtype=np.int64)
+        for q, a in enumerate(anc):
+            pad[q, :len(a)] = a
+        return pad
+
+    def _apply_eviction(self, op: Evict, sign: int) -> None:
         """sign +1: the pod's resources turn releasing and leave its queue; -1: back."""
         n = op.node
-        self.held[n] -= sign * op.amount
-        self.rel[n] += sign * op.amount
+        self._held[n] -= sign * op.amount
+        self._rel[n] += sign * op.amount
         for d in op.devices:
-            self.dev_held[d] -= sign * op.dev_amount
-            self.dev_rel[d] += sign * op.dev_amount
+            self._dev_held[d] -= sign * op.dev_amount
+            self._dev_rel[d] += sign * op.dev_amount
         self.ledger.add(int(self.queue_of_pod[op.pod]), -sign * op.queue_amount, non_preemptible=op.non_preemptible)
-
-    def convert_to_pipelined(self, pods: list[int]) -> None:
-        """KAI: when any task of a gang must wait for releases, the whole gang waits (pipelined). The pods keep
-        the resources they were given (free now); they are bound together once the rest is released."""
-        self.version += 1
-        for p in pods:
-            if int(self.status[p]) == ALLOCATED:
-                self._log(_Op("pipeline", p, int(self.node[p]), (), ALLOCATED, np.zeros(0), 0, np.zeros(0),
-                                    False))
-                self.status[p] = PodStatus.PIPELINED
-                old = self.placements[p]
-                self.placements[p] = Placement(old.pod, old.node, old.devices, True)
-                n = int(self.node[p])
-                for d in self.devices.get(p, ()):
-                    self.dev_piped[d] += self.gpu_per_device(p, n)
-
-    def rollback(self, checkpoint: int) -> None:
-        changed = len(self.log) > checkpoint
-        self._undo(checkpoint)
-        while self._marks and self._marks[-1][0] > checkpoint:
-            self._marks.pop()
-        if changed and self._marks and self._marks[-1][0] == checkpoint:
-            _, allocated, allocated_np = self._marks[-1]
-            self.ledger.allocated[...] = allocated
-            self.ledger.allocated_np[...] = allocated_np
-
-    def _undo(self, checkpoint: int) -> None:
-        while len(self.log) > checkpoint:
-            if self.log[-1].kind == "evict":  # a run of evictions is undone at once
-                run: list[_Op] = []
-                while len(self.log) > checkpoint and self.log[-1].kind == "evict":
-                    run.append(self.log.pop())
-                self._apply_evictions(run, -1)
-                for op in run:
-                    self.status[op.pod] = op.prev_status
-                    del self.evictions[op.pod]
-                self._touch_many([op.node for op in run])
-                continue
-            op = self.log.pop()
-            p, n = op.pod, op.node
-            if op.kind == "place_run":
-                assert op.run is not None
-                self._apply_run(op.run, -1)
-                self.status[op.run.pods] = op.run.prev_status
-                self.node[op.run.pods] = -1
-                for q in op.run.pods.tolist():
-                    self.devices.pop(q, None)
-                    del self.placements[q]
-                self._touch_many(op.run.nodes.tolist())
-                continue
-            if op.kind == "unevict_many":
-                assert op.batch is not None
-                ops = [o for o, _ in reversed(op.batch)]
-                self._apply_evictions(ops, +1)
-                for o, eviction in op.batch:
-                    self.status[o.pod] = PodStatus.RELEASING
-                    self.evictions[o.pod] = eviction
-                self._touch_many([o.node for o in ops])
-                continue
-            if op.kind == "pipeline":
-                self.status[p] = ALLOCATED
-                old = self.placements[p]
-                self.placements[p] = Placement(old.pod, old.node, old.devices, False)
-                for d in self.devices.get(p, ()):
-                    self.dev_piped[d] -= self.gpu_per_device(p, n)
-                continue
-            if op.kind == "unevict":
-                self._apply_eviction(op, +1)
-                self.status[p] = PodStatus.RELEASING
-                assert op.eviction is not None
-                self.evictions[p] = op.eviction
-                self._touch(n)
-                continue
-            q = int(self.queue_of_pod[p])
-            if op.kind in ("place", "move"):
-                self.held[n] -= op.amount
-                for d in op.devices:
-                    self.dev_held[d] -= op.dev_amount
-                if op.claimed is not None:
-                    for d in op.devices:
-                        self.dev_piped[d] -= op.dev_amount
-                    self.rel[n] += op.claimed
-                    for d, c in zip(op.devices, op.dev_claimed, strict=True):
-                        self.dev_rel[d] += c
-                self.ledger.add(q, -op.queue_amount, non_preemptible=op.non_preemptible)
-                if op.kind == "move":
-                    del self.moves[p]
-                else:
-                    self.status[p] = op.prev_status
-                    self.node[p] = -1
-                    self.devices.pop(p, None)
-                    del self.placements[p]
-            else:  # evict
-                self._apply_eviction(op, -1)
-                self.status[p] = op.prev_status
-                del self.evictions[p]
-            self._touch(n)
-
-    def _touch_many(self, nodes: list[int]) -> None:
-        self.version += len(nodes)
-        self.touched.extend(nodes)
-        self._dirty.update(nodes)
-
-    def _touch(self, n: int) -> None:
-        self.version += 1
-        self.touched.append(n)
-        self._dirty.add(n)

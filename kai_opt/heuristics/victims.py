@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import numpy as np
 
@@ -96,15 +97,16 @@ def _protected_mask(sess: Session, kind: str) -> np.ndarray:
 def victim_rank(sess: Session) -> np.ndarray:
     """Per group, its place in the victim order among jobs of equal elasticity: lower priority first, then newer,
     then by key (then index). Static for a session, computed once."""
-    rank = getattr(sess, "_victim_rank", None)
-    if rank is None:
-        st = sess.state
-        created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
-        prio = st.pg_priority.tolist()
-        order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
-        rank = np.empty(st.n_groups, dtype=np.int64)
-        rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
-        sess._victim_rank = rank  # type: ignore[attr-defined]
+    return sess.static("victim_rank", lambda: _read_only(_victim_rank(sess)))
+
+
+def _victim_rank(sess: Session) -> np.ndarray:
+    st = sess.state
+    created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
+    prio = st.pg_priority.tolist()
+    order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
+    rank = np.empty(st.n_groups, dtype=np.int64)
+    rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
     return rank
 
 
@@ -256,10 +258,11 @@ class _VictimTree:
         self.priority = sess.state.q_priority
         self.allocated = sess.ledger.allocated.copy()
         self.share = np.where(fs.allocatable_share == -1, fs.total, fs.allocatable_share)
-        self.jobs: dict[int, list[tuple[tuple, int]]] = {}
-        self.children: dict[int, list[tuple[tuple, int, int]]] = {}  # parent (-1: top) -> (key, version, queue)
+        self.jobs: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+        # parent (-1: top) -> (key, version, queue)
+        self.children: dict[int, list[tuple[tuple[Any, ...], int, int]]] = {}
         self.version: dict[int, int] = {}
-        self.levels: dict[int, tuple] = {}
+        self.levels: dict[int, tuple[Any, ...]] = {}
         self.over = np.all(fs.fair_share < self.allocated, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.drf = np.where(self.share == 0, self.allocated * 1000.0, self.allocated / self.share).max(axis=1)
@@ -270,7 +273,7 @@ class _VictimTree:
             int(qs[a]): (int(a), int(b)) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
         self.leaves = set(self.slices)
 
-    def _jobs(self, q: int) -> list[tuple[tuple, int]]:
+    def _jobs(self, q: int) -> list[tuple[tuple[Any, ...], int]]:
         h = self.jobs.get(q)
         if h is None:
             a, b = self.slices.pop(q, (0, 0))
@@ -278,13 +281,13 @@ class _VictimTree:
             self.leaves.add(q)
         return h
 
-    def level_key(self, q: int) -> tuple:
+    def level_key(self, q: int) -> tuple[Any, ...]:
         k = self.levels.get(q)
         if k is None:
             k = self.levels[q] = (not bool(self.over[q]), int(self.priority[q]), -float(self.drf[q]))
         return k
 
-    def push_job(self, q: int, key: tuple, g: int) -> None:
+    def push_job(self, q: int, key: tuple[Any, ...], g: int) -> None:
         heapq.heappush(self._jobs(q), (key, g))
 
     def build(self) -> None:
@@ -303,17 +306,17 @@ class _VictimTree:
         if top is not None:
             heapq.heapify(top)
 
-    def _best(self, q: int) -> tuple | None:
+    def _best(self, q: int) -> tuple[Any, ...] | None:
         if q in self.leaves:
             sl = self.slices.get(q)
             if sl is not None:
                 return (self.el[sl[0]], self.rk[sl[0]])
             h = self.jobs[q]
             return h[0][0] if h else None
-        h = self.children.get(q, [])
-        while h and h[0][1] != self.version.get(h[0][2]):
-            heapq.heappop(h)
-        return h[0][0] if h else None
+        kids = self.children.get(q, [])
+        while kids and kids[0][1] != self.version.get(kids[0][2]):
+            heapq.heappop(kids)
+        return kids[0][0] if kids else None
 
     def refresh(self, q: int) -> None:
         """Re-key q and its ancestors in their parents' heaps (after q's jobs or allocation changed)."""
@@ -338,12 +341,12 @@ class _VictimTree:
     def pop_job(self) -> int | None:
         q = -1
         while q not in self.leaves:
-            h = self.children.get(q, [])
-            while h and h[0][1] != self.version.get(h[0][2]):
-                heapq.heappop(h)
-            if not h:
+            kids = self.children.get(q, [])
+            while kids and kids[0][1] != self.version.get(kids[0][2]):
+                heapq.heappop(kids)
+            if not kids:
                 return None
-            q = h[0][2]
+            q = kids[0][2]
         h = self._jobs(q)
         return heapq.heappop(h)[1] if h else None
 
@@ -580,7 +583,8 @@ def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible:
         if feasible[n]:
             before.setdefault(n, int(whole_future[n]))
     sess.evict_many(chunk, reason, g)
-    freed = [float(sess._evict_op[p].amount[R_GPU]) for p in chunk]
+    ev = sess.eviction_ops
+    freed = [float(ev[p].amount[R_GPU]) for p in chunk]
     fits.update({n: (b, int(sess.whole_future[n])) for n, b in before.items()})
     return freed
 
@@ -631,7 +635,8 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     # Python numbers updated as chunks go back (no session change per chunk: the chunks still_ok cannot see go
     # back together at the end). A decided chunk that goes back only uses nodes and devices where every evicted
     # pod fits back at once, so leaving it out of the room changes no answer of the walk
-    ops = {p: sess._evict_op[p] for i, c in enumerate(evicted) if i not in decided for p in c}
+    ev = sess.eviction_ops
+    ops = {p: ev[p] for i, c in enumerate(evicted) if i not in decided for p in c}
     nodes = sorted({op.node for op in ops.values()})
     room = dict(zip(nodes, (sess.alloc[nodes] - sess.held[nodes]).tolist(), strict=True))
     devs = sorted({d for op in ops.values() for d in op.devices})
@@ -682,8 +687,8 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
         active[g] += int(IS_ACTIVE[[ops[p].prev_status for p in chunk]].sum())
         for n, a in extra.items():
             room[n] = [r - x for r, x in zip(room[n], a, strict=True)]
-        for d, a in dev_extra.items():
-            dev_room[d] -= a
+        for d, milli in dev_extra.items():
+            dev_room[d] -= milli
     sess.unevict_many(later)
     return [p for c in evicted for p in c if p not in kept]
 
@@ -697,7 +702,7 @@ def _decided(sess: Session, evicted: list[list[int]], chunk_group: list[int], ac
     order, per gang until its first chunk that is not known (its later chunks depend on that one). `active` is
     brought up to date for the chunks that go back."""
     st = sess.state
-    ev = sess._evict_op
+    ev = sess.eviction_ops
     ops = [ev[p] for c in evicted for p in c]
     n_pods = len(ops)
     node = np.fromiter((op.node for op in ops), dtype=np.int64, count=n_pods)

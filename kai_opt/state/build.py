@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
-from kai_opt.api import DEFAULT_PRIORITY_CLASSES, Pod, PodGroup
+from kai_opt.api import DEFAULT_PRIORITY_CLASSES, Pod, PodGroup, TopologyConstraint
 from kai_opt.api.priorityclass import NON_PREEMPTIBLE_PRIORITY
 from kai_opt.api.queue import QUEUE_RESOURCES
 from kai_opt.snapshot import Snapshot
@@ -234,7 +235,7 @@ def _pod_values(pods: list[Pod], status: list[int], ours_names: set[str], node_i
     prio_l, sig_l = [0] * P, [0] * P
     creation_l, start_l = [NAN] * P, [NAN] * P
     with_subgroup: list[int] = []
-    sig_ids: dict[tuple, int] = {}
+    sig_ids: dict[tuple[Any, ...], int] = {}
     sigs: list[SchedulingSig] = []
     explicit: dict[int, tuple[int, ...]] = {}
     gpu_groups: dict[int, str] = {}
@@ -350,7 +351,7 @@ class _Groups:
         if self.problem[g] is None:
             self.problem[g], self.problem_msg[g] = reason, message
 
-    def topology_of(self, tc, g: int, where: str) -> tuple[int, int, int]:
+    def topology_of(self, tc: TopologyConstraint | None, g: int, where: str) -> tuple[int, int, int]:
         """(topology, required level, preferred level) of a constraint (-1: none); a required topology or level
         that does not exist is the group's problem. Without a named topology: the only one, else the first
         holding the level."""
@@ -612,7 +613,7 @@ def _topology_index(name: str, levels: tuple[str, ...], snapshot: Snapshot) -> T
                 continue
             out[i] = ids.setdefault(vals, len(ids))  # type: ignore[arg-type]
         domain.append(np.array(out, dtype=np.int32))
-        domain_names.append(["/".join(k) for k in ids])  # type: ignore[arg-type]
+        domain_names.append(["/".join(k) for k in ids])
     return TopologyIndex(name=name, levels=levels, domain=domain, domain_names=domain_names)
 
 
@@ -625,7 +626,7 @@ def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], topologies: lis
             keys.update(r.key for r in term.match_expressions)
             by_name = by_name or bool(term.match_fields)
     key_list = sorted(keys)
-    ids: dict[tuple, int] = {}
+    ids: dict[tuple[Any, ...], int] = {}
     out = np.zeros(len(snapshot.nodes), dtype=np.int32)
     for i, node in enumerate(snapshot.nodes):
         labels = node.labels

@@ -20,6 +20,8 @@ class PodStatus(IntEnum):
     RELEASING = 3  # bound and being deleted: still holds its resources until it is gone
     IGNORED = 4  # not ours and not on a node, or ours but deleted before placement
     PIPELINED = 5  # ours, nominated onto a node whose resources are still being released (holds them there)
+    # placed in this cycle, to be bound: only a simulation (heuristics.session) sets it; build_state never does
+    ALLOCATED = 6
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ every action's loop takes (which groups take part, finishing a placed group, re-
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
@@ -24,7 +26,7 @@ class ActionContext:
         self.gang = GangPlacer(sess, self.placer)
         self.reasons: dict[int, list[Reason]] = {}
         # failed victim searches by what decides them, valid while the session is in the same state (sess.state_id)
-        self._failed: dict[tuple, tuple[int, Reason | None]] = {}
+        self._failed: dict[tuple[Any, ...], tuple[int, Reason | None]] = {}
         self._tops: int | None = None
 
     # -- which groups take part ----------------------------------------------------------------------------------
@@ -73,7 +75,7 @@ class ActionContext:
             existing.append(r)
 
     # -- failed victim searches, remembered ----------------------------------------------------------------------
-    def search_key(self, kind: str, g: int, tasks: list[int]) -> tuple | None:
+    def search_key(self, kind: str, g: int, tasks: list[int]) -> tuple[Any, ...] | None:
         """What decides a victim search for g's tasks, when two groups with the same key must get the same
         outcome from an unchanged session: the action, the tasks' shapes, the group's topology, queue,
         priority and preemptibility. None when g's own running pods could be victims, or its pods have
@@ -93,7 +95,7 @@ class ActionContext:
                 int(st.pg_preferred_level[g]), int(st.pg_queue[g]), int(st.pg_priority[g]),
                 bool(st.pg_preemptible[g]), int(st.pg_min_member[g]))
 
-    def failed_before(self, g: int, key: tuple | None) -> bool:
+    def failed_before(self, g: int, key: tuple[Any, ...] | None) -> bool:
         """True (and g gets the remembered reason) when an alike search failed on this same session state."""
         hit = self._failed.get(key) if key is not None else None
         if hit is None or hit[0] != self.sess.state_id:
@@ -102,7 +104,7 @@ class ActionContext:
             self.add_reason(g, hit[1])
         return True
 
-    def remember_failure(self, key: tuple | None, reason: Reason | None) -> None:
+    def remember_failure(self, key: tuple[Any, ...] | None, reason: Reason | None) -> None:
         if key is not None:
             self._failed[key] = (self.sess.state_id, reason)
 
