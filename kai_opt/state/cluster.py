@@ -10,6 +10,7 @@ import numpy as np
 
 from kai_opt.api import Pod, Taint
 from kai_opt.api.meta import NodeSelectorTerm, Toleration
+from kai_opt.dra.prepare import DraState
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_GPU
 
 
@@ -157,6 +158,7 @@ class ClusterState:
     q_reclaim_min_runtime: np.ndarray  # float64[Q]
     topologies: list[TopologyIndex]
     warnings: list[str] = field(default_factory=list)
+    dra: DraState | None = None  # the DRA view (kai_opt.dra.prepare) when the snapshot has DRA objects
 
     # -- sizes and indexes -----------------------------------------------------------------------------------------
     @property
@@ -255,6 +257,8 @@ class ClusterState:
         out = np.empty((self.n_pods, len(QR_COLUMN)), dtype=np.float64)
         for j, (col, div) in enumerate(zip(QR_COLUMN, QR_DIVISOR, strict=True)):
             out[:, j] = self.pod_req[:, col] / div
+        if self.dra is not None:  # DRA GPUs count as GPUs (KAI's queue accounting)
+            out[:, 0] += np.array([p.dra_gpus for p in self.pods], dtype=np.float64)
         return out
 
     def pod_queue_request(self, pods: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:
