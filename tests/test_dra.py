@@ -132,6 +132,35 @@ def test_a_template_claim_for_two_gpus_of_one_product_goes_to_a_node_with_that_p
     assert st.pods[st.pod_index["default/p"]].dra_gpus == 2  # DRA GPUs count as GPUs for the queue
 
 
+@pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])
+def test_any_gpu_and_one_product_share_a_column_on_nodes_of_one_product(engine: Engine) -> None:
+    """Queries over several kinds: kinds that never share a node share a column; a query over part of it is
+    pinned to its nodes, so an H100 request never lands on the A100 nodes of the column."""
+    objs = [*base(), template("any", 4), template("h", 6, "H100"), podgroup("ga", "q", min_member=4),
+            podgroup("gh", "q", min_member=2, priority_class="inference")]
+    objs += [claim_pod(f"a{i}", "ga", template_name="any") for i in range(4)]
+    objs += [claim_pod(f"h{i}", "gh", template_name="h") for i in range(2)]
+    st, plan = cycle(objs, engine)
+    placed = where(st, plan)
+    assert {placed["h0"], placed["h1"]} == {"n0", "n1"}  # 6 of the 8 H100 on each
+    assert sorted(placed[f"a{i}"] for i in range(4)) == ["n2", "n2", "n3", "n3"]
+    assert st.resources.count("dra:gpu.example.com") == 1
+
+
+def test_a_query_over_kinds_that_share_a_node_is_not_placed() -> None:
+    objs = [queue("q"), device_class(), node("n0", gpus=0), rslice("n0", 2, "H100")]
+    other = rslice("n0", 2, "A100")
+    other.obj["metadata"]["name"] = "second"
+    other.obj["spec"]["pool"]["name"] = "second"
+    for d in other.obj["spec"]["devices"]:
+        d["name"] = "x" + d["name"]
+    objs += [other, template("any", 1), template("h", 1, "H100"), podgroup("g", "q"), podgroup("g2", "q"),
+             claim_pod("a", "g", template_name="any"), claim_pod("h", "g2", template_name="h")]
+    st, plan = cycle(objs)
+    assert where(st, plan) == {"h": "n0"}
+    assert any("kinds that share nodes" in w for w in st.warnings)
+
+
 def test_selectors_are_evaluated_once_per_device_and_expression() -> None:
     objs = [*base(), template("h", 1, "H100"), podgroup("g", "q", min_member=3)]
     objs += [claim_pod(f"p{i}", "g", template_name="h") for i in range(3)]

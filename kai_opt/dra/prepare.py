@@ -146,9 +146,9 @@ class _Builder:
         self.plans: dict[str, ClaimPlan] = {}
         self.pod_claims: dict[str, list[str]] = defaultdict(list)
         self.broken: dict[int, str] = {}
-        self.per_node_kind: dict[tuple[str, int], int] = defaultdict(int)  # (node, kind) -> devices
-        self.max_kind: dict[int, int] = defaultdict(int)  # kind -> most devices on one node
-        self.fixed_held: dict[tuple[str, int], int] = defaultdict(int)  # (node, kind) -> held by shared claims
+        self.per_node_col: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> devices
+        self.node_kinds: dict[str, set[int]] = defaultdict(set)  # node -> kinds of its devices
+        self.fixed_held: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> held by shared claims
 
     def read_devices(self) -> None:
         devices: list[DevRef] = []
@@ -216,20 +216,50 @@ class _Builder:
                 k = sig_kind[sig] = len(st.kind_queries)
                 st.kind_queries.append(sig)
             st.device_kind.append(k)
-        by_class: dict[str, list[int]] = defaultdict(list)
-        for k, sig in enumerate(st.kind_queries):
-            by_class[min(q[0] for q in sig)].append(k)
-        st.kind_column = [""] * len(st.kind_queries)
-        for cls, ks in by_class.items():
-            for j, k in enumerate(ks):
-                st.kind_column[k] = f"dra:{cls}" if len(ks) == 1 else f"dra:{cls}#{j}"
         for expr, why in st.selectors.errors.items():
             self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
+        self.name_columns(ordered)
         for i, ref in enumerate(st.devices):
             if st.device_kind[i] >= 0:
-                self.per_node_kind[(ref.node, st.device_kind[i])] += 1
-        for (_, k), cnt in self.per_node_kind.items():
-            self.max_kind[k] = max(self.max_kind[k], cnt)
+                self.per_node_col[(ref.node, st.kind_column[st.device_kind[i]])] += 1
+                self.node_kinds[ref.node].add(st.device_kind[i])
+
+    def name_columns(self, queries: list[Query]) -> None:
+        """One column per kind, except that the kinds a query spans share one column when no node has devices
+        of two of them (nodes alike within: a query over a part of such a column is pinned to its nodes)."""
+        st = self.state
+        parent = list(range(len(st.kind_queries)))
+
+        def root(k: int) -> int:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        on_node: dict[str, set[int]] = defaultdict(set)
+        for i, ref in enumerate(st.devices):
+            if st.device_kind[i] >= 0:
+                on_node[ref.node].add(st.device_kind[i])
+        for q in queries:
+            ks = [k for k, sig in enumerate(st.kind_queries) if q in sig]
+            for k in ks[1:]:
+                a, b = root(ks[0]), root(k)
+                if a == b:
+                    continue
+                merged = {x for x in range(len(parent)) if root(x) in (a, b)}
+                if all(len(kinds & merged) <= 1 for kinds in on_node.values()):
+                    parent[b] = a
+        groups: dict[int, list[int]] = defaultdict(list)
+        for k in range(len(parent)):
+            groups[root(k)].append(k)
+        by_class: dict[str, list[list[int]]] = defaultdict(list)
+        for g in groups.values():
+            by_class[min(q[0] for k in g for q in st.kind_queries[k])].append(g)
+        st.kind_column = [""] * len(st.kind_queries)
+        for cls, gs in by_class.items():
+            for j, g in enumerate(gs):
+                for k in g:
+                    st.kind_column[k] = f"dra:{cls}" if len(gs) == 1 else f"dra:{cls}#{j}"
 
     def plan_claim(self, cp: ClaimPlan) -> None:
         spec = self.spec_of(cp)
@@ -274,9 +304,8 @@ class _Builder:
             return
         cp.fixed = True  # shared (or reserved by someone outside the snapshot): held by the claim itself
         for col, cnt in counts.items():
-            k = st.kind_column.index(col)
             for held_on in nodes_of:
-                self.fixed_held[(held_on, k)] += cnt
+                self.fixed_held[(held_on, col)] += cnt
                 break
         pending = [u for u in cp.users if u not in active and self.pods[u].name not in reservers]
         if pending and len(reservers) >= MAX_CLAIM_CONSUMERS:
@@ -285,34 +314,42 @@ class _Builder:
     def plan_request(self, cp: ClaimPlan, r: DeviceRequest) -> bool:
         """Choose the request's alternative and add its devices to the claim's demand (False: unsatisfiable)."""
         st = self.state
-        chosen: tuple[DeviceSubRequest, str] | None = None
-        fallback: tuple[DeviceSubRequest, str] | None = None  # one that matches, though no node has enough
+        chosen: tuple[DeviceSubRequest, str, set[str] | None] | None = None
+        fallback: tuple[DeviceSubRequest, str, set[str] | None] | None = None  # no node has enough of it
         why = f"request {r.name}: no device matches"
         for alt in r.alternatives:
             if alt.device_class not in self.class_selectors:
                 why = f"request {r.name}: device class {alt.device_class} does not exist"
                 continue
             q = (alt.device_class, alt.selectors)
-            kinds = [k for k, sig in enumerate(st.kind_queries) if q in sig]
-            if len(kinds) > 1:
-                why = (f"request {r.name}: its selectors match devices of {len(kinds)} kinds (kai-opt places a "
-                       f"request on devices of one kind)")
+            kinds = {k for k, sig in enumerate(st.kind_queries) if q in sig}
+            cols = {st.kind_column[k] for k in kinds}
+            if len(cols) > 1:
+                why = (f"request {r.name}: its selectors match devices of {len(cols)} kinds that share nodes "
+                       f"(kai-opt places a request on devices of one kind)")
                 continue
             if not kinds:
                 continue
-            if alt.mode == "ExactCount" and self.max_kind[kinds[0]] < alt.count:
-                fallback = fallback or (alt, st.kind_column[kinds[0]])
+            col = next(iter(cols))
+            pin = None  # the column's nodes whose devices this query takes (the column spans other kinds too)
+            if any(st.kind_column[k] == col and k not in kinds for k in range(len(st.kind_queries))):
+                pin = {n for n, ks in self.node_kinds.items() if ks & kinds}
+            most = max((c for (n, cc), c in self.per_node_col.items() if cc == col and (pin is None or n in pin)),
+                       default=0)
+            if alt.mode == "ExactCount" and most < alt.count:
+                fallback = fallback or (alt, col, pin)
                 continue
-            chosen = (alt, st.kind_column[kinds[0]])
+            chosen = (alt, col, pin)
             break
         chosen = chosen or fallback  # too many devices: pending as short of them on every node
         if chosen is None:
             cp.problem = f"claim {cp.key}: {why}"
             return False
-        alt, col = chosen
+        alt, col, pin = chosen
         cp.requests.append((r.name, alt, col))
-        k = st.kind_column.index(col)
-        have = {n: c for (n, kk), c in self.per_node_kind.items() if kk == k and c > 0}
+        if pin is not None:
+            cp.nodes = pin if cp.nodes is None else cp.nodes & pin
+        have = {n: c for (n, cc), c in self.per_node_col.items() if cc == col and c > 0 and (pin is None or n in pin)}
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
@@ -330,8 +367,8 @@ class _Builder:
         st = self.state
         out = []
         for node in self.nodes:
-            extra = {col: max(0, self.per_node_kind.get((node.name, k), 0) - self.fixed_held.get((node.name, k), 0))
-                     for k, col in enumerate(st.kind_column)}
+            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0))
+                     for col in st.kind_column}
             meta = node.meta.model_copy(update={"labels": {**node.labels, NODE_LABEL: node.name}})
             out.append(node.model_copy(update={"meta": meta, "allocatable": {**node.allocatable, **extra},
                                                "capacity": {**node.capacity, **extra}}))
