@@ -27,15 +27,25 @@ def device_context(driver: str, device: Device) -> dict[str, Any]:
     return {"device": {"driver": driver, "attributes": attrs, "capacity": cap}}
 
 
+def _frozen(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    return (type(v).__name__, v)
+
+
 class SelectorCache:
-    """(expression, device index) -> bool, each pair evaluated at most once."""
+    """(expression, device) -> bool, each pair evaluated at most once; devices alike in driver, attributes and
+    capacity (the same model on many nodes) share one evaluation."""
 
     def __init__(self, contexts: list[dict[str, Any]]) -> None:
         self.contexts = contexts  # per device index: its CEL activation
+        alike: dict[Any, int] = {}
+        self._alike = [alike.setdefault(_frozen(c), len(alike)) for c in contexts]  # device -> content id
         self._programs: dict[str, Any] = {}
         self._results: dict[tuple[str, int], bool] = {}
         self.errors: dict[str, str] = {}  # expression -> why it does not compile
-        self.evaluations = 0
+        self.evaluations = 0  # CEL programs run
+        self.lookups = 0  # (expression, device) questions answered
 
     def compiled(self, expr: str) -> Any:
         """The expression's program (None when it does not compile, with why in `errors`)."""
@@ -48,7 +58,8 @@ class SelectorCache:
         return self._programs[expr]
 
     def matches(self, expr: str, device: int) -> bool:
-        key = (expr, device)
+        self.lookups += 1
+        key = (expr, self._alike[device])
         hit = self._results.get(key)
         if hit is None:
             prog = self.compiled(expr)

@@ -149,6 +149,7 @@ class _Builder:
         self.per_node_col: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> devices
         self.node_kinds: dict[str, set[int]] = defaultdict(set)  # node -> kinds of its devices
         self.fixed_held: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> held by shared claims
+        self._nodes_for: dict[tuple[str, frozenset[int]], tuple[set[str] | None, dict[str, int]]] = {}
 
     def read_devices(self) -> None:
         devices: list[DevRef] = []
@@ -331,11 +332,8 @@ class _Builder:
             if not kinds:
                 continue
             col = next(iter(cols))
-            pin = None  # the column's nodes whose devices this query takes (the column spans other kinds too)
-            if any(st.kind_column[k] == col and k not in kinds for k in range(len(st.kind_queries))):
-                pin = {n for n, ks in self.node_kinds.items() if ks & kinds}
-            most = max((c for (n, cc), c in self.per_node_col.items() if cc == col and (pin is None or n in pin)),
-                       default=0)
+            pin, have = self.nodes_for(col, frozenset(kinds))
+            most = max(have.values(), default=0)
             if alt.mode == "ExactCount" and most < alt.count:
                 fallback = fallback or (alt, col, pin)
                 continue
@@ -349,7 +347,8 @@ class _Builder:
         cp.requests.append((r.name, alt, col))
         if pin is not None:
             cp.nodes = pin if cp.nodes is None else cp.nodes & pin
-        have = {n: c for (n, cc), c in self.per_node_col.items() if cc == col and c > 0 and (pin is None or n in pin)}
+        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries)
+                                             if (alt.device_class, alt.selectors) in sig))[1]
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
@@ -362,6 +361,20 @@ class _Builder:
         else:
             cp.demand[col] = cp.demand.get(col, 0) + alt.count
         return True
+
+    def nodes_for(self, col: str, kinds: frozenset[int]) -> tuple[set[str] | None, dict[str, int]]:
+        """(the nodes a query over `kinds` is pinned to, None: any; per node with such devices, how many), once
+        per (column, kinds): the column's nodes whose devices are of these kinds, when it spans others too."""
+        hit = self._nodes_for.get((col, kinds))
+        if hit is None:
+            st = self.state
+            pin = None
+            if any(c == col and k not in kinds for k, c in enumerate(st.kind_column)):
+                pin = {n for n, ks in self.node_kinds.items() if ks & kinds}
+            have = {n: c for (n, cc), c in self.per_node_col.items() if cc == col and c > 0
+                    and (pin is None or n in pin)}
+            hit = self._nodes_for[(col, kinds)] = (pin, have)
+        return hit
 
     def node_objects(self) -> list[Node]:
         st = self.state
