@@ -246,6 +246,38 @@ def test_a_stale_slice_generation_is_not_used() -> None:
     assert not plan.placements
 
 
+def test_a_scenario_file_with_dra_devices_and_claims(tmp_path: Any) -> None:
+    from kai_opt.loaders import load_snapshot
+    f = tmp_path / "s.yaml"
+    f.write_text("""
+apiVersion: kai-opt/v1
+kind: Scenario
+deviceClasses: [{name: gpu.example.com, selectors: ['device.driver == "gpu.example.com"']}]
+nodePools:
+- {name: h, count: 2, template: {cpu: "64", memory: 512Gi},
+   draDevices: {driver: gpu.example.com, count: 8, attributes: {productName: H100}}}
+- {name: a, count: 2, template: {cpu: "64", memory: 512Gi},
+   draDevices: {driver: gpu.example.com, count: 8, attributes: {productName: A100}}}
+queues: [{name: team, gpu: {quota: 32}}]
+jobs:
+- name: train
+  queue: team
+  replicas: 5
+  pod: {claims: [{deviceClass: gpu.example.com, count: 3,
+                  selectors: ['device.attributes["gpu.example.com"].productName == "A100"']}]}
+""")
+    snap = load_snapshot(f)
+    assert len(snap.resource_slices) == 4 and len(snap.claim_templates) == 1 and snap.device_classes
+    st = build_state(snap)
+    plan, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
+    check_plan(st, plan, fs, CONFIG)
+    assert not plan.placements  # a gang of 5 x 3 A100 on 2 x 8 A100 devices: all or nothing
+    f.write_text(f.read_text().replace("replicas: 5", "replicas: 4"))
+    st = build_state(load_snapshot(f))
+    plan, _ = run_cycle(st, CONFIG, engine=Engine.greedy)
+    assert sorted(st.node_names[p.node] for p in plan.placements) == ["a-0", "a-0", "a-1", "a-1"]
+
+
 def test_without_dra_objects_the_state_is_unchanged() -> None:
     objs = [queue("q"), node("n0"), podgroup("g", "q"), pod("p", "g", gpus=1)]
     st = build_state(snapshot(objs))
