@@ -193,6 +193,12 @@ def test_an_allocated_claim_pins_its_pod_and_a_shared_claim_is_held_once() -> No
             claim_pod("p", "g", claim_name="c")]
     st, plan = cycle(objs)
     assert where(st, plan) == {"p": "n3"}
+    from kai_opt.heuristics.nodefilter import NodeFilter
+    from kai_opt.heuristics.session import Session
+    from kai_opt.state.cluster import DRA_UNAVAILABLE
+    _, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
+    why = NodeFilter(Session(st, fs, CONFIG)).diagnose(st.pod_index["default/p"]).reasons
+    assert why[f"node(s) {DRA_UNAVAILABLE}"] == 3  # the pending reason names DRA on the 3 other nodes
     shared = [*base(("H100", "H100"), per_node=2), claim("s", 2), podgroup("g1", "q"), podgroup("g2", "q"),
               claim_pod("a", "g1", claim_name="s"), claim_pod("b", "g2", claim_name="s")]
     st, plan = cycle(shared)

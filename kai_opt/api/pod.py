@@ -84,6 +84,7 @@ class Pod(BaseModel):
     gpu_group: str | None = None  # KAI's shared-GPU group id of a fractional pod
     resource_claims: tuple[PodClaim, ...] = ()  # spec.resourceClaims (DRA)
     dra_gpus: int = 0  # GPU devices its claims hold or ask for (set by kai_opt.dra; count as GPUs for queues)
+    dra_nodes: tuple[str, ...] | None = None  # the nodes its DRA claims allow (set by kai_opt.dra); None: any
 
     @field_validator("gpu_fraction")
     @classmethod
@@ -209,6 +210,7 @@ class Pod(BaseModel):
                 "gpu_group": labels.get(GPU_GROUP_LABEL) or None,
                 "resource_claims": parse_pod_claims(spec, status, who),
                 "dra_gpus": 0,
+                "dra_nodes": None,
             }
             pod = trusted(cls, fields) if _checked(fields) else cls(**fields)
         except ValueError as exc:  # pydantic ValidationError is a ValueError

@@ -34,7 +34,7 @@ from kai_opt.api.dra import (
     ResourceClaim,
     ResourceSlice,
 )
-from kai_opt.api.meta import LabelSelector, NodeSelectorTerm, PodAffinityTerm, SelectorRequirement
+from kai_opt.api.meta import LabelSelector, PodAffinityTerm
 from kai_opt.dra.cel import SelectorCache, device_context
 
 NODE_LABEL = "kai-opt.dra/node"  # synthetic: every node's own name (the shared-claim affinity's topology key)
@@ -435,16 +435,8 @@ class _Builder:
         if affinity != list(p.pod_affinity):
             update["pod_affinity"] = tuple(affinity)
         if pins is not None and not bound:
-            update["node_affinity"] = _pinned(p.node_affinity, sorted(pins))
+            update["dra_nodes"] = tuple(sorted(pins))
         return p.model_copy(update=update)
-
-
-def _pinned(terms: tuple[NodeSelectorTerm, ...], names: list[str]) -> tuple[NodeSelectorTerm, ...]:
-    """Required node affinity narrowed to the named nodes (no names: no node)."""
-    req = SelectorRequirement(key="metadata.name", operator="In", values=tuple(names))
-    if not terms:
-        return (NodeSelectorTerm(match_fields=(req,)),)
-    return tuple(t.model_copy(update={"match_fields": (*t.match_fields, req)}) for t in terms)
 
 
 def _constraint_nodes(spec: ClaimSpec, cp: ClaimPlan, state: DraState, snapshot_nodes: list[str]) -> set[str]:

@@ -297,8 +297,9 @@ def _pod_values(pods: list[Pod], status: list[int], ours_names: set[str], node_i
             implicit.add(key)
         members.setdefault(key, []).append(i)
         selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
-        skey = no_sig if not (selector or affinity or tolerations) else (
-            tuple(sorted(selector.items())) if selector else (), affinity, tolerations)
+        skey = no_sig if not (selector or affinity or tolerations or pod.dra_nodes is not None) else (
+            tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
+            frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
         s = sig_ids.get(skey)
         if s is None:
             s = sig_ids[skey] = len(sigs)
@@ -627,6 +628,7 @@ def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], topologies: lis
     keys: set[str] = set()
     by_name = False
     for s in sigs:
+        by_name = by_name or s.dra_nodes is not None
         keys.update(k for k, _ in s.node_selector)
         for term in s.node_affinity:
             keys.update(r.key for r in term.match_expressions)

@@ -13,6 +13,8 @@ from kai_opt.api.meta import NodeSelectorTerm, Toleration
 from kai_opt.dra.prepare import DraState
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_GPU
 
+DRA_UNAVAILABLE = "cannot allocate all claims (DRA: no matching devices there, or a claim allocated elsewhere)"
+
 
 class PodStatus(IntEnum):
     PENDING = 0  # ours, waiting to be placed
@@ -30,8 +32,11 @@ class SchedulingSig:
     node_selector: tuple[tuple[str, str], ...]
     node_affinity: tuple[NodeSelectorTerm, ...]
     tolerations: tuple[Toleration, ...]
+    dra_nodes: frozenset[str] | None = None  # the nodes the pod's DRA claims allow (kai_opt.dra); None: any
 
     def allows(self, labels: dict[str, str], taints: tuple[Taint, ...], node_name: str) -> bool:
+        if self.dra_nodes is not None and node_name not in self.dra_nodes:
+            return False
         for k, v in self.node_selector:
             if labels.get(k) != v:
                 return False
@@ -55,6 +60,8 @@ class SchedulingSig:
                     tol.tolerates(t.key, t.value, t.effect) for tol in self.tolerations):
                 shown = f"{t.key}: {t.value}" if t.value else t.key
                 return f"had untolerated taint {{{shown}}}"
+        if self.dra_nodes is not None and node_name not in self.dra_nodes:
+            return DRA_UNAVAILABLE
         return None
 
 
