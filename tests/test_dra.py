@@ -363,3 +363,22 @@ def test_the_checker_never_fires_on_random_dra_and_mig_clusters(objs: list[RawOb
             assert st.node_alloc[pl.node, st.resources.index(MIG)] >= 1
     if plan.solver is not None:
         assert "failed the checker" not in (plan.solver.note or "")
+
+
+def test_devices_chosen_for_binds_in_flight_are_not_chosen_again() -> None:
+    from kai_opt.k8s.dra import ClaimDevices
+    objs = [*base(("H100",), per_node=4), template("t", 2), podgroup("g", "q", min_member=3)]
+    objs += [claim_pod(f"p{i}", "g", template_name="t") for i in range(3)]
+    st = build_state(snapshot(objs))
+    assert st.dra is not None
+    chooser = ClaimDevices()
+    first = chooser.for_bind(st.dra, "default/p0", "n0")
+    second = chooser.for_bind(st.dra, "default/p1", "n0")
+    assert first is not None and second is not None
+    got = [r.device for w in (*first, *second) for r in w.results or ()]
+    assert sorted(got) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert first[0].pod_claim == "gpus" and first[0].name is None and first[0].template == "t"
+    assert chooser.for_bind(st.dra, "default/p2", "n0") is None  # all 4 in flight
+    chooser.forget(first)  # p0's bind failed: its devices are free again
+    again = chooser.for_bind(st.dra, "default/p2", "n0")
+    assert again is not None and sorted(r.device for r in again[0].results or ()) == ["gpu-0", "gpu-1"]
