@@ -87,6 +87,8 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
     problems += _gang_problems(state, dec, active_after)
     problems += _queue_problems(state, fs, dec, names)
     problems += _eviction_problems(state, config, dec, active_after, names)
+    if state.dra is not None:
+        problems += _dra_problems(state, dec, active_after, names)
     if problems:
         raise PlanViolation(problems)
 
@@ -445,3 +447,54 @@ def _topology_problems(state: ClusterState, g: int, pods: np.ndarray, active: np
             out.append(f"podgroup {state.pg_keys[g]} {what} spans {len(doms)} domains of required level "
                        f"{state.topologies[t].levels[lvl]}")
     return out
+
+
+def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray, names: _PodNames) -> list[str]:
+    """DRA claims after the plan: the users of a claim on one node, an allocated claim's users on its node, and
+    per node the claims held there fit its free devices with every selector satisfied (devices of the node,
+    re-evaluated here, are handed to the claims request by request; none is handed out twice)."""
+    dra = state.dra
+    assert dra is not None
+    problems: list[str] = []
+    where: dict[int, int] = {}
+    for p in np.nonzero(active_after)[0].tolist():
+        if p in dec.moved:
+            where[p] = dec.moved[p][0]
+        elif p in dec.placed:
+            where[p] = dec.placed[p][0]
+        elif state.pod_node[p] >= 0:
+            where[p] = int(state.pod_node[p])
+    per_node: dict[int, list[int]] = {}
+    for ci, cp in enumerate(dra.claims):
+        nodes = {where[u] for u in cp.users if u in where}
+        if len(nodes) > 1:
+            problems.append(f"claim {cp.key}: its pods are on {len(nodes)} nodes")
+        fresh = [u for u in cp.users if u in dec.placed or u in dec.moved]
+        if cp.nodes is not None and fresh and any(state.node_names[where[u]] not in cp.nodes for u in fresh):
+            problems.append(f"claim {cp.key}: pod {names[fresh[0]]} placed off the claim's nodes")
+        if cp.problem is not None and fresh:
+            problems.append(f"claim {cp.key}: pod {names[fresh[0]]} placed though {cp.problem}")
+        if not cp.fixed and cp.requests and nodes and (cp.claim is None or cp.claim.allocation is None):
+            per_node.setdefault(next(iter(nodes)), []).append(ci)
+    held: set[tuple[str, str, str]] = set()  # devices of allocated claims still held after the plan
+    for cp in dra.claims:
+        if cp.claim is not None and cp.claim.allocation is not None and (
+                cp.fixed or not cp.users or any(u in where for u in cp.users)):
+            held.update((r.driver, r.pool, r.device) for r in cp.claim.allocation if not r.admin_access)
+    for n, claims in per_node.items():
+        name = state.node_names[n]
+        free = [d for d, dev in enumerate(dra.devices) if dev.node == name
+                and (dev.driver, dev.pool, dev.name) not in held]
+        used: set[int] = set()
+        for ci in claims:
+            cp = dra.claims[ci]
+            for request, alt, _col in cp.requests:
+                q = (alt.device_class, alt.selectors)
+                fits = [d for d in free if d not in used and dra.query_matches(q, d)]
+                want = len(fits) if alt.mode == "All" else alt.count
+                if len(fits) < want:
+                    problems.append(f"claim {cp.key} request {request}: {len(fits)} free matching devices on "
+                                    f"{name}, needs {want}")
+                elif not alt.admin_access:
+                    used.update(fits[:want])
+    return problems

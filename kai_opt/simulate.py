@@ -26,6 +26,7 @@ import numpy as np
 from kai_opt.api import Pod, PodPhase
 from kai_opt.api.meta import ObjectMeta
 from kai_opt.config import Config
+from kai_opt.dra.allocate import claims_after
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare.usage_ledger import UsageLedger, UsageWindow, held
 from kai_opt.loaders.usage_file import UsageFile
@@ -53,7 +54,15 @@ def apply_plan(snapshot: Snapshot, state: ClusterState, plan: Plan, *, now: floa
     placements = {p.pod: p for p in plan.placements if not p.moved}
     evicted = {e.pod for e in plan.evictions}
     started_groups: set[str] = set()
+    original = {p.key: p for p in snapshot.pods}  # the state's pods carry DRA's derived requests: not kept
+    bound: dict[str, tuple[str, str | None]] = {}
+    left: set[str] = set()
     for i, pod in enumerate(state.pods):
+        pod = original.get(pod.key, pod)
+        if i in placements and not placements[i].pipelined:
+            bound[pod.key] = (state.node_names[placements[i].node], pod.meta.uid)
+        elif i in evicted or state.pod_status[i] == PodStatus.RELEASING:
+            left.add(pod.key)
         g = int(state.pod_pg[i])
         gkey = state.pg_keys[g] if g >= 0 else None
         if i in placements:
@@ -105,7 +114,10 @@ def apply_plan(snapshot: Snapshot, state: ClusterState, plan: Plan, *, now: floa
     out = Snapshot(nodes=snapshot.nodes, pods=pods, podgroups=groups, queues=snapshot.queues,
                    priority_classes=snapshot.priority_classes, topologies=snapshot.topologies,
                    warnings=list(snapshot.warnings), scheduler_names=snapshot.scheduler_names, now=now,
-                   source=snapshot.source)
+                   source=snapshot.source, device_classes=snapshot.device_classes,
+                   resource_slices=snapshot.resource_slices, claim_templates=snapshot.claim_templates,
+                   resource_claims=(claims_after(snapshot.resource_claims, state.dra, bound, left)
+                                    if state.dra is not None else snapshot.resource_claims))
     return out
 
 

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
+from kai_opt.api.dra import API_VERSION as DRA_API_VERSION
+from kai_opt.api.dra import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from kai_opt.api.meta import ident
 from kai_opt.errors import InputError
 from kai_opt.gcpause import gc_paused
@@ -27,6 +29,10 @@ KINDS: dict[str, type] = {
     "Queue": Queue,
     "PriorityClass": PriorityClass,
     "Topology": Topology,
+    "DeviceClass": DeviceClass,
+    "ResourceSlice": ResourceSlice,
+    "ResourceClaim": ResourceClaim,
+    "ResourceClaimTemplate": ResourceClaimTemplate,
 }
 
 # the one apiVersion per kind whose schema the models read; an object of another version (an old
@@ -39,6 +45,10 @@ API_VERSIONS: dict[str, str] = {
     "Queue": "scheduling.run.ai/v2",
     "PriorityClass": "scheduling.k8s.io/v1",
     "Topology": "kai.scheduler/v1alpha1",
+    "DeviceClass": DRA_API_VERSION,
+    "ResourceSlice": DRA_API_VERSION,
+    "ResourceClaim": DRA_API_VERSION,
+    "ResourceClaimTemplate": DRA_API_VERSION,
 }
 
 DEFAULT_SCHEDULER_NAMES = ("kai-opt",)
@@ -77,6 +87,10 @@ class Snapshot:
     queues: list[Queue] = field(default_factory=list)
     priority_classes: list[PriorityClass] = field(default_factory=list)
     topologies: list[Topology] = field(default_factory=list)
+    device_classes: list[DeviceClass] = field(default_factory=list)
+    resource_slices: list[ResourceSlice] = field(default_factory=list)
+    resource_claims: list[ResourceClaim] = field(default_factory=list)
+    claim_templates: list[ResourceClaimTemplate] = field(default_factory=list)
     warnings: list[Issue] = field(default_factory=list)
     rejected: list[Issue] = field(default_factory=list)  # lenient mode: objects left out, with why
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # pods with these schedulerNames are ours
@@ -157,6 +171,10 @@ class Snapshot:
         snap.queues = buckets["Queue"]
         snap.priority_classes = buckets["PriorityClass"]
         snap.topologies = buckets["Topology"]
+        snap.device_classes = buckets["DeviceClass"]
+        snap.resource_slices = buckets["ResourceSlice"]
+        snap.resource_claims = buckets["ResourceClaim"]
+        snap.claim_templates = buckets["ResourceClaimTemplate"]
         snap.validate(strict=strict)
         return snap
 
@@ -170,6 +188,10 @@ class Snapshot:
             ("Queue", self.queues, lambda o: o.name),
             ("PriorityClass", self.priority_classes, lambda o: o.name),
             ("Topology", self.topologies, lambda o: o.name),
+            ("DeviceClass", self.device_classes, lambda o: o.name),
+            ("ResourceSlice", self.resource_slices, lambda o: o.name),
+            ("ResourceClaim", self.resource_claims, lambda o: o.key),
+            ("ResourceClaimTemplate", self.claim_templates, lambda o: o.key),
         ):
             seen: set[str] = set()
             keep: list[Any] = []  # of this kind

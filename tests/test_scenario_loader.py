@@ -304,11 +304,12 @@ def test_schema_command_prints_the_committed_schema(capsys: pytest.CaptureFixtur
 def test_schema_describes_the_format() -> None:
     schema = scenario_json_schema()
     assert set(schema["properties"]) == {"apiVersion", "kind", "now", "schedulerName", "topologies", "nodePools",
-                                         "queues", "priorityClasses", "jobs"}
+                                         "queues", "priorityClasses", "deviceClasses", "jobs"}
     assert schema["additionalProperties"] is False
     pod = schema["$defs"]["PodSpec"]["properties"]
     assert {"gpus", "gpuFraction", "gpuMemoryMiB", "gpuFractionNumDevices", "cpu", "memory"} <= set(pod)
     assert pod["gpuFraction"]["description"]
+    assert "claims" in pod and "draDevices" in schema["$defs"]["NodePoolSpec"]["properties"]  # DRA (issue 21)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

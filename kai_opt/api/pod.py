@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, field_validator, model_validator
 
+from kai_opt.api.dra import PodClaim, parse_pod_claims
 from kai_opt.api.meta import (
     MODEL,
     LabelSelector,
@@ -81,6 +82,9 @@ class Pod(BaseModel):
     start_time: float | None = None
     gpu_devices: tuple[int, ...] | None = None  # devices already assigned (running pods)
     gpu_group: str | None = None  # KAI's shared-GPU group id of a fractional pod
+    resource_claims: tuple[PodClaim, ...] = ()  # spec.resourceClaims (DRA)
+    dra_gpus: int = 0  # GPU devices its claims hold or ask for (set by kai_opt.dra; count as GPUs for queues)
+    dra_nodes: tuple[str, ...] | None = None  # the nodes its DRA claims allow (set by kai_opt.dra); None: any
 
     @field_validator("gpu_fraction")
     @classmethod
@@ -204,6 +208,9 @@ class Pod(BaseModel):
                 "start_time": parse_time(status.get("startTime"), obj=who, field="status.startTime"),
                 "gpu_devices": devices,
                 "gpu_group": labels.get(GPU_GROUP_LABEL) or None,
+                "resource_claims": parse_pod_claims(spec, status, who),
+                "dra_gpus": 0,
+                "dra_nodes": None,
             }
             pod = trusted(cls, fields) if _checked(fields) else cls(**fields)
         except ValueError as exc:  # pydantic ValidationError is a ValueError

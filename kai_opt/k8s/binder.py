@@ -48,6 +48,7 @@ from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
 from kai_opt.config import GpuSharing, KaiBinder
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.dra import ClaimError, ClaimWrite, ClaimWriter
 from kai_opt.k8s.kaibind import KaiBindRequests
 from kai_opt.k8s.sharing import GpuSharingBinder, SharingError
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, backoff_delays, classify
@@ -65,6 +66,7 @@ class BindRequest:
     node: str
     devices: tuple[int, ...] = ()
     podgroup: str | None = None  # "namespace/name", for events and logs
+    claims: tuple[ClaimWrite, ...] = ()  # DRA claims to allocate and reserve before the Binding (kai_opt.k8s.dra)
 
     @property
     def key(self) -> str:
@@ -105,6 +107,7 @@ class Binder:
         self.on_result = on_result
         self.recheck = recheck  # None when it fits, else why not
         self.pool = WorkPool("binder", workers)
+        self.claims = ClaimWriter(api, cache, self.timeout)
         self._stop = threading.Event()
         # KAI's GPU-sharing contract (kai_opt/k8s/sharing.py): a shared pod's group, reservation and ConfigMaps
         # are made before its Binding is posted, and undone when the bind fails
@@ -178,7 +181,7 @@ class Binder:
             except _NoFit as exc:
                 self._done(req, start, ok=False, reason="no-fit", message=str(exc))
                 return
-            except SharingError as exc:
+            except (SharingError, ClaimError) as exc:
                 self._done(req, start, ok=False, reason=exc.reason, message=str(exc))
                 return
             except Exception as exc:  # classified below; unexpected errors end the attempt
@@ -224,8 +227,15 @@ class Binder:
             meta["annotations"] = annotations
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
-        request(self.api, "POST", object_path("v1", "pods", req.namespace, req.name) + "/binding", body=body,
-                timeout=self.timeout)
+        # DRA: the claims are allocated and reserved for the pod first, as kube-scheduler's PreBind does
+        written = self.claims.prepare(req.namespace, req.name, req.uid, req.node, req.claims) if req.claims else []
+        try:
+            request(self.api, "POST", object_path("v1", "pods", req.namespace, req.name) + "/binding", body=body,
+                    timeout=self.timeout)
+        except Exception as exc:
+            if written and not (classify(exc).status in (409, 422) and self._bound_here(req)):
+                self.claims.rollback(req.namespace, req.name, written)
+            raise
 
     def _hand_off(self, req: BindRequest, start: float) -> None:
         """binder: kai: write the pod's BindRequest; its result comes from `KaiBindRequests.sync`."""

@@ -76,6 +76,11 @@ SCHEDULING_KINDS: tuple[Resource, ...] = (
     Resource(QUEUE.api_version, QUEUE.kind, QUEUE.plural, False),
     Resource("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
     Resource(TOPOLOGY.api_version, TOPOLOGY.kind, TOPOLOGY.plural, False),
+    # DRA (kai_opt.dra); a server without resource.k8s.io/v1 leaves them absent
+    Resource("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False),
+    Resource("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
+    Resource("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
+    Resource("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
 )
 
 

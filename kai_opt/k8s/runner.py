@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.actions import ACTION_BY_NAME
+from kai_opt.api.dra import API_VERSION as DRA_API_VERSION
 from kai_opt.api.pod import PODGROUP_ANNOTATION
 from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
@@ -38,6 +39,8 @@ from kai_opt.k8s.binder import Binder, BindRequest, BindResult
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache, Resource, watch_kinds_of
 from kai_opt.k8s.client import ClusterError
 from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, pod_is_ours, writes_queue_status
+from kai_opt.k8s.dra import ClaimDevices, ClaimWrite
+from kai_opt.k8s.dra import release as release_claims
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector, lease_name
@@ -151,6 +154,7 @@ class Runner:
         common = {"workers": rt.bind_workers, "retries": rt.retries, "backoff_s": rt.retry_backoff_s,
                   "timeout_s": rt.request_timeout_s, "fence": fence}
         self.prebind = PreBindCheck(self.cache) if rt.prebind_recheck else None
+        self.claim_devices = ClaimDevices()  # DRA devices chosen for binds in flight
         self.binder = Binder(api, self.cache, self.limiter, on_result=self._bound,
                              recheck=self._recheck if self.prebind is not None else None,
                              sharing=None if kai_binds else rt.gpu_sharing, kai=rt.kai_binder if kai_binds else None,
@@ -294,6 +298,8 @@ class Runner:
             groups, hold = self._group(names)
             tg = time.perf_counter()
             phases["group"] = tg - t0
+            if self.cache.list("ResourceClaim", DRA_API_VERSION):
+                release_claims(self.api, self.cache)  # claims of pods that are gone free their devices
             snap = self.cache.snapshot(scheduler_names=names, pod_groups=groups, hold=hold, shard=self.shard)
             state = build_state(snap, now=snap.now, default_queue=self.config.default_queue)
             t1 = time.perf_counter()
@@ -378,8 +384,15 @@ class Runner:
                 continue
             if pod.meta.creation_timestamp is not None:  # KAI: from the pod's creation to the bind attempt
                 self.metrics.task_scheduling_latency(now - pod.meta.creation_timestamp)
+            claims: tuple[ClaimWrite, ...] = ()
+            if state.dra is not None and pod.key in state.dra.pod_claims:
+                chosen = self.claim_devices.for_bind(state.dra, pod.key, state.node_names[p.node])
+                if chosen is None:  # its devices are taken by a write in flight: placed again next cycle
+                    log.info("bind %s: no free devices for its claims on %s yet", pod.key, state.node_names[p.node])
+                    continue
+                claims = chosen
             binds.append(BindRequest(pod.namespace, pod.name, pod.meta.uid, state.node_names[p.node],
-                                     tuple(p.devices), podgroup=group_of(p.pod)))
+                                     tuple(p.devices), podgroup=group_of(p.pod), claims=claims))
         self.binder.submit(binds)
         if self.config.runtime.nominate_pipelined:
             self.binder.nominate((state.pods[p.pod].namespace, state.pods[p.pod].name, state.node_names[p.node])
@@ -438,6 +451,8 @@ class Runner:
 
     def _bound(self, result: BindResult) -> None:
         req = result.request
+        if not result.ok and req.claims:
+            self.claim_devices.forget(req.claims)
         if result.reason == "no-fit":
             self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), WARNING, "FailedBinding",
                                f"binding to {req.node} dropped: {result.message}; it is placed again next cycle")

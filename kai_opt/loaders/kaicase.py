@@ -21,6 +21,7 @@ runner reports the case as skipped instead of wrong.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -317,8 +318,13 @@ def parse_case(data: dict[str, Any], *, source: str | None = None) -> CaseFile:
         raise InputError(f"{first['msg']}{more}", source=source, obj="behaviour case", field=where) from None
 
 
+# reasons the extractor gives that this loader now represents (MIG resources; the harness's DRA objects)
+DRA_REASON = "DRA objects (ResourceClaims/ResourceSlices/DeviceClasses)"
+NOW_SUPPORTED = ("MIG", DRA_REASON)
+
+
 def build_case(spec: CaseFile, path: Path, *, now: float = CASE_NOW) -> Case:
-    unsupported = list(spec.unsupported)
+    unsupported = [r for r in spec.unsupported if r not in NOW_SUPPORTED]
     for reason in unsupported_reasons(spec):
         if reason not in unsupported:
             unsupported.append(reason)
@@ -349,11 +355,10 @@ def unsupported_reasons(spec: CaseFile) -> list[str]:
 
     if spec.scheduler_conf is not None:
         add("custom scheduler conf (Mocks.SchedulerConf)")
-    if spec.dra is not None or any(t.resource_claims for j in spec.jobs for t in j.tasks):
-        add("DRA objects (ResourceClaims/ResourceSlices/DeviceClasses)")
-    if any(n.mig is not None for n in spec.nodes.values()) or any(
-            t.mig or t.legacy_mig for j in spec.jobs for t in j.tasks):
-        add("MIG")
+    for reason in dra_reasons(spec):
+        add(reason)
+    if any(t.legacy_mig for j in spec.jobs for t in j.tasks):
+        add("legacy MIG request")
     for q in spec.queues:
         if not q.name:
             add("queue with an empty name")
@@ -460,7 +465,62 @@ def case_objects(spec: CaseFile, *, now: float = CASE_NOW,
         for t in job.tasks:
             objects.append(("Pod", pod_object(job, t, ns, created[job.name], spec, now)))
             maps.task_pod[t.name] = f"{ns}/{t.name}"
+    objects += dra_objects(spec.dra)
     return objects, maps
+
+
+# -- DRA (the harness's dra_fake objects) ------------------------------------------------------------------------
+def dra_reasons(spec: CaseFile) -> list[str]:
+    """What of a case's DRA objects the loader cannot represent."""
+    dra = spec.dra
+    out = []
+    defined = {c.get("Name") for c in (dra or {}).get("ResourceClaims") or []}
+    for name in sorted({c for j in spec.jobs for t in j.tasks for c in t.resource_claims} - defined):
+        out.append(f"DRA claim {name} is not in the case's dra block")
+    for c in (dra or {}).get("ResourceClaims") or []:
+        status = c.get("ClaimStatus") or {}
+        for k in ("ReservedFor", "Allocation"):
+            if isinstance(status.get(k), str):
+                out.append(f"DRA claim {c.get('Name')}: {k} not evaluated")
+    return out
+
+
+def dra_objects(dra: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """The harness's fake DRA objects: a DeviceClass per name (selecting its driver, the class name), a slice per
+    entry with devices "0".."Count-1" in pool <node>, claims of one request (named as the claim) for Count
+    devices of a class, with their allocation and reservedFor as given."""
+    if not dra:
+        return []
+    v = "resource.k8s.io/v1"
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name in dra.get("DeviceClasses") or []:
+        out.append(("DeviceClass", {"apiVersion": v, "kind": "DeviceClass", "metadata": {"name": name}, "spec": {
+            "selectors": [{"cel": {"expression": f"device.driver == {json.dumps(name)}"}}]}}))
+    for s in dra.get("ResourceSlices") or []:
+        node = s.get("NodeName")
+        out.append(("ResourceSlice", {"apiVersion": v, "kind": "ResourceSlice", "metadata": {"name": s["Name"]},
+                                      "spec": {"driver": s["DeviceClassName"], "nodeName": node,
+                                               "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                                               "devices": [{"name": str(i)} for i in range(int(s.get("Count", 0)))]}}))
+    for c in dra.get("ResourceClaims") or []:
+        status: dict[str, Any] = {}
+        cs = c.get("ClaimStatus") or {}
+        alloc = cs.get("Allocation")
+        if isinstance(alloc, dict):
+            results = [{"request": r.get("Request"), "driver": r.get("Driver"), "pool": r.get("Pool"),
+                        "device": r.get("Device")} for r in (alloc.get("Devices") or {}).get("Results") or []]
+            status["allocation"] = {"devices": {"results": results}}
+        if isinstance(cs.get("ReservedFor"), list):
+            status["reservedFor"] = [{"resource": r.get("Resource", "pods"), "name": r.get("Name"),
+                                      "uid": r.get("UID")} for r in cs["ReservedFor"]]
+        out.append(("ResourceClaim", {
+            "apiVersion": v, "kind": "ResourceClaim",
+            "metadata": {"name": c["Name"], "namespace": c.get("Namespace") or "default",
+                         "labels": dict(c.get("Labels") or {})},
+            "spec": {"devices": {"requests": [{"name": c["Name"], "exactly": {
+                "deviceClassName": c["DeviceClassName"], "count": int(c.get("Count", 1))}}]}},
+            "status": status}))
+    return out
 
 
 def _num(v: float) -> int | float:
@@ -713,6 +773,7 @@ def _place(pod: dict[str, Any], task: TaskSpec, now: float) -> None:
 def pod_object(job: JobSpec, task: TaskSpec, ns: str, created: float, case: CaseFile,
                now: float) -> dict[str, Any]:
     spec: dict[str, Any] = {
+        "resourceClaims": [{"name": c, "resourceClaimName": c} for c in task.resource_claims],
         "schedulerName": SCHEDULER_NAME,
         "containers": [{"name": "main", "image": "busybox", "resources": pod_resources(job, task, case.defaults)}],
     }

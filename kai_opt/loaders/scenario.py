@@ -41,6 +41,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from kai_opt.api.dra import API_VERSION as DRA_API
 from kai_opt.api.meta import Toleration, format_time
 from kai_opt.api.node import DEFAULT_GPU_MEMORY_MIB, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 from kai_opt.api.pod import (
@@ -166,12 +167,38 @@ class NodeTemplate(_Model):
     taints: list[TaintSpec] = Field(default_factory=list, description="Node taints.")
 
 
+class DraDevicesSpec(_Model):
+    """DRA devices of each node of a pool: one ResourceSlice per node (pool = the node), `count` devices named
+    `<prefix>-<index>` with string attributes."""
+
+    driver: str = Field(min_length=1, description="The DRA driver (a DNS subdomain, e.g. gpu.example.com).")
+    count: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="Devices per node.")
+    prefix: Name = Field("dev", description="Device names are <prefix>-0, <prefix>-1, ...")
+    attributes: dict[str, str] = Field(default_factory=dict, description="String attributes of every device.")
+
+
+class DeviceClassSpec(_Model):
+    """A DRA DeviceClass: the devices its CEL selectors (ANDed) select."""
+
+    name: str = Field(min_length=1)
+    selectors: list[str] = Field(default_factory=list, description="CEL expressions over `device`.")
+
+
+class ClaimRequestSpec(_Model):
+    """One device request of each replica's own claim (made from a ResourceClaimTemplate per job)."""
+
+    device_class: str = Field(min_length=1)
+    count: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE)
+    selectors: list[str] = Field(default_factory=list, description="CEL expressions over `device`.")
+
+
 class NodePoolSpec(_Model):
     """`count` identical nodes named `<name>-<index>`."""
 
     name: Name = Field(description="Pool name; nodes are named <name>-0, <name>-1, ...")
     count: int = Field(1, ge=1, le=INT32_MAX, description="Number of nodes.")
     template: NodeTemplate
+    dra_devices: DraDevicesSpec | None = Field(None, description="DRA devices of each node (a ResourceSlice).")
     topology: dict[str, str] = Field(
         default_factory=dict,
         description="Node label -> value pattern per node, with placeholders {index}, {index/N} (integer "
@@ -299,6 +326,8 @@ class PodSpec(_Model):
     memory: Quantity | None = Field(None, description="Memory request, a Kubernetes quantity.")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[TolerationSpec] = Field(default_factory=list)
+    claims: list[ClaimRequestSpec] = Field(default_factory=list, description="DRA device requests of each "
+                                           "replica's own ResourceClaim.")
 
     @field_validator("gpu_fraction")
     @classmethod
@@ -477,6 +506,7 @@ class Scenario(_Model):
     node_pools: list[NodePoolSpec] = Field(default_factory=list)
     queues: list[QueueSpec] = Field(default_factory=list)
     priority_classes: list[PriorityClassSpec] = Field(default_factory=list)
+    device_classes: list[DeviceClassSpec] = Field(default_factory=list, description="DRA DeviceClasses.")
     jobs: list[JobSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -739,7 +769,34 @@ def _node_objects(sc: Scenario) -> tuple[list[tuple[dict[str, Any], tuple[str | 
                            "conditions": [{"type": "Ready", "status": "True"}]},
             }, ("nodePools", p)))
             rooms.append(_Room(name, labels, t))
+            if pool.dra_devices is not None:
+                d = pool.dra_devices
+                attrs = {k: {"string": v} for k, v in d.attributes.items()}
+                objects.append(({"apiVersion": DRA_API, "kind": "ResourceSlice",
+                                 "metadata": {"name": f"{name}-{d.driver}"},
+                                 "spec": {"driver": d.driver, "nodeName": name,
+                                          "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                                          "devices": [{"name": f"{d.prefix}-{k}", "attributes": attrs}
+                                                      for k in range(d.count)]}}, ("nodePools", p)))
     return objects, rooms
+
+
+def _dra_objects(sc: Scenario) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
+    """DeviceClasses, and per job whose pods ask for devices its ResourceClaimTemplate `<job>-devices`."""
+    out: list[tuple[dict[str, Any], tuple[str | int, ...]]] = [
+        ({"apiVersion": DRA_API, "kind": "DeviceClass", "metadata": {"name": c.name},
+          "spec": {"selectors": [{"cel": {"expression": e}} for e in c.selectors]}}, ("deviceClasses", i))
+        for i, c in enumerate(sc.device_classes)]
+    for j, job in enumerate(sc.jobs):
+        if not job.pod.claims:
+            continue
+        requests = [{"name": f"r{k}", "exactly": {"deviceClassName": c.device_class, "count": c.count,
+                                                  "selectors": [{"cel": {"expression": e}} for e in c.selectors]}}
+                    for k, c in enumerate(job.pod.claims)]
+        out.append(({"apiVersion": DRA_API, "kind": "ResourceClaimTemplate",
+                     "metadata": {"name": f"{job.name}-devices", "namespace": job.namespace},
+                     "spec": {"spec": {"devices": {"requests": requests}}}}, ("jobs", j, "pod", "claims")))
+    return out
 
 
 def _queue_objects(sc: Scenario) -> list[tuple[dict[str, Any], tuple[str | int, ...]]]:
@@ -850,6 +907,8 @@ def _pod_object(sc: Scenario, job: JobSpec, name: str, subgroup: str | None, cre
         spec["nodeSelector"] = dict(p.node_selector)
     if p.tolerations:
         spec["tolerations"] = [t.model_dump() for t in p.tolerations]
+    if p.claims:
+        spec["resourceClaims"] = [{"name": "devices", "resourceClaimTemplateName": f"{job.name}-devices"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": job.namespace, "creationTimestamp": created,
                          "labels": labels, "annotations": annotations},
@@ -866,7 +925,7 @@ def scenario_objects(sc: Scenario, doc: Document, now: float) -> list[tuple[dict
     classes = [({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": pc.name},
                  "value": pc.value, "globalDefault": pc.global_default, "preemptionPolicy": pc.preemption_policy},
                 ("priorityClasses", i)) for i, pc in enumerate(sc.priority_classes)]
-    return nodes + topologies + _queue_objects(sc) + classes + _job_objects(sc, doc, now, rooms)
+    return nodes + topologies + _queue_objects(sc) + classes + _dra_objects(sc) + _job_objects(sc, doc, now, rooms)
 
 
 def snapshot_from_scenario(doc: Document, *, scheduler_names: tuple[str, ...] | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from itertools import chain
@@ -12,6 +13,8 @@ import numpy as np
 from kai_opt.api import DEFAULT_PRIORITY_CLASSES, Pod, PodGroup, TopologyConstraint
 from kai_opt.api.priorityclass import NON_PREEMPTIBLE_PRIORITY
 from kai_opt.api.queue import QUEUE_RESOURCES
+from kai_opt.dra.prepare import has_dra
+from kai_opt.dra.prepare import prepare as prepare_dra
 from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
 from kai_opt.state.gpu import assign_devices
@@ -27,6 +30,10 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     now = now if now is not None else (snapshot.now if snapshot.now is not None else time.time())
     ours_names = set(snapshot.scheduler_names)
     warnings: list[str] = [str(w) for w in snapshot.warnings]
+    dra = None
+    if has_dra(snapshot.pods, snapshot.resource_slices):  # DRA devices become columns, claims requests and pins
+        dra_nodes, dra_pods, dra = prepare_dra(snapshot.nodes, snapshot.pods, snapshot, warnings)
+        snapshot = dataclasses.replace(snapshot, nodes=dra_nodes, pods=dra_pods)
     node_names = [n.name for n in snapshot.nodes]
     node_index = {n: i for i, n in enumerate(node_names)}
     pods, status, resources = _kept_pods(snapshot, ours_names, node_index, warnings)
@@ -79,7 +86,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         q_names=queues.names, q_parent=queues.parent, q_priority=queues.priority, q_creation=queues.creation,
         q_deserved=queues.deserved, q_limit=queues.limit, q_oqw=queues.oqw, q_preempt_min_runtime=queues.pre,
         q_reclaim_min_runtime=queues.rec,
-        topologies=topologies, warnings=warnings,
+        topologies=topologies, warnings=warnings, dra=dra,
     )
 
 
@@ -291,8 +298,9 @@ def _pod_values(pods: list[Pod], status: list[int], ours_names: set[str], node_i
             implicit.add(key)
         members.setdefault(key, []).append(i)
         selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
-        skey = no_sig if not (selector or affinity or tolerations) else (
-            tuple(sorted(selector.items())) if selector else (), affinity, tolerations)
+        skey = no_sig if not (selector or affinity or tolerations or pod.dra_nodes is not None) else (
+            tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
+            frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
         s = sig_ids.get(skey)
         if s is None:
             s = sig_ids[skey] = len(sigs)
@@ -621,6 +629,7 @@ def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], topologies: lis
     keys: set[str] = set()
     by_name = False
     for s in sigs:
+        by_name = by_name or s.dra_nodes is not None
         keys.update(k for k, _ in s.node_selector)
         for term in s.node_affinity:
             keys.update(r.key for r in term.match_expressions)

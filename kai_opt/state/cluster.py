@@ -10,7 +10,10 @@ import numpy as np
 
 from kai_opt.api import Pod, Taint
 from kai_opt.api.meta import NodeSelectorTerm, Toleration
+from kai_opt.dra.prepare import DraState
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_GPU
+
+DRA_UNAVAILABLE = "cannot allocate all claims (DRA: no matching devices there, or a claim allocated elsewhere)"
 
 
 class PodStatus(IntEnum):
@@ -31,8 +34,11 @@ class SchedulingSig:
     node_selector: tuple[tuple[str, str], ...]
     node_affinity: tuple[NodeSelectorTerm, ...]
     tolerations: tuple[Toleration, ...]
+    dra_nodes: frozenset[str] | None = None  # the nodes the pod's DRA claims allow (kai_opt.dra); None: any
 
     def allows(self, labels: dict[str, str], taints: tuple[Taint, ...], node_name: str) -> bool:
+        if self.dra_nodes is not None and node_name not in self.dra_nodes:
+            return False
         for k, v in self.node_selector:
             if labels.get(k) != v:
                 return False
@@ -56,6 +62,8 @@ class SchedulingSig:
                     tol.tolerates(t.key, t.value, t.effect) for tol in self.tolerations):
                 shown = f"{t.key}: {t.value}" if t.value else t.key
                 return f"had untolerated taint {{{shown}}}"
+        if self.dra_nodes is not None and node_name not in self.dra_nodes:
+            return DRA_UNAVAILABLE
         return None
 
 
@@ -159,6 +167,7 @@ class ClusterState:
     q_reclaim_min_runtime: np.ndarray  # float64[Q]
     topologies: list[TopologyIndex]
     warnings: list[str] = field(default_factory=list)
+    dra: DraState | None = None  # the DRA view (kai_opt.dra.prepare) when the snapshot has DRA objects
 
     # -- sizes and indexes -----------------------------------------------------------------------------------------
     @property
@@ -257,6 +266,8 @@ class ClusterState:
         out = np.empty((self.n_pods, len(QR_COLUMN)), dtype=np.float64)
         for j, (col, div) in enumerate(zip(QR_COLUMN, QR_DIVISOR, strict=True)):
             out[:, j] = self.pod_req[:, col] / div
+        if self.dra is not None:  # DRA GPUs count as GPUs (KAI's queue accounting)
+            out[:, 0] += np.array([p.dra_gpus for p in self.pods], dtype=np.float64)
         return out
 
     def pod_queue_request(self, pods: np.ndarray, nodes: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,341 @@
+"""Dynamic Resource Allocation objects, `resource.k8s.io/v1`: DeviceClass, ResourceSlice, ResourceClaim(Template).
+
+Only what scheduling reads is kept: a class's CEL selectors; a slice's driver, pool (name, generation, slice
+count), where its devices are (nodeName, nodeSelector or allNodes) and per device its attributes and capacities; a
+claim's requests (exactly / firstAvailable, count or All, class, CEL selectors, admin access), its
+`matchAttribute` constraints and its status (allocation results, node selector, reservedFor). Attribute names are
+kept qualified (`<domain>/<name>`; an unqualified name gets the slice's driver as domain, as Kubernetes does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from kai_opt.api.meta import MODEL, NodeSelectorTerm, ObjectMeta, as_dict, as_list, ident, parse_requirements
+from kai_opt.errors import InputError
+from kai_opt.units import QuantityError, parse_quantity
+
+API_VERSION = "resource.k8s.io/v1"
+AttrValue = bool | int | str  # int, bool, string and version (kept as its string) attributes
+MAX_CLAIM_CONSUMERS = 256  # ResourceClaimReservedForMaxSize: pods that may share one claim
+
+
+def _exprs(raw: Any, *, who: str, field: str) -> tuple[str, ...]:
+    out = []
+    for i, s in enumerate(as_list(raw, obj=who, field=field)):
+        cel = as_dict(as_dict(s, obj=who, field=f"{field}[{i}]").get("cel"), obj=who, field=f"{field}[{i}].cel")
+        expr = cel.get("expression")
+        if not isinstance(expr, str) or not expr.strip():
+            raise InputError("a CEL expression is required", obj=who, field=f"{field}[{i}].cel.expression")
+        out.append(expr)
+    return tuple(out)
+
+
+def _node_terms(raw: Any, who: str, field: str) -> tuple[NodeSelectorTerm, ...]:
+    """A NodeSelector's terms (ORed)."""
+    out = []
+    for i, t in enumerate(as_list(as_dict(raw, obj=who, field=field).get("nodeSelectorTerms"), obj=who,
+                                  field=f"{field}.nodeSelectorTerms")):
+        f = f"{field}.nodeSelectorTerms[{i}]"
+        t = as_dict(t, obj=who, field=f)
+        out.append(NodeSelectorTerm(
+            match_expressions=parse_requirements(t.get("matchExpressions"), obj=who, field=f"{f}.matchExpressions"),
+            match_fields=parse_requirements(t.get("matchFields"), obj=who, field=f"{f}.matchFields")))
+    return tuple(out)
+
+
+def qualify(name: str, driver: str) -> str:
+    """An attribute or capacity name with its domain (`<driver>/<name>` when it has none)."""
+    return name if "/" in name else f"{driver}/{name}"
+
+
+class DeviceClass(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    selectors: tuple[str, ...] = ()  # CEL expressions, ANDed
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> DeviceClass:
+        who = ident("DeviceClass", obj)
+        meta = ObjectMeta.from_k8s("DeviceClass", obj, namespaced=False)
+        spec = as_dict(obj.get("spec"), obj=who, field="spec")
+        return cls(meta=meta, selectors=_exprs(spec.get("selectors"), who=who, field="spec.selectors"))
+
+
+class Device(BaseModel):
+    model_config = MODEL
+    name: str
+    attributes: dict[str, AttrValue] = {}  # qualified name -> value
+    capacity: dict[str, int] = {}  # qualified name -> value (quantities as integers, e.g. bytes)
+    multiple_allocations: bool = False  # allowMultipleAllocations: shared by claims up to its capacity
+
+
+class ResourceSlice(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    driver: str
+    pool: str
+    generation: int = 0
+    slice_count: int = 1
+    node_name: str | None = None
+    node_selector: tuple[NodeSelectorTerm, ...] = ()  # devices reachable from the nodes it selects
+    all_nodes: bool = False
+    devices: tuple[Device, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> ResourceSlice:
+        who = ident("ResourceSlice", obj)
+        meta = ObjectMeta.from_k8s("ResourceSlice", obj, namespaced=False)
+        spec = as_dict(obj.get("spec"), obj=who, field="spec")
+        driver = spec.get("driver")
+        if not isinstance(driver, str) or not driver:
+            raise InputError("driver is required", obj=who, field="spec.driver")
+        pool = as_dict(spec.get("pool"), obj=who, field="spec.pool")
+        if not isinstance(pool.get("name"), str) or not pool.get("name"):
+            raise InputError("pool name is required", obj=who, field="spec.pool.name")
+        terms: tuple[NodeSelectorTerm, ...] = ()
+        if spec.get("nodeSelector") is not None:
+            terms = _node_terms(spec["nodeSelector"], who, "spec.nodeSelector")
+        devices = []
+        for i, d in enumerate(as_list(spec.get("devices"), obj=who, field="spec.devices")):
+            f = f"spec.devices[{i}]"
+            d = as_dict(d, obj=who, field=f)
+            if not isinstance(d.get("name"), str) or not d["name"]:
+                raise InputError("device name is required", obj=who, field=f"{f}.name")
+            attrs: dict[str, AttrValue] = {}
+            for k, v in as_dict(d.get("attributes"), obj=who, field=f"{f}.attributes").items():
+                v = as_dict(v, obj=who, field=f"{f}.attributes.{k}")
+                for typ in ("int", "bool", "string", "version"):
+                    if typ in v:
+                        attrs[qualify(str(k), driver)] = v[typ]
+                        break
+                else:
+                    raise InputError("an attribute needs int, bool, string or version", obj=who,
+                                     field=f"{f}.attributes.{k}")
+            cap: dict[str, int] = {}
+            for k, v in as_dict(d.get("capacity"), obj=who, field=f"{f}.capacity").items():
+                raw = as_dict(v, obj=who, field=f"{f}.capacity.{k}").get("value")
+                try:
+                    cap[qualify(str(k), driver)] = int(parse_quantity(raw))
+                except (QuantityError, TypeError) as exc:
+                    raise InputError(f"invalid quantity {raw!r}", obj=who, field=f"{f}.capacity.{k}.value") from exc
+            devices.append(Device(name=d["name"], attributes=attrs, capacity=cap,
+                                  multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
+        try:
+            return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
+                       slice_count=int(pool.get("resourceSliceCount", 1)), node_name=spec.get("nodeName") or None,
+                       node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices))
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"bad pool fields: {exc}".splitlines()[0], obj=who, field="spec.pool") from None
+
+
+class DeviceSubRequest(BaseModel):
+    """One way to satisfy a request: `exactly`, or one of `firstAvailable` (tried in order)."""
+
+    model_config = MODEL
+    name: str
+    device_class: str
+    selectors: tuple[str, ...] = ()
+    mode: Literal["ExactCount", "All"] = "ExactCount"
+    count: int = 1
+    admin_access: bool = False
+    capacity: dict[str, int] = {}  # consumable capacity requested per device
+
+
+class DeviceRequest(BaseModel):
+    model_config = MODEL
+    name: str
+    alternatives: tuple[DeviceSubRequest, ...]  # one for `exactly`, several for `firstAvailable`
+
+
+class MatchAttribute(BaseModel):
+    model_config = MODEL
+    requests: tuple[str, ...] = ()  # empty: every request of the claim
+    attribute: str
+
+
+class AllocationResult(BaseModel):
+    model_config = MODEL
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+
+class ConsumerRef(BaseModel):
+    model_config = MODEL
+    resource: str = "pods"
+    name: str
+    uid: str | None = None
+
+
+class ClaimSpec(BaseModel):
+    model_config = MODEL
+    requests: tuple[DeviceRequest, ...] = ()
+    constraints: tuple[MatchAttribute, ...] = ()
+
+
+def _sub(raw: dict[str, Any], name: str, *, who: str, field: str) -> DeviceSubRequest:
+    cls_name = raw.get("deviceClassName")
+    if not isinstance(cls_name, str) or not cls_name:
+        raise InputError("deviceClassName is required", obj=who, field=f"{field}.deviceClassName")
+    mode: Literal["ExactCount", "All"] = raw.get("allocationMode") or "ExactCount"
+    if mode not in ("ExactCount", "All"):
+        raise InputError(f"unknown allocationMode {mode!r}", obj=who, field=f"{field}.allocationMode")
+    count = raw.get("count", 1)
+    if type(count) is not int or count < 1:
+        raise InputError(f"count must be a positive integer, got {count!r}", obj=who, field=f"{field}.count")
+    cap: dict[str, int] = {}
+    reqs = as_dict(as_dict(raw.get("capacity"), obj=who, field=f"{field}.capacity").get("requests"), obj=who,
+                   field=f"{field}.capacity.requests")
+    for k, v in reqs.items():
+        try:
+            cap[str(k)] = int(parse_quantity(v))
+        except (QuantityError, TypeError) as exc:
+            raise InputError(f"invalid quantity {v!r}", obj=who, field=f"{field}.capacity.requests.{k}") from exc
+    return DeviceSubRequest(name=name, device_class=cls_name,
+                            selectors=_exprs(raw.get("selectors"), who=who, field=f"{field}.selectors"),
+                            mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap)
+
+
+def parse_claim_spec(spec: dict[str, Any], *, who: str, field: str) -> ClaimSpec:
+    devices = as_dict(spec.get("devices"), obj=who, field=f"{field}.devices")
+    requests = []
+    for i, r in enumerate(as_list(devices.get("requests"), obj=who, field=f"{field}.devices.requests")):
+        f = f"{field}.devices.requests[{i}]"
+        r = as_dict(r, obj=who, field=f)
+        name = r.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("request name is required", obj=who, field=f"{f}.name")
+        alts: tuple[DeviceSubRequest, ...]
+        if r.get("exactly") is not None:
+            alts = (_sub(as_dict(r["exactly"], obj=who, field=f"{f}.exactly"), name, who=who, field=f"{f}.exactly"),)
+        elif r.get("firstAvailable"):
+            alts = tuple(_sub(as_dict(s, obj=who, field=f"{f}.firstAvailable[{j}]"),
+                              f"{name}/{as_dict(s, obj=who, field=f).get('name', j)}", who=who,
+                              field=f"{f}.firstAvailable[{j}]")
+                         for j, s in enumerate(as_list(r["firstAvailable"], obj=who, field=f"{f}.firstAvailable")))
+        else:
+            raise InputError("a request needs exactly or firstAvailable", obj=who, field=f)
+        requests.append(DeviceRequest(name=name, alternatives=alts))
+    constraints = []
+    for i, c in enumerate(as_list(devices.get("constraints"), obj=who, field=f"{field}.devices.constraints")):
+        c = as_dict(c, obj=who, field=f"{field}.devices.constraints[{i}]")
+        attr = c.get("matchAttribute")
+        if not isinstance(attr, str) or not attr:
+            raise InputError("matchAttribute is required", obj=who, field=f"{field}.devices.constraints[{i}]")
+        reqs = tuple(str(x) for x in as_list(c.get("requests"), obj=who, field=f"{field}.devices.constraints[{i}]"))
+        constraints.append(MatchAttribute(requests=reqs, attribute=attr))
+    return ClaimSpec(requests=tuple(requests), constraints=tuple(constraints))
+
+
+class ResourceClaim(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    resource_version: str | None = None
+    spec: ClaimSpec
+    allocation: tuple[AllocationResult, ...] | None = None  # None: not allocated
+    allocation_nodes: tuple[NodeSelectorTerm, ...] = ()
+    reserved_for: tuple[ConsumerRef, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.meta.namespace}/{self.meta.name}"
+
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> ResourceClaim:
+        who = ident("ResourceClaim", obj)
+        meta = ObjectMeta.from_k8s("ResourceClaim", obj, namespaced=True)
+        spec = parse_claim_spec(as_dict(obj.get("spec"), obj=who, field="spec"), who=who, field="spec")
+        status = as_dict(obj.get("status"), obj=who, field="status")
+        allocation: tuple[AllocationResult, ...] | None = None
+        terms: tuple[NodeSelectorTerm, ...] = ()
+        if status.get("allocation") is not None:
+            alloc = as_dict(status["allocation"], obj=who, field="status.allocation")
+            results = as_list(as_dict(alloc.get("devices"), obj=who, field="status.allocation.devices")
+                              .get("results"), obj=who, field="status.allocation.devices.results")
+            out = []
+            for i, r in enumerate(results):
+                r = as_dict(r, obj=who, field=f"status.allocation.devices.results[{i}]")
+                try:
+                    out.append(AllocationResult(request=str(r["request"]), driver=str(r["driver"]),
+                                                pool=str(r["pool"]), device=str(r["device"]),
+                                                admin_access=bool(r.get("adminAccess") or False)))
+                except KeyError as exc:
+                    raise InputError(f"{exc.args[0]} is required", obj=who,
+                                     field=f"status.allocation.devices.results[{i}]") from None
+            allocation = tuple(out)
+            if alloc.get("nodeSelector") is not None:
+                terms = _node_terms(alloc["nodeSelector"], who, "status.allocation.nodeSelector")
+        reserved = []
+        for i, r in enumerate(as_list(status.get("reservedFor"), obj=who, field="status.reservedFor")):
+            r = as_dict(r, obj=who, field=f"status.reservedFor[{i}]")
+            if not isinstance(r.get("name"), str):
+                raise InputError("name is required", obj=who, field=f"status.reservedFor[{i}].name")
+            reserved.append(ConsumerRef(resource=str(r.get("resource") or "pods"), name=r["name"],
+                                        uid=r.get("uid") or None))
+        rv = as_dict(obj.get("metadata"), obj=who, field="metadata").get("resourceVersion")
+        return cls(meta=meta, resource_version=str(rv) if rv is not None else None, spec=spec,
+                   allocation=allocation, allocation_nodes=terms, reserved_for=tuple(reserved))
+
+
+class ResourceClaimTemplate(BaseModel):
+    model_config = MODEL
+    meta: ObjectMeta
+    spec: ClaimSpec
+
+    @property
+    def key(self) -> str:
+        return f"{self.meta.namespace}/{self.meta.name}"
+
+    @classmethod
+    def from_k8s(cls, obj: dict[str, Any]) -> ResourceClaimTemplate:
+        who = ident("ResourceClaimTemplate", obj)
+        meta = ObjectMeta.from_k8s("ResourceClaimTemplate", obj, namespaced=True)
+        spec = as_dict(as_dict(obj.get("spec"), obj=who, field="spec").get("spec"), obj=who, field="spec.spec")
+        return cls(meta=meta, spec=parse_claim_spec(spec, who=who, field="spec.spec"))
+
+
+class PodClaim(BaseModel):
+    """One entry of a pod's `spec.resourceClaims`, with the claim's name once known (`resourceClaimName`, or the
+    name `status.resourceClaimStatuses` gives a template's claim)."""
+
+    model_config = MODEL
+    name: str
+    claim_name: str | None = None
+    template_name: str | None = None
+
+
+def parse_pod_claims(spec: dict[str, Any], status: dict[str, Any], who: str) -> tuple[PodClaim, ...]:
+    raw = spec.get("resourceClaims")
+    if not raw:
+        return ()
+    made = {}
+    for s in as_list(status.get("resourceClaimStatuses"), obj=who, field="status.resourceClaimStatuses"):
+        s = as_dict(s, obj=who, field="status.resourceClaimStatuses")
+        if isinstance(s.get("name"), str) and isinstance(s.get("resourceClaimName"), str):
+            made[s["name"]] = s["resourceClaimName"]
+    out = []
+    for i, c in enumerate(as_list(raw, obj=who, field="spec.resourceClaims")):
+        c = as_dict(c, obj=who, field=f"spec.resourceClaims[{i}]")
+        name = c.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("name is required", obj=who, field=f"spec.resourceClaims[{i}].name")
+        claim, template = c.get("resourceClaimName"), c.get("resourceClaimTemplateName")
+        if bool(claim) == bool(template):
+            raise InputError("exactly one of resourceClaimName and resourceClaimTemplateName is required",
+                             obj=who, field=f"spec.resourceClaims[{i}]")
+        out.append(PodClaim(name=name, claim_name=str(claim) if claim else made.get(name),
+                            template_name=str(template) if template else None))
+    return tuple(out)

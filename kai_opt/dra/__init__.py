@@ -1,0 +1,1 @@
+"""Dynamic Resource Allocation: CEL selectors, devices as resource columns, device choice for claims."""

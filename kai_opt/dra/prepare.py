@@ -1,0 +1,463 @@
+"""DRA devices as resource columns: a Snapshot with ResourceSlices and claims -> nodes and pods the engines read.
+
+Rule: devices are grouped into kinds, a kind being the set of device queries (a request's device class with its
+CEL selectors) a device satisfies. Every kind is one extended resource column (`dra:<class>`, `#<k>` when a class
+has several kinds) whose allocatable on a node is its devices there, less the devices held by claims that no
+single pod of the snapshot carries. A claim is carried by one pod (its holder), which requests the claim's devices
+in their columns: the greedy placer, the victim search (evicting the holder frees them), the checker and the
+CP-SAT model all see DRA devices as counts per kind and node. Further:
+- an allocated claim pins its users to the node of its devices (or its allocation's node selector);
+- a claim used by several pods is held once: allocated, its devices leave the node's allocatable and every user
+  is pinned there; not yet allocated, the first user holds it and the others are bound by a required pod affinity
+  to the holder's node;
+- a request is satisfiable only when its query selects one kind (firstAvailable: the first alternative that does
+  and that some node has enough devices for); `All` takes every matching device of the node, and is pinned to the
+  nodes where that count is the same as the column's request;
+- matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, a
+  network-attached device, the 256-consumer limit) keeps its pending pods off every node, with a warning.
+Without DRA objects and claims the snapshot is returned unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kai_opt.api import Node, Pod
+from kai_opt.api.dra import (
+    MAX_CLAIM_CONSUMERS,
+    ClaimSpec,
+    DeviceRequest,
+    DeviceSubRequest,
+    ResourceClaim,
+    ResourceSlice,
+)
+from kai_opt.api.meta import LabelSelector, PodAffinityTerm
+from kai_opt.dra.cel import SelectorCache, device_context
+
+NODE_LABEL = "kai-opt.dra/node"  # synthetic: every node's own name (the shared-claim affinity's topology key)
+HOLDER_LABEL = "kai-opt.dra/holder-"  # + claim index: marks the pod that holds a shared, unallocated claim
+Query = tuple[str, tuple[str, ...]]  # (device class, request selectors)
+
+
+def is_gpu_class(name: str) -> bool:
+    """KAI counts a claim's devices as GPUs when its device class name contains "gpu"."""
+    return "gpu" in name.lower()
+
+
+@dataclass(frozen=True)
+class DevRef:
+    driver: str
+    pool: str
+    name: str
+    node: str
+    slice_name: str
+    generation: int
+
+
+@dataclass
+class ClaimPlan:
+    """One claim as the engines see it."""
+
+    key: str
+    claim: ResourceClaim | None  # None: made from a template (not created yet)
+    template: str | None
+    users: list[int]  # pod indexes of the snapshot
+    holder: int | None = None
+    demand: dict[str, int] = field(default_factory=dict)  # column -> devices its holder requests
+    requests: list[tuple[str, DeviceSubRequest, str]] = field(default_factory=list)  # (request, chosen, column)
+    nodes: set[str] | None = None  # pinned to these nodes (None: anywhere)
+    fixed: bool = False  # devices held outside any pod (allocated and shared)
+    problem: str | None = None
+    gpus: int = 0  # devices of GPU classes (queue accounting)
+
+
+@dataclass
+class DraState:
+    """What the engines' DRA view was made from: devices with their kind, claims, the selector cache."""
+
+    devices: list[DevRef]
+    device_kind: list[int]  # per device: kind index (-1: no query selects it)
+    kind_column: list[str]
+    kind_queries: list[frozenset[Query]]
+    claims: list[ClaimPlan]
+    pod_claims: dict[str, list[int]]  # pod key -> indexes into claims
+    selectors: SelectorCache
+    class_selectors: dict[str, tuple[str, ...]]
+    allocated: set[tuple[str, str, str]]  # (driver, pool, device) held by allocated claims
+
+    def node_devices(self, node: str) -> list[int]:
+        return [i for i, d in enumerate(self.devices) if d.node == node]
+
+    def query_matches(self, q: Query, device: int) -> bool:
+        cls, sel = q
+        if cls not in self.class_selectors:
+            return False
+        return self.selectors.all_match(self.class_selectors[cls], device) and self.selectors.all_match(sel, device)
+
+
+def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
+    return bool(slices) or any(p.resource_claims for p in pods)
+
+
+def _current_slices(slices: list[ResourceSlice], warnings: list[str]) -> list[ResourceSlice]:
+    """Per (driver, pool) only the slices of the newest generation (older ones are being replaced)."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        k = (s.driver, s.pool)
+        newest[k] = max(newest.get(k, s.generation), s.generation)
+    out = []
+    for s in slices:
+        if s.generation != newest[(s.driver, s.pool)]:
+            continue
+        if s.node_name is None:
+            if s.devices:
+                warnings.append(f"ResourceSlice {s.name}: network-attached devices (nodeSelector/allNodes) are "
+                                f"not scheduled by kai-opt yet; its {len(s.devices)} devices are left out")
+            continue
+        out.append(s)
+    return out
+
+
+def prepare(nodes: list[Node], pods: list[Pod], snapshot: object, warnings: list[str]) -> tuple[
+        list[Node], list[Pod], DraState]:
+    """Nodes and pods with DRA devices as columns and claims as requests, pins and affinities."""
+    from kai_opt.snapshot import Snapshot
+    assert isinstance(snapshot, Snapshot)
+    b = _Builder(nodes, pods, snapshot, warnings)
+    b.read_devices()
+    b.resolve_claims()
+    b.make_kinds()
+    for cp in b.plans.values():
+        b.plan_claim(cp)
+    return b.node_objects(), b.pod_objects(), b.state
+
+
+class _Builder:
+    """The steps of `prepare`, sharing what they have found."""
+
+    def __init__(self, nodes: list[Node], pods: list[Pod], snapshot: Any, warnings: list[str]) -> None:
+        self.nodes, self.pods, self.snapshot, self.warnings = nodes, pods, snapshot, warnings
+        self.class_selectors = {c.name: c.selectors for c in snapshot.device_classes}
+        self.claims_by_key = {c.key: c for c in snapshot.resource_claims}
+        self.templates = {t.key: t for t in snapshot.claim_templates}
+        self.plans: dict[str, ClaimPlan] = {}
+        self.pod_claims: dict[str, list[str]] = defaultdict(list)
+        self.broken: dict[int, str] = {}
+        self.per_node_col: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> devices
+        self.node_kinds: dict[str, set[int]] = defaultdict(set)  # node -> kinds of its devices
+        self.fixed_held: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> held by shared claims
+        self._nodes_for: dict[tuple[str, frozenset[int]], tuple[set[str] | None, dict[str, int]]] = {}
+
+    def read_devices(self) -> None:
+        devices: list[DevRef] = []
+        contexts = []
+        for s in _current_slices(self.snapshot.resource_slices, self.warnings):
+            for dv in s.devices:
+                devices.append(DevRef(s.driver, s.pool, dv.name, str(s.node_name), s.name, s.generation))
+                contexts.append(device_context(s.driver, dv))
+        self.state = DraState(devices, [], [], [], [], {}, SelectorCache(contexts), self.class_selectors, set())
+        self.dev_index = {(d.driver, d.pool, d.name): i for i, d in enumerate(devices)}
+
+    def resolve_claims(self) -> None:
+        """Each pod's claims (by name, or the pod's own claim of a template) and every claim's users."""
+        for i, p in enumerate(self.pods):
+            if p.finished or not p.resource_claims:
+                continue
+            for pc in p.resource_claims:
+                ns = p.namespace
+                if pc.claim_name is not None:
+                    key = f"{ns}/{pc.claim_name}"
+                    claim = self.claims_by_key.get(key)
+                    if claim is None:
+                        self.broken[i] = f"resource claim {key} does not exist"
+                        continue
+                    cp = self.plans.setdefault(key, ClaimPlan(key, claim, None, []))
+                else:
+                    tkey = f"{ns}/{pc.template_name}"
+                    if tkey not in self.templates:
+                        self.broken[i] = f"resource claim template {tkey} does not exist"
+                        continue
+                    key = f"{ns}/{p.name}-{pc.name}"  # this pod's own claim, to be made from the template
+                    cp = self.plans.setdefault(key, ClaimPlan(key, None, pc.template_name, []))
+                cp.users.append(i)
+                self.pod_claims[p.key].append(key)
+        for key, rc in self.claims_by_key.items():  # allocated claims no pod uses still hold devices
+            if key not in self.plans and rc.allocation is not None:
+                self.plans[key] = ClaimPlan(key, rc, None, [])
+
+    def spec_of(self, cp: ClaimPlan) -> ClaimSpec:
+        if cp.claim is not None:
+            return cp.claim.spec
+        ns = cp.key.split("/", 1)[0]
+        return self.templates[f"{ns}/{cp.template}"].spec
+
+    def make_kinds(self) -> None:
+        """Kinds (devices that every query treats alike), one column each, and their counts per node."""
+        st = self.state
+        queries: set[Query] = set()
+        for cp in self.plans.values():
+            for r in self.spec_of(cp).requests:
+                for alt in r.alternatives:
+                    queries.add((alt.device_class, alt.selectors))
+        for exprs in self.class_selectors.values():
+            for e in exprs:
+                st.selectors.compiled(e)
+        ordered = sorted(queries)
+        sig_kind: dict[frozenset[Query], int] = {}
+        for d in range(len(st.devices)):
+            sig = frozenset(q for q in ordered if st.query_matches(q, d))
+            if not sig:
+                st.device_kind.append(-1)
+                continue
+            k = sig_kind.get(sig)
+            if k is None:
+                k = sig_kind[sig] = len(st.kind_queries)
+                st.kind_queries.append(sig)
+            st.device_kind.append(k)
+        for expr, why in st.selectors.errors.items():
+            self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
+        self.name_columns(ordered)
+        for i, ref in enumerate(st.devices):
+            if st.device_kind[i] >= 0:
+                self.per_node_col[(ref.node, st.kind_column[st.device_kind[i]])] += 1
+                self.node_kinds[ref.node].add(st.device_kind[i])
+
+    def name_columns(self, queries: list[Query]) -> None:
+        """One column per kind, except that the kinds a query spans share one column when no node has devices
+        of two of them (nodes alike within: a query over a part of such a column is pinned to its nodes)."""
+        st = self.state
+        parent = list(range(len(st.kind_queries)))
+
+        def root(k: int) -> int:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        on_node: dict[str, set[int]] = defaultdict(set)
+        for i, ref in enumerate(st.devices):
+            if st.device_kind[i] >= 0:
+                on_node[ref.node].add(st.device_kind[i])
+        for q in queries:
+            ks = [k for k, sig in enumerate(st.kind_queries) if q in sig]
+            for k in ks[1:]:
+                a, b = root(ks[0]), root(k)
+                if a == b:
+                    continue
+                merged = {x for x in range(len(parent)) if root(x) in (a, b)}
+                if all(len(kinds & merged) <= 1 for kinds in on_node.values()):
+                    parent[b] = a
+        groups: dict[int, list[int]] = defaultdict(list)
+        for k in range(len(parent)):
+            groups[root(k)].append(k)
+        by_class: dict[str, list[list[int]]] = defaultdict(list)
+        for g in groups.values():
+            by_class[min(q[0] for k in g for q in st.kind_queries[k])].append(g)
+        st.kind_column = [""] * len(st.kind_queries)
+        for cls, gs in by_class.items():
+            for j, g in enumerate(gs):
+                for k in g:
+                    st.kind_column[k] = f"dra:{cls}" if len(gs) == 1 else f"dra:{cls}#{j}"
+
+    def plan_claim(self, cp: ClaimPlan) -> None:
+        spec = self.spec_of(cp)
+        for r in spec.requests:  # as KAI: `exactly` requests of a GPU class, All counting as one
+            alt = r.alternatives[0]
+            if len(r.alternatives) == 1 and is_gpu_class(alt.device_class):
+                cp.gpus += alt.count if alt.mode == "ExactCount" else 1
+        active = [u for u in cp.users if self.pods[u].node_name is not None or self.pods[u].nominated_node is not None]
+        if cp.claim is not None and cp.claim.allocation is not None:
+            self.plan_allocated(cp, cp.claim, active)
+            return
+        for r in spec.requests:
+            if not self.plan_request(cp, r):
+                break
+        if cp.problem is None and spec.constraints:
+            ok_nodes = _constraint_nodes(spec, cp, self.state, snapshot_nodes=[n.name for n in self.nodes])
+            cp.nodes = ok_nodes if cp.nodes is None else cp.nodes & ok_nodes
+        if cp.users:
+            cp.holder = active[0] if active else cp.users[0]
+
+    def plan_allocated(self, cp: ClaimPlan, claim: ResourceClaim, active: list[int]) -> None:
+        """An allocated claim: pinned to its devices' node; held by its one user, else by the claim itself."""
+        st = self.state
+        nodes_of: set[str] = set()
+        counts: dict[str, int] = defaultdict(int)
+        for res in claim.allocation or ():
+            di = self.dev_index.get((res.driver, res.pool, res.device))
+            if di is None:
+                continue
+            st.allocated.add((res.driver, res.pool, res.device))
+            nodes_of.add(st.devices[di].node)
+            if st.device_kind[di] >= 0 and not res.admin_access:
+                counts[st.kind_column[st.device_kind[di]]] += 1
+        if not nodes_of and claim.allocation_nodes:
+            nodes_of = {n.name for n in self.nodes if any(t.matches(n.labels, n.name) for t in claim.allocation_nodes)}
+        cp.nodes = nodes_of if (nodes_of or claim.allocation) else None
+        reservers = {ref.name for ref in claim.reserved_for}
+        others = reservers - {self.pods[u].name for u in cp.users}
+        if len(cp.users) == 1 and not others:
+            cp.holder = cp.users[0]
+            cp.demand = dict(counts)
+            return
+        cp.fixed = True  # shared (or reserved by someone outside the snapshot): held by the claim itself
+        for col, cnt in counts.items():
+            for held_on in nodes_of:
+                self.fixed_held[(held_on, col)] += cnt
+                break
+        pending = [u for u in cp.users if u not in active and self.pods[u].name not in reservers]
+        if pending and len(reservers) >= MAX_CLAIM_CONSUMERS:
+            cp.problem = f"claim {cp.key} is already reserved by {len(reservers)} consumers (the limit)"
+
+    def plan_request(self, cp: ClaimPlan, r: DeviceRequest) -> bool:
+        """Choose the request's alternative and add its devices to the claim's demand (False: unsatisfiable)."""
+        st = self.state
+        chosen: tuple[DeviceSubRequest, str, set[str] | None] | None = None
+        fallback: tuple[DeviceSubRequest, str, set[str] | None] | None = None  # no node has enough of it
+        why = f"request {r.name}: no device matches"
+        for alt in r.alternatives:
+            if alt.device_class not in self.class_selectors:
+                why = f"request {r.name}: device class {alt.device_class} does not exist"
+                continue
+            q = (alt.device_class, alt.selectors)
+            kinds = {k for k, sig in enumerate(st.kind_queries) if q in sig}
+            cols = {st.kind_column[k] for k in kinds}
+            if len(cols) > 1:
+                why = (f"request {r.name}: its selectors match devices of {len(cols)} kinds that share nodes "
+                       f"(kai-opt places a request on devices of one kind)")
+                continue
+            if not kinds:
+                continue
+            col = next(iter(cols))
+            pin, have = self.nodes_for(col, frozenset(kinds))
+            most = max(have.values(), default=0)
+            if alt.mode == "ExactCount" and most < alt.count:
+                fallback = fallback or (alt, col, pin)
+                continue
+            chosen = (alt, col, pin)
+            break
+        chosen = chosen or fallback  # too many devices: pending as short of them on every node
+        if chosen is None:
+            cp.problem = f"claim {cp.key}: {why}"
+            return False
+        alt, col, pin = chosen
+        cp.requests.append((r.name, alt, col))
+        if pin is not None:
+            cp.nodes = pin if cp.nodes is None else cp.nodes & pin
+        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries)
+                                             if (alt.device_class, alt.selectors) in sig))[1]
+        if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
+            top = max(have.values(), default=0)
+            want = {n for n, c in have.items() if c == top}
+            cp.nodes = want if cp.nodes is None else cp.nodes & want
+            if not alt.admin_access:
+                cp.demand[col] = cp.demand.get(col, 0) + top
+        elif alt.admin_access:  # admin access sees devices without taking them
+            want = {n for n, c in have.items() if c >= alt.count}
+            cp.nodes = want if cp.nodes is None else cp.nodes & want
+        else:
+            cp.demand[col] = cp.demand.get(col, 0) + alt.count
+        return True
+
+    def nodes_for(self, col: str, kinds: frozenset[int]) -> tuple[set[str] | None, dict[str, int]]:
+        """(the nodes a query over `kinds` is pinned to, None: any; per node with such devices, how many), once
+        per (column, kinds): the column's nodes whose devices are of these kinds, when it spans others too."""
+        hit = self._nodes_for.get((col, kinds))
+        if hit is None:
+            st = self.state
+            pin = None
+            if any(c == col and k not in kinds for k, c in enumerate(st.kind_column)):
+                pin = {n for n, ks in self.node_kinds.items() if ks & kinds}
+            have = {n: c for (n, cc), c in self.per_node_col.items() if cc == col and c > 0
+                    and (pin is None or n in pin)}
+            hit = self._nodes_for[(col, kinds)] = (pin, have)
+        return hit
+
+    def node_objects(self) -> list[Node]:
+        st = self.state
+        out = []
+        for node in self.nodes:
+            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0))
+                     for col in st.kind_column}
+            meta = node.meta.model_copy(update={"labels": {**node.labels, NODE_LABEL: node.name}})
+            out.append(node.model_copy(update={"meta": meta, "allocatable": {**node.allocatable, **extra},
+                                               "capacity": {**node.capacity, **extra}}))
+        return out
+
+    def pod_objects(self) -> list[Pod]:
+        st = self.state
+        claim_list = list(self.plans.values())
+        index = {cp.key: i for i, cp in enumerate(claim_list)}
+        st.claims = claim_list
+        st.pod_claims = {k: [index[c] for c in v] for k, v in self.pod_claims.items()}
+        out = list(self.pods)
+        for i, p in enumerate(self.pods):
+            keys = self.pod_claims.get(p.key)
+            if keys or i in self.broken:
+                out[i] = self.pod_object(i, p, keys or [], index)
+        return out
+
+    def pod_object(self, i: int, p: Pod, keys: list[str], index: dict[str, int]) -> Pod:
+        """The pod with its held claims' devices as requests, its pins and its shared-claim affinities."""
+        bound = p.node_name is not None
+        req = dict(p.requests)
+        pins: set[str] | None = None
+        labels = dict(p.labels)
+        affinity: list[PodAffinityTerm] = list(p.pod_affinity)
+        problem = self.broken.get(i)
+        gpus = 0
+        for key in keys:
+            cp = self.plans[key]
+            gpus += cp.gpus
+            if cp.problem and problem is None:
+                problem = cp.problem
+            if cp.holder == i:
+                for col, cnt in cp.demand.items():
+                    req[col] = req.get(col, 0) + cnt
+            if cp.nodes is not None:
+                pins = set(cp.nodes) if pins is None else pins & cp.nodes
+            if not cp.fixed and len(cp.users) > 1:
+                tag = f"{HOLDER_LABEL}{index[key]}"
+                if cp.holder == i:
+                    labels[tag] = "1"
+                else:
+                    affinity.append(PodAffinityTerm(selector=LabelSelector(match_labels={tag: "1"}),
+                                                    topology_key=NODE_LABEL, namespaces=(p.namespace,)))
+        if problem is not None and not bound:
+            self.warnings.append(f"Pod {p.key}: {problem}; it is not scheduled")
+            pins = set()
+        update: dict[str, object] = {"requests": req, "dra_gpus": gpus}
+        if labels != p.labels:
+            update["meta"] = p.meta.model_copy(update={"labels": labels})
+        if affinity != list(p.pod_affinity):
+            update["pod_affinity"] = tuple(affinity)
+        if pins is not None and not bound:
+            update["dra_nodes"] = tuple(sorted(pins))
+        return p.model_copy(update=update)
+
+
+def _constraint_nodes(spec: ClaimSpec, cp: ClaimPlan, state: DraState, snapshot_nodes: list[str]) -> set[str]:
+    """Nodes where every matchAttribute constraint holds whichever devices of the chosen kinds are taken: the
+    constrained requests' devices there share one value of the attribute."""
+    ok: set[str] = set()
+    col_of = {name: col for name, _, col in cp.requests}
+    for n in snapshot_nodes:
+        good = True
+        for c in spec.constraints:
+            cols = {col_of[r] for r in (c.requests or tuple(col_of)) if r in col_of}
+            values = set()
+            for d, dev in enumerate(state.devices):
+                if dev.node != n or state.device_kind[d] < 0 or state.kind_column[state.device_kind[d]] not in cols:
+                    continue
+                attrs = state.selectors.contexts[d]["device"]["attributes"]
+                domain, _, name = c.attribute.rpartition("/")
+                values.add(repr(attrs.get(domain, {}).get(name)))
+            if len(values) > 1 or "None" in values:
+                good = False
+                break
+        if good:
+            ok.add(n)
+    return ok

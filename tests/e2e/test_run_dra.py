@@ -1,0 +1,216 @@
+"""`kai-opt run` with DRA on a real apiserver (resource.k8s.io/v1): a fake driver's ResourceSlices (4 nodes x 8 GPUs
+with a `productName` attribute) and a DeviceClass; claims are allocated and reserved before the bind, shared
+claims keep their pods together, gangs of DRA pods bind all-or-nothing, reclaim releases the victim's claim, and a
+stale slice generation drops the claim write."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from kai_opt.api.dra import AllocationResult
+from kai_opt.k8s.cache import ClusterCache, Resource
+from kai_opt.k8s.client import object_path, request
+from kai_opt.k8s.dra import ClaimError, ClaimWrite, ClaimWriter
+
+from .schedharness import NS, bound, create, fresh, namespace, node, pod, podgroup, pods, queue, scheduler, served
+from .schedharness import wait_for as _wait_for
+from .testcluster import LocalCluster
+
+pytestmark = pytest.mark.e2e
+__all__ = ["fresh"]  # the fixture
+V = "resource.k8s.io/v1"
+DRIVER = "gpu.example.com"
+PRODUCTS = {"n0": "H100", "n1": "H100", "n2": "A100", "n3": "A100"}
+DRA_KINDS = ("resourceclaims", "resourceclaimtemplates", "resourceslices", "deviceclasses")
+
+
+def wait_for(what: str, check: Any, timeout: float = 40.0) -> Any:
+    return _wait_for(what, check, timeout=timeout)
+
+
+@pytest.fixture
+def dra(fresh: LocalCluster) -> Iterator[LocalCluster]:
+    with fresh.api_client() as api:
+        if not served(api, V):
+            pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
+        _clear(api)
+        create(api, [namespace(), queue("team"), *[node(n, 0) for n in PRODUCTS]])
+        request(api, "POST", object_path(V, "deviceclasses", None), body=device_class())
+        for n, prod in PRODUCTS.items():
+            request(api, "POST", object_path(V, "resourceslices", None), body=rslice(n, prod))
+    try:
+        yield fresh
+    finally:
+        with fresh.api_client() as api:
+            _clear(api)
+
+
+def _clear(api: ApiClient) -> None:
+    for plural in DRA_KINDS:
+        items = request(api, "GET", object_path(V, plural, None))["items"]
+        for item in items:
+            meta = item["metadata"]
+            with contextlib.suppress(ApiException):
+                request(api, "DELETE", object_path(V, plural, meta.get("namespace"), meta["name"]))
+
+
+def device_class() -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "gpu.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+
+
+def rslice(node_name: str, product: str, generation: int = 1) -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{node_name}-gpus"},
+            "spec": {"driver": DRIVER, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"productName": {"string": product}}}
+                                 for i in range(8)]}}
+
+
+def claim_spec(count: int, product: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.example.com", "count": count}
+    if product:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].productName == "{product}"'}}]
+    return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
+
+
+def template(name: str, count: int, product: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": claim_spec(count, product)}}
+
+
+def claim(name: str, count: int, product: str | None = None) -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": claim_spec(count, product)}
+
+
+def dra_pod(name: str, group: str, *, template_name: str | None = None, claim_name: str | None = None,
+            queue_name: str = "team") -> dict[str, Any]:
+    p = pod(name, group=group, queue_name=queue_name)
+    ref: dict[str, Any] = {"name": "gpus"}
+    if template_name:
+        ref["resourceClaimTemplateName"] = template_name
+    else:
+        ref["resourceClaimName"] = claim_name
+    p["spec"]["resourceClaims"] = [ref]
+    return p
+
+
+def post(api: ApiClient, objs: list[dict[str, Any]]) -> None:
+    for obj in objs:
+        plural = {"ResourceClaimTemplate": "resourceclaimtemplates", "ResourceClaim": "resourceclaims"}.get(obj["kind"])
+        if plural:
+            request(api, "POST", object_path(V, plural, NS), body=obj)
+        else:
+            create(api, [obj])
+
+
+def claims(api: ApiClient) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in request(api, "GET", object_path(V, "resourceclaims", NS))["items"]}
+
+
+def claim_of(api: ApiClient, pod_name: str) -> dict[str, Any] | None:
+    for c in claims(api).values():
+        if any(r.get("name") == pod_name for r in (c.get("status") or {}).get("reservedFor") or []):
+            return c
+    return None
+
+
+def allocated_devices(c: dict[str, Any]) -> list[tuple[str, str]]:
+    results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return [(r["pool"], r["device"]) for r in results]
+
+
+def test_a_template_claim_for_two_gpus_of_one_product_is_allocated_reserved_and_bound(dra: LocalCluster) -> None:
+    with dra.api_client() as api:
+        post(api, [template("a100x2", 2, "A100"), podgroup("g", 1, "team"), dra_pod("p", "g", template_name="a100x2")])
+        with scheduler(dra):
+            where = wait_for("p bound", lambda: bound(api).get("p"))
+        assert PRODUCTS[where] == "A100"
+        c = claim_of(api, "p")
+        assert c is not None and c["metadata"]["name"].startswith("p-gpus-")
+        devs = allocated_devices(c)
+        assert len(devs) == 2 and {pool for pool, _ in devs} == {where} and len(set(devs)) == 2
+        sel = c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+        assert sel["values"] == [where]
+        assert c["metadata"]["ownerReferences"][0]["name"] == "p"
+        statuses = pods(api)["p"]["status"]["resourceClaimStatuses"]
+        assert statuses == [{"name": "gpus", "resourceClaimName": c["metadata"]["name"]}]
+
+
+def test_two_pods_sharing_one_claim_land_on_the_same_node(dra: LocalCluster) -> None:
+    with dra.api_client() as api:
+        post(api, [claim("shared", 1, "H100"), podgroup("a", 1, "team"), podgroup("b", 1, "team"),
+                   dra_pod("pa", "a", claim_name="shared"), dra_pod("pb", "b", claim_name="shared")])
+        with scheduler(dra):
+            placed = wait_for("both bound", lambda: (lambda b: b if {"pa", "pb"} <= set(b) else None)(bound(api)))
+        assert placed["pa"] == placed["pb"] and PRODUCTS[placed["pa"]] == "H100"
+        c = claims(api)["shared"]
+        assert len(allocated_devices(c)) == 1  # allocated once
+        assert sorted(r["name"] for r in c["status"]["reservedFor"]) == ["pa", "pb"]
+
+
+def test_a_gang_of_four_pods_with_two_dra_gpus_each_binds_all_or_nothing(dra: LocalCluster) -> None:
+    with dra.api_client() as api:
+        post(api, [template("x2", 2), template("h100x8", 8, "H100"), podgroup("fits", 4, "team"),
+                   podgroup("toolarge", 3, "team")]
+             + [dra_pod(f"fits-{i}", "fits", template_name="x2") for i in range(4)]
+             + [dra_pod(f"big-{i}", "toolarge", template_name="h100x8") for i in range(3)])
+        with scheduler(dra):
+            wait_for("the gang bound", lambda: sum(n.startswith("fits") for n in bound(api)) == 4)
+            time.sleep(1.5)  # more cycles: the gang of 3 x 8 H100 (2 nodes have them) binds nothing
+            placed = bound(api)
+        assert not any(n.startswith("big") for n in placed)
+        taken = [d for n in placed for d in allocated_devices(claim_of(api, n) or {})]
+        assert len(taken) == 8 and len(set(taken)) == 8  # no device given twice
+        assert not any(claim_of(api, f"big-{i}") for i in range(3))
+
+
+def test_reclaim_releases_the_victims_claim_and_allocates_the_reclaimers(dra: LocalCluster) -> None:
+    with dra.api_client() as api, dra.kwok():  # kwok plays the kubelet: evicted pods go away
+        post(api, [queue("greedy", 0), queue("owner", 8), template("x8", 8)]
+             + [podgroup(f"g{i}", 1, "greedy") for i in range(4)]
+             + [dra_pod(f"fill-{i}", f"g{i}", template_name="x8", queue_name="greedy") for i in range(4)])
+        with scheduler(dra):
+            wait_for("the cluster full", lambda: len(bound(api)) == 4)
+            before = {n: allocated_devices(claim_of(api, n) or {}) for n in bound(api)}
+            post(api, [podgroup("own", 1, "owner", priority_class="train"),
+                       dra_pod("own-0", "own", template_name="x8", queue_name="owner")])
+            where = wait_for("the reclaimer bound", lambda: bound(api).get("own-0"), timeout=60)
+        c = claim_of(api, "own-0")
+        assert c is not None and len(allocated_devices(c)) == 8
+        victims = [n for n in before if n not in bound(api)]
+        assert victims, "no pod was reclaimed"
+        assert set(allocated_devices(c)) <= {d for v in victims for d in before[v]}
+        for v in victims:  # the victim's claim gave its devices back
+            own = [x for x in claims(api).values() if x["metadata"]["name"].startswith(f"{v}-gpus-")]
+            assert all(not (x.get("status") or {}).get("reservedFor") and not allocated_devices(x) for x in own)
+        assert PRODUCTS[where]
+
+
+def test_a_stale_slice_generation_drops_the_claim_write(dra: LocalCluster) -> None:
+    with dra.api_client() as api:
+        post(api, [claim("c", 1)])
+        cache = ClusterCache(api, kinds=[Resource(V, "ResourceSlice", "resourceslices", False)])
+        cache.start()
+        try:
+            assert cache.wait_synced(10)
+            writer = ClaimWriter(api, cache, 10.0)
+            w = ClaimWrite("", "c", None, (AllocationResult(request="gpus", driver=DRIVER, pool="n0", device="gpu-0"),),
+                           slices=(("n0-gpus", 0),))  # planned on generation 0; the slice is at 1
+            with pytest.raises(ClaimError) as exc:
+                writer.prepare(NS, "p", "uid-1", "n0", (w,))
+            assert exc.value.reason == "stale-slice"
+            assert not (claims(api)["c"].get("status") or {}).get("allocation")  # never allocated
+            ok = ClaimWrite("", "c", None, w.results, slices=(("n0-gpus", 1),))
+            writer.prepare(NS, "p", "uid-1", "n0", (ok,))
+            assert allocated_devices(claims(api)["c"]) == [("n0", "gpu-0")]
+        finally:
+            cache.stop()
