@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "explain-podgroup": (["explain", EXAMPLE, "pg/llama-ft", "-n", "nlp", "-e", "greedy"],
                          ("table", "wide", "json", "yaml")),
     "explain-queue": (["explain", EXAMPLE, "queue/nlp", "-e", "greedy"], ("table", "wide", "json", "yaml")),
+    "queue": (["queue", EXAMPLE, "-e", "greedy"], ("table", "json", "yaml")),
     "simulate": (["simulate", EXAMPLE, "--cycles", "1", "-c", "CONFIG"], ("table", "wide", "json", "yaml")),
     "conformance": (["conformance", str(MATCHING_CASE), "-e", "greedy", "--show", "match"],
                     ("table", "wide", "json", "yaml", "name")),
