@@ -123,7 +123,7 @@ def test_queue_command_lists_positions_reasons_and_filters_by_queue(tmp_path: An
     code, _, err = run_cli(capsys, "queue", "nope", str(path), "-e", "greedy")
     assert code == 2 and "queue 'nope' not found" in err and err.count("\n") == 1
     code, _, err = run_cli(capsys, "queue", "a", "b", str(path))
-    assert code == 2 and "[QUEUE] SNAPSHOT" in err
+    assert code == 2 and "[QUEUE] [SNAPSHOT]" in err
 
 
 def test_explain_prints_the_position_of_a_pending_pod() -> None:

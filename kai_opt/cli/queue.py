@@ -1,4 +1,4 @@
-"""`kai-opt queue [QUEUE] SNAPSHOT`: pending PodGroups in the order the next greedy cycle takes them up (Kueue's
+"""`kai-opt queue [QUEUE] [SNAPSHOT]`: pending PodGroups in the order the next greedy cycle takes them up (Kueue's
 visibility API as the anchor), with position overall and within the queue, requested resources, the queue's
 fair-share deficit and what the cycle does with each (the plan's pending reasons)."""
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from kai_opt.cli.app import OutputWithYaml, app
+from kai_opt.cli.source import STDIN, context_option, kubeconfig_option, load
 
 if TYPE_CHECKING:
     from kai_opt.config import Config
@@ -20,28 +21,29 @@ if TYPE_CHECKING:
 
 @app.command()
 def queue(
-    args: list[str] = typer.Argument(..., metavar="[QUEUE] SNAPSHOT", help="an optional queue name (its "
-                                     "subtree's PodGroups only), then the snapshot file or directory"),
+    args: list[str] | None = typer.Argument(None, metavar="[QUEUE] [SNAPSHOT]", help="an optional queue name "
+                                            "(its subtree's PodGroups only) and the snapshot file or directory "
+                                            "(`-`: stdin; none: the live cluster), in either order: the argument "
+                                            "that is `-` or an existing path is the snapshot"),
     config: Path | None = typer.Option(None, "--config", "-c", help="kai-opt config YAML"),
     engine: str | None = typer.Option(None, "--engine", "-e", help="greedy or cpsat: the engine whose plan gives "
                                       "the blocking reasons (default: from config)"),
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
+    kubeconfig: Path | None = kubeconfig_option(),
+    context: str | None = context_option(),
 ) -> None:
     """Pending PodGroups in the order the next cycle considers them: position overall and in their queue,
     requested resources, the queue's fair-share deficit (fair share - allocated) and why each stays pending."""
     from kai_opt.config import Engine, load_config
     from kai_opt.errors import KaiOptError
-    from kai_opt.loaders import load_snapshot
 
-    if len(args) > 2:
-        raise KaiOptError(f"queue takes [QUEUE] SNAPSHOT, got {len(args)} arguments")
-    name, snapshot = (args[0], Path(args[1])) if len(args) == 2 else (None, Path(args[0]))
+    name, snapshot = queue_and_snapshot(list(args or []))
     try:
         eng = Engine(engine) if engine is not None else None
     except ValueError:
         raise KaiOptError(f"unknown engine {engine!r} (greedy or cpsat)") from None
     cfg = load_config(config)
-    snap = load_snapshot(snapshot)
+    snap = load(snapshot, kubeconfig=kubeconfig, context=context)
     from kai_opt.engine import run_cycle
     from kai_opt.state import build_state
 
@@ -58,6 +60,19 @@ def queue(
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:
         render(data)
+
+
+def queue_and_snapshot(args: list[str]) -> tuple[str | None, str | None]:
+    """(queue name, snapshot) from up to two arguments in either order: `-` or an existing path is the snapshot."""
+    from kai_opt.errors import KaiOptError
+
+    if len(args) > 2:
+        raise KaiOptError(f"queue takes [QUEUE] [SNAPSHOT], got {len(args)} arguments")
+    snaps = [a for a in args if a == STDIN or Path(a).exists()]
+    names = [a for a in args if a not in snaps]
+    if len(snaps) > 1 or len(names) > 1:
+        raise KaiOptError(f"queue takes one queue name and one snapshot, got {args}")
+    return (names[0] if names else None), (snaps[0] if snaps else None)
 
 
 def queue_report(state: ClusterState, config: Config, plan: Plan, fs: FairShare,

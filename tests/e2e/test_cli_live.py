@@ -1,6 +1,6 @@
-"""Live-cluster mode of the CLI (issue 22 item 4) on a real apiserver: `show`, `solve` (a dry run), `fairshare` and
-`explain` with --kubeconfig read the cluster through the watch cache's list code and answer exactly as they do on a
-`kai-opt dump` of the same cluster (and on that dump read from stdin)."""
+"""Live-cluster mode of the CLI (issue 22 item 4) on a real apiserver: `show`, `solve` (a dry run), `fairshare`,
+`explain` and `queue` with --kubeconfig read the cluster through the watch cache's list code and answer exactly as
+they do on a `kai-opt dump` of the same cluster (and on that dump read from stdin)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ QUESTIONS = [
     ("explain", "pod/fits-0", "-n", NS, "-e", "greedy", "-o", "json"),
     ("explain", f"pg/{NS}/too-big", "-e", "greedy", "-o", "json"),
     ("explain", "queue/research", "-e", "greedy", "-o", "json"),
+    ("queue", "-e", "greedy", "-o", "json"),
+    ("queue", "research", "-e", "greedy", "-o", "json"),
 ]
 
 
