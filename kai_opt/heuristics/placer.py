@@ -4,7 +4,8 @@ Filter: kai_opt/heuristics/nodefilter.py (the Placer is a NodeFilter). Score, hi
 preferred node affinity, GPU sharing (a share joins an already shared device), availability (fits now rather
 than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread
 (most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation against the
-session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does, then bin-pack), then node name.
+session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a CPU-only pod
+bin-packs by CPU, a GPU pod takes the node-name order as FGD's simulator takes its node order), then node name.
 """
 
 from __future__ import annotations
@@ -88,8 +89,11 @@ class Placer(NodeFilter):
         free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and len(candidates):
-            # least fragmentation growth first, scored as FGD does, bin-packing among equals
-            fine = fgd_score(self.fgd.growth(p, candidates)) - 0.5 * free / (np.abs(free).max() + 1.0)
+            # least fragmentation growth first, scored as FGD does; among equals a CPU-only pod bin-packs by CPU and
+            # a GPU pod takes the node order (bin-packing GPUs there strands more: docs/DESIGN-NOTES.md, FGD scoring)
+            fine = fgd_score(self.fgd.growth(p, candidates))
+            if not gpu_pod:
+                fine = fine - 0.5 * free / (np.abs(free).max() + 1.0)
         else:
             fine = -free if strategy == Strategy.binpack else free
         return tier, fine
