@@ -12,7 +12,7 @@ cycle on a worker of its own from the cycle's snapshot, state and plan (immutabl
 it falls behind: the next cycle does not wait for it.
 
 A cycle runs with Python's cyclic garbage collector paused (kai_opt.gcpause): its collections would otherwise walk
-the whole watch cache and parsed models again and again while the engine allocates (a third of a 10,000-pod cycle);
+the whole watch cache and parsed models again and again while the engine allocates (measured: docs/DESIGN-NOTES.md);
 what the cycle leaves behind is collected after it as usual.
 """
 

@@ -26,7 +26,7 @@ def load_snapshot(path: str | Path, *, scheduler_names: tuple[str, ...] | None =
     """Read any supported snapshot file or directory into a validated `Snapshot` (strict: errors raise).
 
     The cyclic GC is paused while the file is read and parsed, and a big snapshot is frozen out of its reach
-    afterwards (kai_opt.gcpause): about half of a 10,000-node load was spent in collections that found nothing."""
+    afterwards (kai_opt.gcpause): collections during a large load find nothing to free."""
     with gc_paused(freeze_above=FREEZE_MIN_OBJECTS):
         snap = _load(Path(path), scheduler_names, now)
     # the state allocates a slot per GPU device: bounded before it is built
