@@ -85,7 +85,7 @@ class SecondHint:
 
     def keep_going(self, greedy_s: float, budget_s: float) -> bool:
         """After the KAI-scored cycle took `greedy_s`: whether the plan can still arrive by the deadline
-        (`budget_s` later); if not, the process is stopped now (a greedy cycle longer than the budget)."""
+        (`budget_s` later); if not, the process is stopped now (budget below (SLOWDOWN - 1) x greedy_s)."""
         if budget_s >= (SLOWDOWN - 1.0) * greedy_s or self.ready():
             return True
         self.close()
