@@ -6,11 +6,13 @@ A side is a git revision (checked out into a temporary worktree, removed afterwa
 source tree ("." for this working tree). Each side runs in its own child process with that tree first on
 sys.path; instances are built in the child from their generator, so both sides see the same input.
 
-Instances: models.generators.scale(1000, 10000, 1000, 0) (--no-scale to leave it out) and every
-kai_opt.bench.instances family x seeds 0-2 x 30 and 200 nodes.
+Instances: the scale instance models.generators.scale(N, 10 N, N, 0) at N = 1000 (--scale N,M,... for other
+sizes, --no-scale to leave it out) and every kai_opt.bench.instances family x seeds 0-2 x 30 and 200 nodes
+(--no-families to leave them out).
 
   scripts/compare_plans.py HEAD .               # before (HEAD) vs the working tree
   scripts/compare_plans.py 8cac8d3 /tmp/mytree --no-scale
+  scripts/compare_plans.py 0d997a7 . --scale 10000 --no-families   # the 10,000-node digest only
 """
 
 from __future__ import annotations
@@ -29,11 +31,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def _instances(with_scale: bool) -> list[str]:
-    names = ["scale-1000"] if with_scale else []
+def _instances(scale_sizes: list[int], families: bool = True) -> list[str]:
+    names = [f"scale-{n}" for n in scale_sizes]
     from models.generators import FAMILIES
 
-    for fam in FAMILIES:
+    for fam in FAMILIES if families else ():
         for nodes in (30, 200):
             for seed in (0, 1, 2):
                 names.append(f"{fam}:{nodes}:{seed}")
@@ -52,8 +54,9 @@ def child(names: list[str]) -> None:
         sys.exit(f"kai_opt imported from {kai_opt.__file__}, not from {tree}")
     out: dict[str, Any] = {}
     for name in names:
-        if name == "scale-1000":
-            objs = scale(1000, 10000, 1000, 0)
+        if name.startswith("scale-"):
+            n = int(name.removeprefix("scale-"))
+            objs = scale(n, 10 * n, n, 0)
         else:
             fam, nodes, seed = name.split(":")
             objs = FAMILIES[fam].generate(int(nodes), int(seed))
@@ -96,9 +99,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("base", help="git revision or source tree (before)")
     ap.add_argument("new", nargs="?", default=".", help="git revision or source tree (after); default: .")
-    ap.add_argument("--no-scale", action="store_true", help="leave out the 1,000-node scale instance")
+    ap.add_argument("--no-scale", action="store_true", help="leave out the scale instance")
+    ap.add_argument("--scale", default="1000", help="node counts of the scale instances, comma-separated")
+    ap.add_argument("--no-families", action="store_true", help="leave out the family instances")
     args = ap.parse_args()
-    names = _instances(not args.no_scale)
+    sizes = [] if args.no_scale else [int(x) for x in args.scale.split(",") if x]
+    names = _instances(sizes, not args.no_families)
     with tempfile.TemporaryDirectory(prefix="kai-opt-cmp-") as d:
         tmp = Path(d)
         made: list[Path] = []
