@@ -254,3 +254,17 @@ def test_queue_usage_is_a_metric_and_goes_with_its_queue() -> None:
     assert 'kai_queue_gpu_usage{queue_name="team-a"} 0.24' in m.text()  # KAI's name and label
     m.remove_queue("team-a")
     assert "team-a" not in m.text()
+
+
+def test_ledger_capacity_is_every_nodes_capacity_as_kai_sums_it() -> None:
+    """KAI normalises by sum(kube_node_status_capacity): every node, ready or not, at its capacity (not its
+    allocatable); the fair share's divisible total (ready nodes' allocatable) would give 7 here, not 16."""
+    from kai_opt.fairshare.share import cluster_total
+    from kai_opt.fairshare.usage_ledger import held
+
+    ready, down = node("a", gpus=7), node("b", gpus=8, ready=False)
+    ready.obj["status"]["capacity"] = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"}
+    s = state([ready, down, queue("q")])
+    _, capacity = held(s)
+    assert capacity[0] == 16.0
+    assert cluster_total(s)[0] == 7.0

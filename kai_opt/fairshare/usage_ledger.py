@@ -42,9 +42,10 @@ class UsageWindow:
 
 def held(state: ClusterState) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """What each queue holds now (subtree sums, as KAI's queue metrics) and the cluster capacity it is measured
-    against (the divisible total of the fair share), in queue units."""
+    against, in queue units: every node's capacity, as KAI's sum(kube_node_status_capacity)."""
     alloc = queue_usage(state).allocated
-    return {name: alloc[q].copy() for q, name in enumerate(state.q_names)}, cluster_total(state)
+    capacity = state.node_capacity_total if state.node_capacity_total is not None else cluster_total(state)
+    return {name: alloc[q].copy() for q, name in enumerate(state.q_names)}, capacity.copy()
 
 
 def window_start(window: UsageWindow, now: float) -> float:

@@ -19,7 +19,7 @@ from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
 from kai_opt.state.gpu import assign_devices
 from kai_opt.state.gpu_memory import gpu_memory_warnings
-from kai_opt.state.resources import BASE_RESOURCES, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
+from kai_opt.state.resources import BASE_RESOURCES, QR_COLUMN, QR_DIVISOR, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
 from kai_opt.units import GPU_RESOURCE, gpu_milli_from_fraction
 
 DEFAULT_QUEUE = "default-queue"
@@ -58,7 +58,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         now=now, resources=resources,
         node_names=node_names, node_alloc=nodes.alloc, node_used=usage.node_used, node_releasing=usage.node_rel,
         node_pipelined=usage.node_pipe,
-        node_ok=nodes.ok, node_gpu_mem_mib=nodes.gpu_mem, node_gpu_mem_known=nodes.gpu_mem_known,
+        node_ok=nodes.ok, node_capacity_total=nodes.capacity_total,
+        node_gpu_mem_mib=nodes.gpu_mem, node_gpu_mem_known=nodes.gpu_mem_known,
         node_labels=[n.labels for n in snapshot.nodes],
         node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
         dev_start=nodes.dev_start, dev_used=usage.dev_used, dev_releasing=usage.dev_rel,
@@ -129,6 +130,7 @@ class _Nodes:
     gpu_mem_known: np.ndarray
     gpus: np.ndarray  # int64[N] whole devices
     dev_start: np.ndarray  # int64[N+1]
+    capacity_total: np.ndarray  # float64[3] queue units: every node's status.capacity (allocatable without one)
 
 
 def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
@@ -144,7 +146,13 @@ def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
     gpus = alloc[:, R_GPU] // 1000 if N else np.zeros(0, dtype=np.int64)
     dev_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(gpus, out=dev_start[1:])
-    return _Nodes(alloc, ok, gpu_mem, gpu_mem_known, gpus, dev_start)
+    cap = np.zeros(len(col), dtype=np.float64)
+    for node in snapshot.nodes:
+        for r, v in (node.capacity or node.allocatable).items():
+            if r in col:
+                cap[col[r]] += v
+    capacity_total = np.array([cap[c] / d for c, d in zip(QR_COLUMN, QR_DIVISOR, strict=True)], dtype=np.float64)
+    return _Nodes(alloc, ok, gpu_mem, gpu_mem_known, gpus, dev_start, capacity_total)
 
 
 @dataclass

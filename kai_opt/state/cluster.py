@@ -168,6 +168,9 @@ class ClusterState:
     topologies: list[TopologyIndex]
     warnings: list[str] = field(default_factory=list)
     dra: DraState | None = None  # the DRA view (kai_opt.dra.prepare) when the snapshot has DRA objects
+    # float64[3] queue units: the summed status.capacity of every node, ready or not (what KAI's time-based fair
+    # share normalises usage by: sum(kube_node_status_capacity)); None: not read (fall back to the divisible total)
+    node_capacity_total: np.ndarray | None = None
 
     # -- sizes and indexes -----------------------------------------------------------------------------------------
     @property
