@@ -63,6 +63,10 @@ def _unschedulable(p: dict[str, Any]) -> bool:
                for c in (p.get("status") or {}).get("conditions") or [])
 
 
+def _covered(phs: list[dict[str, Any]]) -> int:
+    return sum(len(p["metadata"]["annotations"]["kai-opt.io/placeholder-for"].split(",")) for p in phs)
+
+
 def _setup(api: ApiClient, extra: list[dict[str, Any]]) -> None:
     ensure_namespace(api, SCALING_NS)
     busy = pod("busy", gpus=1, queue_name="team")  # takes the only GPU there is
@@ -82,8 +86,13 @@ def test_fraction_pods_make_whole_gpu_placeholders_until_a_new_node_takes_them(f
     with fresh.api_client() as api, fresh.kwok(), scheduler(fresh, _config()):
         _setup(api, [])
         create(api, shared)
-        phs = wait_for("two placeholders, marked unschedulable", lambda: (
-            lambda x: x if len(x) == 2 and all(_unschedulable(p) for p in x) else None)(placeholders(api)), timeout=40)
+        def settled() -> list[dict[str, Any]] | None:
+            """Two placeholders, marked unschedulable, covering all three pods: while the pods arrive over several
+            cycles the set is made again as it grows (one placeholder for f1, then for f1 and f2, ...)."""
+            x = placeholders(api)
+            return x if len(x) == 2 and all(_unschedulable(p) for p in x) and _covered(x) == len(shared) else None
+
+        phs = wait_for("two placeholders covering the three pods, marked unschedulable", settled, timeout=40)
         time.sleep(1.0)  # a few more cycles: still exactly these two
         assert sorted(p["metadata"]["name"] for p in placeholders(api)) == sorted(p["metadata"]["name"] for p in phs)
         for ph in phs:
@@ -98,8 +107,11 @@ def test_fraction_pods_make_whole_gpu_placeholders_until_a_new_node_takes_them(f
         assert bound(api) == {"busy": "n1"}
 
         def waiting(name: str) -> bool:
+            # the pod's own PodGroup, by the grouper's annotation (a name match could hit another group's uid)
+            pod_ = request(api, "GET", object_path("v1", "pods", NS, name))
+            group = (pod_["metadata"].get("annotations") or {}).get("pod-group-name")
             pgs = request(api, "GET", object_path("scheduling.run.ai/v2alpha2", "podgroups", NS))["items"]
-            pg = next((g for g in pgs if name in g["metadata"]["name"]), None)
+            pg = next((g for g in pgs if g["metadata"]["name"] == group), None)
             conds = ((pg or {}).get("status") or {}).get("schedulingConditions") or []
             return any(r["reason"] == "WaitingForScaleUp" for c in conds for r in c.get("reasons") or [])
 
