@@ -105,10 +105,23 @@ class LazyGroup(TyperGroup):
 
 
 def _short(text: str, limit: int) -> str:
-    """The first sentence of a help text, cut to `limit` as click cuts a docstring."""
-    import click
-
-    return click.utils.make_default_short_help(text, limit)
+    """The first sentence of a help text if it fits in `limit` characters, else as many whole words as fit with
+    "..." (click's rule for a command's short help; typer vendors click, so it is not imported here)."""
+    words = text.split()
+    kept: list[str] = []
+    length = 0
+    for word in words:
+        length += len(word) + (1 if kept else 0)
+        if length > limit:
+            break
+        kept.append(word)
+        if word.endswith("."):
+            return " ".join(kept)
+    else:
+        return " ".join(kept)
+    while kept and len(" ".join(kept)) + 3 > limit:
+        kept.pop()
+    return " ".join(kept) + "..."
 
 
 app = typer.Typer(
