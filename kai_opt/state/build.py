@@ -137,20 +137,19 @@ def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
     """Per-node arrays read from the nodes; a node's devices are its allocatable GPUs."""
     N = len(snapshot.nodes)
     alloc = np.zeros((N, len(col)), dtype=np.int64)
+    cap = np.zeros(len(col), dtype=np.float64)
     for i, node in enumerate(snapshot.nodes):
         for r, v in node.allocatable.items():
             alloc[i, col[r]] = v
+        for r, v in (node.capacity or node.allocatable).items():
+            if r in col:
+                cap[col[r]] += v
     ok = np.array([n.ready and not n.unschedulable for n in snapshot.nodes], dtype=bool)
     gpu_mem = np.array([n.gpu_memory_mib if n.gpus else 0 for n in snapshot.nodes], dtype=np.int64)
     gpu_mem_known = np.array([bool(n.gpus) and n.gpu_memory_known for n in snapshot.nodes], dtype=bool)
     gpus = alloc[:, R_GPU] // 1000 if N else np.zeros(0, dtype=np.int64)
     dev_start = np.zeros(N + 1, dtype=np.int64)
     np.cumsum(gpus, out=dev_start[1:])
-    cap = np.zeros(len(col), dtype=np.float64)
-    for node in snapshot.nodes:
-        for r, v in (node.capacity or node.allocatable).items():
-            if r in col:
-                cap[col[r]] += v
     capacity_total = np.array([cap[c] / d for c, d in zip(QR_COLUMN, QR_DIVISOR, strict=True)], dtype=np.float64)
     return _Nodes(alloc, ok, gpu_mem, gpu_mem_known, gpus, dev_start, capacity_total)
 
