@@ -47,10 +47,16 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     t_fs = time.perf_counter() - t0
     engine = engine or config.engine
     second = None
-    if engine == Engine.cpsat:  # the FGD-scored greedy plan, computed beside on the other core (second_hint)
+    worker = None
+    if engine == Engine.cpsat:  # the FGD-scored greedy plan, computed beside on the other core (second_hint),
+        # and the CP-SAT worker, forked now and waiting for the greedy plan (it inherits the second hint's pipe)
         from kai_opt.formulation.second_hint import SecondHint
+        from kai_opt.formulation.solve import prepare_worker
 
         second = SecondHint.start(state, fs, config, actions)
+        worker = prepare_worker(state, fs, config, actions, second)
+        if second is not None:  # (a thread: started after the forks)
+            second.watch(t0, config.solver.time_budget_s)
     try:
         plan = greedy_plan(state, fs, config, actions, progress)
         if second is not None and not second.keep_going(time.perf_counter() - t0, config.solver.time_budget_s):
@@ -62,7 +68,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             from kai_opt.formulation.solve import cpsat_plan
 
             try:
-                plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second)
+                plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second, waiting=worker)
             except Exception as exc:  # an optional stage never loses the cycle (cpsat_plan names what it knows
                 # of; this is the net for the rest): the greedy plan, checked above, stays
                 log.exception("the CP-SAT stage raised; the cycle goes on with the greedy plan")
@@ -70,6 +76,8 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
                 plan.solver = SolverInfo(status="FALLBACK_GREEDY", wall_s=plan.solver.wall_s)
                 plan.solver.add_failure("cpsat", "exception", f"{type(exc).__name__}: {exc}"[:300])
     finally:
+        if worker is not None:
+            worker.cancel()
         if second is not None:
             second.close()
     plan.phases["fair_share"] = t_fs

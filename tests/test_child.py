@@ -171,3 +171,54 @@ def test_without_fork_it_runs_here_with_the_same_words(monkeypatch: pytest.Monke
     assert ended.ok and ended.value == [0, 1] and got == [("step", 0), ("step", 1)]
     ended = run_in_child(raises, deadline=None)
     assert ended.failure == "exception" and ended.detail == "ValueError: boom" and ended.trace is not None
+
+
+def adds(send: child.Send, a: int, b: int) -> int:
+    send(("adding", a, b))
+    return a + b
+
+
+def raises_after(_send: child.Send, _more: int) -> None:
+    raise ValueError("late boom")
+
+
+def hangs_after(send: child.Send, _more: int) -> None:
+    send("hanging")
+    time.sleep(60)
+
+
+def test_a_waiting_child_runs_with_what_it_is_given_later() -> None:
+    waiting = child.Waiting(adds, (2,))
+    time.sleep(0.1)  # forked and waiting: nothing has run
+    got: list[Any] = []
+    ended = waiting.run((40,), deadline=time.perf_counter() + 30, on_message=got.append)
+    assert ended.ok and ended.value == 42 and got == [("adding", 2, 40)]
+    assert not mp.active_children()
+    again = waiting.run((1,), deadline=None)  # once only
+    assert again.failure == "exception"
+
+
+def test_a_cancelled_waiting_child_ends_without_running() -> None:
+    waiting = child.Waiting(hangs_after, ())
+    t = time.perf_counter()
+    waiting.cancel()
+    assert time.perf_counter() - t < SLACK and not mp.active_children()
+    waiting.cancel()  # twice is harmless
+
+
+def test_a_waiting_child_reports_a_raise_and_is_killed_at_the_deadline() -> None:
+    ended = child.Waiting(raises_after, ()).run((1,), deadline=time.perf_counter() + 30)
+    assert ended.failure == "exception" and "late boom" in ended.detail
+    t = time.perf_counter()
+    ended = child.Waiting(hangs_after, ()).run((1,), deadline=t + 0.5)
+    assert ended.failure == "timeout" and time.perf_counter() - t < 0.5 + SLACK
+    assert not mp.active_children()
+
+
+def test_a_waiting_child_that_died_while_waiting_is_a_crash() -> None:
+    waiting = child.Waiting(adds, (1,))
+    assert waiting.child is not None
+    os.kill(waiting.child._proc.pid, signal.SIGKILL)
+    waiting.child._proc.join(SLACK)
+    ended = waiting.run((1,), deadline=time.perf_counter() + 30)
+    assert ended.failure == "crash"

@@ -81,3 +81,61 @@ def test_a_failing_second_hint_is_reported_and_the_cycle_goes_on(monkeypatch) ->
     check_plan(st, plan, fs, config)
     assert plan.solver.hint == "kai" and "second hint failed" in plan.solver.note
     assert "FGD scoring broke" in plan.solver.note
+
+
+def _sleeper(_send, seconds: float) -> tuple[None, float]:
+    import time
+
+    time.sleep(seconds)
+    return None, seconds
+
+
+def _slow_hint(seconds: float) -> second_hint.SecondHint:
+    from kai_opt.formulation.child import Child
+
+    return second_hint.SecondHint(Child.start(_sleeper, (seconds,)))
+
+
+def test_the_watch_stops_a_hint_that_can_no_longer_arrive_while_the_cycle_still_runs() -> None:
+    import time
+
+    hint = _slow_hint(30.0)
+    hint.watch(time.perf_counter(), 0.2)  # the KAI-scored cycle may take at most 0.2 s for the rule to keep it
+    for _ in range(200):  # the watch fires after 0.2 s; polled, not timed
+        if hint._stopped:
+            break
+        time.sleep(0.05)
+    assert hint._stopped and not hint.ready() and hint.take() is None
+    assert hint.keep_going(5.0, 0.2) is False
+    hint.close()
+    assert not mp.active_children()
+
+
+def test_the_watch_leaves_a_hint_alone_once_the_cycle_ended_in_time() -> None:
+    import time
+
+    hint = _slow_hint(0.5)
+    hint.watch(time.perf_counter(), 0.3)
+    assert hint.keep_going(0.01, 0.3) is True  # the cycle ended before the limit: the rule keeps the hint
+    time.sleep(0.5)  # past the limit: the cancelled watch stops nothing
+    assert not hint._stopped
+    for _ in range(200):
+        if hint.ready():
+            break
+        time.sleep(0.05)
+    assert hint.ready()
+    hint.close()
+
+
+def test_the_watch_keeps_a_hint_that_is_ready_in_time() -> None:
+    import time
+
+    hint = _slow_hint(0.0)
+    for _ in range(200):
+        if hint.ready():
+            break
+        time.sleep(0.05)
+    hint.watch(time.perf_counter(), 0.0)  # the limit is now, but the plan is there: keep_going keeps ready plans
+    time.sleep(0.2)
+    assert not hint._stopped and hint.keep_going(10.0, 0.0) is True
+    hint.close()

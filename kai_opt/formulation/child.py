@@ -161,6 +161,61 @@ def run_in_child(fn: Fn, args: Sequence[Any] = (), *, deadline: float | None, on
     return result if result is not None else ChildResult(failure="timeout")
 
 
+class Waiting:
+    """`fn(send, *args, *more)` forked now, started later when `run` hands it `more`: the fork and the pages the
+    caller writes meanwhile are paid before the work's deadline, not inside it (the CP-SAT worker is forked at the
+    start of the cycle and given the greedy plan when the greedy cycle ends). A process that is never run is
+    `cancel`led: its input pipe closes, it returns None and is reaped."""
+
+    def __init__(self, fn: Fn, args: Sequence[Any] = (), *, daemon: bool = True) -> None:
+        ctx = mp.get_context("fork")
+        self._inbox, self._outbox = ctx.Pipe(duplex=False)
+        try:
+            self.child: Child | None = Child.start(_wait_then, (self._inbox, self._outbox, fn, tuple(args)),
+                                                   daemon=daemon, die_with_parent=True)
+        except BaseException:
+            self._outbox.close()
+            raise
+        finally:
+            self._inbox.close()
+
+    def run(self, more: Sequence[Any], *, deadline: float | None, on_message: Send | None = None) -> ChildResult:
+        """Start the work with `more` and take its result as run_in_child does (hard watchdog at `deadline`)."""
+        child, self.child = self.child, None
+        if child is None:
+            return ChildResult(failure="exception", detail="could not start: already run or cancelled")
+        try:
+            try:
+                self._outbox.send(tuple(more))
+            except (OSError, ValueError) as exc:  # it died while waiting
+                return child.take(0.0) or ChildResult(failure="crash", detail=f"{type(exc).__name__}: {exc}")
+            result = child.take(None if deadline is None else deadline - time.perf_counter(), on_message)
+        finally:
+            self._outbox.close()
+            child.stop()
+        return result if result is not None else ChildResult(failure="timeout")
+
+    def cancel(self) -> None:
+        """The work is not wanted: the process ends without doing it."""
+        child, self.child = self.child, None
+        self._outbox.close()
+        if child is not None:
+            child.stop()
+
+
+def _wait_then(send: Send, inbox: Connection, outbox: Connection, fn: Fn, args: tuple[Any, ...]) -> Any:
+    """The waiting child: its copy of the writing end closed (so the caller's close or death ends the wait),
+    then `fn` with what arrives; None when nothing does."""
+    outbox.close()
+    try:
+        more = inbox.recv()
+    except (EOFError, OSError):
+        return None
+    finally:
+        inbox.close()
+    return fn(send, *args, *more)
+
+
 def _here(fn: Fn, args: Sequence[Any], on_message: Send | None) -> ChildResult:
     try:
         return ChildResult(value=fn(on_message if on_message is not None else _ignore, *args))
