@@ -19,6 +19,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     create_model,
     field_validator,
@@ -146,7 +147,12 @@ class LeaderElection(_Model):
 
 
 _DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# Kubernetes' DNS-1123 subdomain (IsDNS1123Subdomain): dot-separated DNS labels, at most 253 characters in all
+_DNS_SUBDOMAIN_BODY = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_DNS_SUBDOMAIN_RE = rf"^{_DNS_SUBDOMAIN_BODY}$"
+DnsSubdomain = Annotated[str, StringConstraints(max_length=253, pattern=_DNS_SUBDOMAIN_RE)]
+# the same, or '' (none); both alternatives anchored
+OptionalDnsSubdomain = Annotated[str, StringConstraints(max_length=253, pattern=rf"^({_DNS_SUBDOMAIN_BODY})?$")]
 
 
 class GpuSharing(_Model):
@@ -160,11 +166,11 @@ class GpuSharing(_Model):
     reservation_image: str = Field(f"kai-opt:{__version__}", min_length=1, pattern=r"^\S+$",
                                    description="image of the reservation pods (kai-opt's image: its "
                                    "`python -m kai_opt.reservation` reports the GPU the pod was given)")
-    reservation_service_account: str = Field("kai-opt-reservation", pattern=_DNS_SUBDOMAIN_RE,
-                                             description="service account of the reservation pods (may get and "
-                                             "patch pods in reservation_namespace)")
-    runtime_class_name: str = Field("nvidia", pattern=r"^$|" + _DNS_SUBDOMAIN_RE[1:],
-                                    description="runtimeClassName of the reservation pods ('' = none)")
+    reservation_service_account: DnsSubdomain = Field("kai-opt-reservation", description="service account of the "
+                                                      "reservation pods (may get and patch pods in "
+                                                      "reservation_namespace)")
+    runtime_class_name: OptionalDnsSubdomain = Field("nvidia", description="runtimeClassName of the reservation "
+                                                     "pods ('' = none)")
     reservation_app_label: str = Field("kai-resource-reservation", min_length=1, max_length=63,
                                        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
                                        description="value of the reservation pods' `app` label: pods with it hold "
@@ -346,8 +352,7 @@ class UsageParams(_KaiModel):
 class UsageLedgerConfig(_KaiModel):
     """kai-opt's own usage record (client_type: ledger): per-queue resource-seconds kept in a ConfigMap."""
 
-    config_map_name: str = Field("kai-opt-usage", pattern=_DNS_SUBDOMAIN_RE, description="name of the "
-                                 "ConfigMap holding the ledger")
+    config_map_name: DnsSubdomain = Field("kai-opt-usage", description="name of the ConfigMap holding the ledger")
     config_map_namespace: str = Field("", description="its namespace ('' = the pod's own namespace in a "
                                       "cluster, else default)")
     bucket: Duration = Field(3600.0, gt=0, le=MAX_DURATION_S, description="seconds of usage summed into one "
@@ -415,9 +420,9 @@ class Autoscaler(_Model):
     scheduler_name: str = Field("default-scheduler", min_length=1, max_length=253, description="schedulerName of "
                                 "the placeholders: never one of kai-opt's (kai-opt never places them; the "
                                 "autoscaler sees them unschedulable)")
-    priority_class_name: str = Field("kai-opt-scaling-placeholder", pattern=_DNS_SUBDOMAIN_RE,
-                                     description="PriorityClass of the placeholders (negative value: they never "
-                                     "hold capacity real work needs)")
+    priority_class_name: DnsSubdomain = Field("kai-opt-scaling-placeholder", description="PriorityClass of the "
+                                              "placeholders (negative value: they never hold capacity real work "
+                                              "needs)")
     priority_value: int = Field(-100, ge=-(2**31), le=-1, description="value of that PriorityClass when the "
                                 "chart creates it (create_priority_class)")
     create_priority_class: bool = Field(True, description="the chart creates the PriorityClass")

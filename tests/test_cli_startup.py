@@ -90,3 +90,85 @@ def test_shell_completion_completes_commands_and_formats() -> None:
 
     assert complete("kai-opt ex") == ["explain"]
     assert complete("kai-opt show -o ") == ["table", "wide", "json", "yaml", "name"]
+
+
+# -- issue 22 item 6: what each light command leaves out (scripts/bench_startup.py measures the time) ---------------
+_MODULES_PROBE = """
+import json, sys
+from kai_opt.cli.main import main
+try:
+    main(json.loads(sys.argv[1]))
+except SystemExit:
+    pass
+print("\\n" + json.dumps(sorted(sys.modules)))
+"""
+
+NEVER_LIGHT = ("ortools", "scipy", "numpy", "pandas", "matplotlib", "kubernetes", "urllib3", "kai_opt.engine",
+               "kai_opt.heuristics", "kai_opt.formulation", "kai_opt.state", "kai_opt.loaders", "kai_opt.api")
+
+
+def _loaded(args: list[str]) -> set[str]:
+    proc = subprocess.run([sys.executable, "-c", _MODULES_PROBE, json.dumps(args)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return set(json.loads(proc.stdout.rstrip().rsplit("\n", 1)[-1]))
+
+
+def _any_of(loaded: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.mark.parametrize("args", [["--version"], ["config", "--print-default"], ["config"], ["schema"]])
+def test_version_config_and_schema_import_neither_pydantic_nor_the_config_models(args: list[str]) -> None:
+    """No pydantic at all: typer builds no coercer for options not given, `config --print-default` prints the
+    committed default and `schema` the committed schema."""
+    loaded = _loaded(args)
+    assert _any_of(loaded, (*NEVER_LIGHT, "pydantic", "pydantic_core", "kai_opt.config", "yaml")) == []
+
+
+def test_manifests_imports_no_kubernetes_client() -> None:
+    """Rendering needs the config models (the config value is validated) but no Kubernetes client, no API
+    models and no engine: the kinds, the webhook configuration and the default PriorityClasses come from modules
+    that import none of them."""
+    loaded = _loaded(["manifests"])
+    assert _any_of(loaded, NEVER_LIGHT) == []
+    assert "kai_opt.k8s.manifests" in loaded and "kai_opt.config" in loaded, "the probe ran the command"
+
+
+def test_manifests_apply_still_finds_the_client() -> None:
+    """The client's names of kai_opt.k8s are imported on first use (module __getattr__), the same objects."""
+    import kai_opt.k8s
+    from kai_opt.k8s import client
+
+    assert kai_opt.k8s.make_api_client is client.make_api_client and kai_opt.k8s.ClusterError is client.ClusterError
+    assert kai_opt.k8s.CRDS == client.CRDS
+    with pytest.raises(AttributeError):
+        kai_opt.k8s.no_such_name  # noqa: B018
+
+
+def test_committed_default_config_is_the_models_default() -> None:
+    """Regenerate with: kai-opt config --generate > kai_opt/schemas/default-config.yaml"""
+    from kai_opt.cli.config_cmd import committed_default_config
+    from kai_opt.config import default_config_yaml
+
+    assert committed_default_config() == default_config_yaml()
+
+
+@pytest.mark.parametrize("args", [["config", "--print-default"], ["config"], ["config", "--generate"]])
+def test_config_prints_the_default(args: list[str]) -> None:
+    from kai_opt.config import default_config_yaml
+
+    proc = subprocess.run([sys.executable, "-m", "kai_opt", *args], capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert proc.stdout == default_config_yaml()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["manifests", "--replicas", "two"], "--replicas"),
+    (["solve", "models/examples/quickstart.yaml", "-e", "nope"], "--engine"),
+    (["simulate", "models/examples/quickstart.yaml", "--cycles", "x"], "--cycles"),
+])
+def test_given_values_are_still_coerced_by_typer(args: list[str], needle: str) -> None:
+    """Only absent (None) values skip typer's coercer: a given bad value is the same one-line usage error."""
+    proc = subprocess.run([sys.executable, "-m", "kai_opt", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("kai-opt: error: ") and needle in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

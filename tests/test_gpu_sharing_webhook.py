@@ -138,3 +138,49 @@ def test_https_server_answers_reviews_with_the_generated_certificate(tmp_path: P
             assert resp.read() == b"ok"
     finally:
         server.stop()
+
+
+def _sent_to_webhook(wh: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether the apiserver would call the webhook for `pod`'s CREATE: the configuration's namespaceSelector,
+    objectSelector and its two matchConditions, evaluated here for the exact expressions it has."""
+    ns_rule = wh["namespaceSelector"]["matchExpressions"][0]
+    obj_rule = wh["objectSelector"]["matchExpressions"][0]
+    meta = pod["metadata"]
+    annotations = meta.get("annotations") or {}
+    shares, ours = (c["expression"] for c in wh["matchConditions"])
+    assert shares == ("has(object.metadata.annotations) && ('gpu-fraction' in object.metadata.annotations || "
+                      "'gpu-memory' in object.metadata.annotations)"), "evaluated below as written"
+    prefix = "has(object.spec.schedulerName) && object.spec.schedulerName in ["
+    assert ours.startswith(prefix) and ours.endswith("]")
+    names = json.loads("[" + ours[len(prefix):])
+    return (meta["namespace"] not in ns_rule["values"]
+            and (meta.get("labels") or {}).get(obj_rule["key"]) not in obj_rule["values"]
+            and ("gpu-fraction" in annotations or "gpu-memory" in annotations)
+            and pod["spec"].get("schedulerName") in names)
+
+
+def test_autoscaler_placeholders_are_never_mutated() -> None:
+    """The placeholders of GPU-sharing pods (kai_opt/k8s/scaleadjust.py) carry no sharing annotation and another
+    scheduler's name (the config refuses one of kai-opt's), so the configuration `kai-opt manifests` renders never
+    sends them to the webhook, and the webhook would not patch one if it were: the placeholder namespace needs no
+    entry of its own in the namespaceSelector (it may be a namespace real GPU-sharing work runs in too)."""
+    from kai_opt.config import parse_config
+    from kai_opt.k8s import scaleadjust as sa
+    from kai_opt.k8s.manifests import render_manifests, values_from_config
+
+    cfg = parse_config({"autoscaler": {"enabled": True}})
+    objs = render_manifests(values_from_config(cfg))
+    (configuration,) = [o for o in objs if o["kind"] == "MutatingWebhookConfiguration"]
+    (wh,) = configuration["webhooks"]
+    shared = _pod({"gpu-fraction": "0.5"})
+    shared["metadata"]["namespace"] = "team-a"
+    shared["spec"]["nodeSelector"] = {"gpu": "a100"}
+    assert _sent_to_webhook(wh, shared), "the probe sees a pod the webhook is for"
+    ph = sa.Placeholder("kai-opt-ph-x-0", 1, 1000, 2**30, "team-a/p", ("team-a/p",), (0,))
+    placeholder = sa.placeholder_pod(ph, shared, cfg.autoscaler)
+    assert placeholder["metadata"]["namespace"] == cfg.autoscaler.namespace
+    assert not _sent_to_webhook(wh, placeholder)
+    assert webhook.mutate(placeholder) == []
+    answer = webhook.review({"request": {"uid": "u2", "operation": "CREATE", "kind": {"kind": "Pod"},
+                                         "object": placeholder}})
+    assert answer["response"] == {"uid": "u2", "allowed": True}

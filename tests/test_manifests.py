@@ -151,3 +151,12 @@ def test_kai_binder_rules_write_bindrequests_instead_of_binding() -> None:
     # the only delete is of BindRequests
     assert [r["resources"] for r in rules if "delete" in r["verbs"]] == [["bindrequests"]]
     assert not any("bindrequests" in r["resources"] for r in cluster_rules())
+
+
+def test_crds_read_by_libyaml_are_what_the_pure_python_loader_reads() -> None:
+    """parse_yaml takes libyaml's CSafeLoader when PyYAML has it (start-up of `kai-opt manifests`): the same
+    objects as the pure-Python safe loader."""
+    import yaml
+
+    pure = [d for d in yaml.load_all(crd_manifests(), Loader=yaml.SafeLoader) if d is not None]
+    assert parse_yaml(crd_manifests()) == pure and len(pure) == 3

@@ -300,6 +300,32 @@ def test_solve_shard_option(tmp_path: Path, capsys: Any) -> None:
     assert code == 2 and "--shard" in err
 
 
+def test_queue_shard_option(tmp_path: Path, capsys: Any) -> None:
+    """`queue --shard` lists the pending PodGroups of that shard only, in the order its own cycle takes them up
+    (as `solve --shard` plans only that shard)."""
+    snap = tmp_path / "cluster.yaml"
+    snap.write_text(yaml.safe_dump_all([
+        {"apiVersion": {"Node": "v1", "Pod": "v1", "Queue": "scheduling.run.ai/v2",
+                        "PodGroup": "scheduling.run.ai/v2alpha2"}[o.kind], "kind": o.kind, **o.obj}
+        for o in two_pools()]), encoding="utf-8")
+    code, out, err = run_cli(capsys, "queue", str(snap), "-e", "greedy", "-o", "json")
+    assert code == 0, err
+    everything = {r["podgroup"] for r in json.loads(out)["podgroups"]}
+    listed: dict[str, set[str]] = {}
+    for value in ("a", "b", ""):
+        code, out, err = run_cli(capsys, "queue", str(snap), "-e", "greedy", "-o", "json", "--shard", value)
+        assert code == 0, err
+        listed[value] = {r["podgroup"] for r in json.loads(out)["podgroups"]}
+    # the queueless loose pods go with their own label (pod loose-b) or the unlabelled shard
+    assert listed == {"a": {"default/ga"}, "b": {"default/gb", "default/pg-loose-b"},
+                      "": {"default/gd", "default/pg-loose-d"}}
+    assert set().union(*listed.values()) == everything
+    code, out, err = run_cli(capsys, "queue", "qb", str(snap), "-o", "json", "--shard", "b")  # with a queue name
+    assert code == 0 and {r["queue"] for r in json.loads(out)["podgroups"]} == {"qb"}, err
+    code, _, err = run_cli(capsys, "queue", str(snap), "--shard", "bad value")
+    assert code == 2 and "--shard" in err and err.count("\n") == 1
+
+
 def test_readme_shard_examples_are_valid() -> None:
     import re
 

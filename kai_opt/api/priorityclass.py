@@ -9,10 +9,7 @@ from pydantic import BaseModel
 from kai_opt.api.meta import MODEL, ObjectMeta, ident
 from kai_opt.errors import InputError
 from kai_opt.limits import INT32_MAX, INT32_MIN, number
-
-# KAI-Scheduler's defaults: priority < 100 is preemptible unless the PodGroup says otherwise.
-DEFAULT_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
-NON_PREEMPTIBLE_PRIORITY = 100
+from kai_opt.priorities import DEFAULT_PRIORITY_CLASSES, NON_PREEMPTIBLE_PRIORITY  # noqa: F401  (re-exported)
 
 
 class PriorityClass(BaseModel):

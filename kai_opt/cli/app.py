@@ -10,6 +10,8 @@ it equal to the first line of the command's docstring) and the module(s) that re
 
     "queue": Lazy("Pending podgroups of a queue in the order the next cycle considers them.", "kai_opt.cli.queue"),
 
+The start-up also skips the pydantic coercer typer builds for options that were not given (below).
+
 A command module imports what only its command needs inside the command function, not at module level, when the
 import is heavy and other commands of the same module do not need it.
 """
@@ -22,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 import typer
+import typer.core
 import typer.main
 from typer.core import TyperGroup
 
@@ -74,6 +77,44 @@ COMMANDS: dict[str, Lazy] = {
     "solve": Lazy("Run one scheduling cycle on SNAPSHOT and print binds, pipelines, evictions and pending reasons.",
                   "kai_opt.cli.solve"),
 }
+
+
+# -- no pydantic import for options that were not given -------------------------------------------------------------
+# Typer 0.29 coerces an option's value through a pydantic `TypeAdapter` it builds on first use, and it builds one for
+# every option of the command line, given or not (`--help`, `--install-completion`, `--show-completion` and each
+# absent option arrive as None), so every command paid the pydantic import (0.15 s) before doing anything. A None
+# value needs no coercer: typer's `RuntimeParam.coerce` returns None (or `()` for a multi-value option) for it
+# without calling one. So a None value is processed with a coercer that builds nothing; every given value goes
+# through typer's own adapter as before (same conversions, same error messages). With a typer that has no such hook
+# nothing changes but the speed (tests/test_cli_startup.py then finds pydantic in the light commands).
+_Param: Any = getattr(typer.core, "_TyperParameter", None)
+
+
+def _skip_coercing_none() -> None:
+    """Process None values of typer's parameters without building their pydantic coercer (once per process)."""
+    try:
+        from typer._coercion import PassThroughRuntimeParam
+    except ImportError:
+        return
+    process = getattr(_Param, "process_value", None)
+    if process is None or not hasattr(_Param, "get_runtime_param") or getattr(process, "_kai_opt", False):
+        return
+
+    def process_value(self: Any, ctx: Any, value: Any) -> Any:
+        if value is not None or getattr(self, "_runtime_param", True) is not None:
+            return process(self, ctx, value)
+        desc = self.type_descriptor
+        self._runtime_param = PassThroughRuntimeParam(annotation=desc.annotation, parameter_info=desc.parameter_info)
+        try:  # RuntimeParam.coerce answers None itself: this coercer's own conversion is never called
+            return process(self, ctx, value)
+        finally:
+            self._runtime_param = None  # a value given later builds typer's adapter as usual
+
+    process_value._kai_opt = True  # type: ignore[attr-defined]
+    _Param.process_value = process_value
+
+
+_skip_coercing_none()
 
 
 class LazyGroup(TyperGroup):

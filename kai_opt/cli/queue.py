@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from kai_opt.cli.app import OutputWithYaml, app
+from kai_opt.cli.solve import SHARD_HELP, of_shard
 from kai_opt.cli.source import STDIN, context_option, kubeconfig_option, load
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ def queue(
     output: OutputWithYaml = typer.Option(OutputWithYaml.table, "--output", "-o", help="table, json or yaml"),
     kubeconfig: Path | None = kubeconfig_option(),
     context: str | None = context_option(),
+    shard: str | None = typer.Option(None, "--shard", help=SHARD_HELP),
 ) -> None:
     """Pending PodGroups in the order the next cycle considers them: position overall and in their queue,
     requested resources, the queue's fair-share deficit (fair share - allocated) and why each stays pending."""
@@ -43,7 +45,7 @@ def queue(
     except ValueError:
         raise KaiOptError(f"unknown engine {engine!r} (greedy or cpsat)") from None
     cfg = load_config(config)
-    snap = load(snapshot, kubeconfig=kubeconfig, context=context)
+    snap = of_shard(load(snapshot, kubeconfig=kubeconfig, context=context), cfg, shard)
     from kai_opt.engine import run_cycle
     from kai_opt.state import build_state
 

@@ -11,8 +11,8 @@ import yaml
 
 from kai_opt import __version__
 from kai_opt.k8s.chart_values import COMMENTS, DEFAULTS, values_schema
-from kai_opt.k8s.client import crd_manifests, parse_yaml
 from kai_opt.k8s.dashboard import dashboard_json
+from kai_opt.k8s.kinds import crd_manifests, parse_yaml
 from kai_opt.k8s.manifests import DASHBOARD_CHART_FILE, HELPERS, documents
 from kai_opt.k8s.tmpl import helm_template
 

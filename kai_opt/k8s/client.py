@@ -8,8 +8,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,19 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from kai_opt.errors import KaiOptError
+
+# CRD, CRDS and the groups are re-exported: they live in kai_opt/k8s/kinds.py, which imports no client
+from kai_opt.k8s.kinds import (  # noqa: F401
+    CRD,
+    CRDS,
+    KAI_GROUP,
+    PODGROUP,
+    QUEUE,
+    SCHEDULING_GROUP,
+    TOPOLOGY,
+    crd_manifests,
+    parse_yaml,
+)
 
 DEFAULT_TIMEOUT = (5.0, 120.0)  # (connect, read) seconds for one request
 
@@ -35,32 +46,6 @@ class ClusterRequestError(ClusterError):
     exit_code = 1
 
 
-@dataclass(frozen=True)
-class CRD:
-    """A custom resource kai-opt reads or writes."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-    @property
-    def name(self) -> str:
-        """The CustomResourceDefinition's name."""
-        return f"{self.plural}.{self.group}"
-
-
-SCHEDULING_GROUP = "scheduling.run.ai"
-KAI_GROUP = "kai.scheduler"
-QUEUE = CRD(SCHEDULING_GROUP, "v2", "queues", "Queue", namespaced=False)
-PODGROUP = CRD(SCHEDULING_GROUP, "v2alpha2", "podgroups", "PodGroup", namespaced=True)
-TOPOLOGY = CRD(KAI_GROUP, "v1alpha1", "topologies", "Topology", namespaced=False)
-CRDS = (QUEUE, PODGROUP, TOPOLOGY)
 
 
 # -- connecting ------------------------------------------------------------------------------------------------------
@@ -228,26 +213,6 @@ def read_json(resp: Any) -> Any:
 
 
 # -- manifests and apply ---------------------------------------------------------------------------------------------
-def crd_manifests() -> str:
-    """kai-opt's CustomResourceDefinitions (package data) as YAML text."""
-    return resources.files("kai_opt.k8s").joinpath("manifests/crds.yaml").read_text(encoding="utf-8")
-
-
-def parse_yaml(text: str) -> list[dict[str, Any]]:
-    """The non-empty documents of a multi-document YAML text; `List` kinds are flattened."""
-    out: list[dict[str, Any]] = []
-    for doc in yaml.safe_load_all(text):
-        if doc is None:
-            continue
-        if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
-            raise KaiOptError(f"not a Kubernetes object (needs apiVersion and kind): {str(doc)[:60]!r}")
-        if doc["kind"].endswith("List") and isinstance(doc.get("items"), list):
-            out.extend(doc["items"])
-        else:
-            out.append(doc)
-    return out
-
-
 class Discovery:
     """kind -> (plural, namespaced) per apiVersion, asked from the server once."""
 

@@ -55,25 +55,12 @@ from kubernetes.client.exceptions import ApiException
 
 from kai_opt.api.pod import LEGACY_QUEUE_LABEL, PODGROUP_ANNOTATION, QUEUE_LABEL
 from kai_opt.k8s.client import PODGROUP, cluster_error, status_message
+from kai_opt.k8s.kinds import OWNER_KINDS  # the owners the cache must watch (kinds.py: no client there)
 
 log = logging.getLogger(__name__)
 
 GetOwner = Callable[[str, str, str, str], "dict[str, Any] | None"]
 
-# (api_version, kind, plural) of the owners the cache must watch; a kind whose CRD is absent is skipped by it.
-OWNER_KINDS: list[tuple[str, str, str]] = [
-    ("batch/v1", "Job", "jobs"),
-    ("apps/v1", "ReplicaSet", "replicasets"),
-    ("apps/v1", "Deployment", "deployments"),
-    ("apps/v1", "StatefulSet", "statefulsets"),
-    ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
-    ("kubeflow.org/v1", "TFJob", "tfjobs"),
-    ("kubeflow.org/v1", "MPIJob", "mpijobs"),
-    ("kubeflow.org/v2beta1", "MPIJob", "mpijobs"),
-    ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
-    ("ray.io/v1", "RayCluster", "rayclusters"),
-]
 
 PRIORITY_LABEL = "priorityClassName"
 RAY_PRIORITY_LABEL = "ray.io/priority-class-name"

@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
 from kai_opt.config import KaiBinder
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.kinds import BINDREQUEST_API_VERSION, BINDREQUEST_KIND, BINDREQUEST_PLURAL
 from kai_opt.k8s.sharing import (
     CONFIGMAP_ANNOTATION,
     GPU_GROUP_LABEL,
@@ -57,9 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "scheduling.run.ai/v1alpha2"
-KIND = "BindRequest"
-PLURAL = "bindrequests"
+API_VERSION, KIND, PLURAL = BINDREQUEST_API_VERSION, BINDREQUEST_KIND, BINDREQUEST_PLURAL
 SELECTED_NODE_LABEL = "selected-node"
 PHASE_FAILED = "Failed"
 PHASE_SUCCEEDED = "Succeeded"

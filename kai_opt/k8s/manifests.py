@@ -35,16 +35,23 @@ import json
 from typing import Any
 
 from kai_opt import __version__
-from kai_opt.api.priorityclass import DEFAULT_PRIORITY_CLASSES
 from kai_opt.config import BinderKind, Config, parse_config
 from kai_opt.k8s.chart_values import DEFAULTS, check, merge
-from kai_opt.k8s.client import KAI_GROUP, PODGROUP, QUEUE, SCHEDULING_GROUP, TOPOLOGY, crd_manifests, parse_yaml
 from kai_opt.k8s.dashboard import CONFIGMAP as DASHBOARD_CONFIGMAP
 from kai_opt.k8s.dashboard import FILE as DASHBOARD_FILE
 from kai_opt.k8s.dashboard import dashboard_json
-from kai_opt.k8s.grouper import OWNER_KINDS
-from kai_opt.k8s.kaibind import API_VERSION as BINDREQUEST_API_VERSION
-from kai_opt.k8s.kaibind import PLURAL as BINDREQUEST_PLURAL
+from kai_opt.k8s.kinds import (
+    BINDREQUEST_API_VERSION,
+    BINDREQUEST_PLURAL,
+    KAI_GROUP,
+    OWNER_KINDS,
+    PODGROUP,
+    QUEUE,
+    SCHEDULING_GROUP,
+    TOPOLOGY,
+    crd_manifests,
+    parse_yaml,
+)
 from kai_opt.k8s.tmpl import (
     NAMESPACE,
     Cond,
@@ -60,7 +67,15 @@ from kai_opt.k8s.tmpl import (
     render,
     value,
 )
-from kai_opt.k8s.webhook import PATH, SECRET_NAME, SERVICE_NAME, SYSTEM_NAMESPACES, WEBHOOK_NAME, configuration_body
+from kai_opt.k8s.webhook_config import (
+    PATH,
+    SECRET_NAME,
+    SERVICE_NAME,
+    SYSTEM_NAMESPACES,
+    WEBHOOK_NAME,
+    configuration_body,
+)
+from kai_opt.priorities import DEFAULT_PRIORITY_CLASSES
 
 NAME = "kai-opt"
 DEFAULT_NAMESPACE = "kai-opt"
@@ -411,7 +426,7 @@ _SCHEDULED_BY_US = Val(
 
 
 def _webhook_configuration() -> dict[str, Any]:
-    """The MutatingWebhookConfiguration of kai_opt.k8s.webhook.webhook_configuration (a test keeps them equal),
+    """The MutatingWebhookConfiguration of kai_opt.k8s.webhook_config.webhook_configuration (a test keeps them equal),
     written with the values; its caBundle is kai-opt's to set at start (or cert-manager's)."""
     meta = _meta(WEBHOOK_NAME)
     meta["annotations"] = When(CERT_MANAGER, {"cert-manager.io/inject-ca-from": Val(
