@@ -21,13 +21,14 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
-from kai_opt import __version__
+from kai_opt import __version__, cron
 from kai_opt.actions import ACTIONS
 from kai_opt.errors import ConfigError
 from kai_opt.limits import INT32_MAX, MAX_DURATION_S
@@ -283,11 +284,12 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class WindowType(StrEnum):
-    """KAI's windowType: sliding (the last windowSize) or tumbling (reset every windowSize from
-    tumblingWindowStartTime). KAI's cron windows are not supported."""
+    """KAI's windowType: sliding (the last windowSize), tumbling (reset every windowSize from
+    tumblingWindowStartTime) or cron (reset at every occurrence of cronString, in UTC; windowSize unused)."""
 
     sliding = "sliding"
     tumbling = "tumbling"
+    cron = "cron"
 
 
 class _KaiModel(_Model):
@@ -329,10 +331,14 @@ class UsageParams(_KaiModel):
                                               "halfLifePeriod)")
     window_size: Duration = Field(604_800.0, gt=0, le=MAX_DURATION_S, description="the period of past usage "
                                   "considered, seconds (KAI's windowSize, 1 week)")
-    window_type: WindowType = Field(WindowType.sliding, description="sliding or tumbling (KAI's windowType)")
+    window_type: WindowType = Field(WindowType.sliding, description="sliding, tumbling or cron (KAI's windowType)")
     tumbling_window_start_time: Annotated[float, BeforeValidator(parse_time)] | None = Field(
         None, description="tumbling windows start here and every window_size after (unix seconds or RFC 3339; "
         "required for tumbling, KAI's tumblingWindowStartTime)")
+    cron_string: str = Field("", validate_default=True, description="cron windows reset at every occurrence of "
+                             "this expression, in UTC: 5 fields (minute hour day-of-month month day-of-week), 6 with "
+                             "a year, 7 with seconds first, or @daily/@weekly/@monthly/...; required for cron, "
+                             "KAI's cronString, read as its cron library does")
     fetch_interval: Duration = Field(60.0, gt=0, le=86_400, description="Prometheus: seconds between usage "
                                      "queries (KAI's fetchInterval); ledger: seconds between ConfigMap writes")
     staleness_period: Duration = Field(300.0, gt=0, le=MAX_DURATION_S, description="usage older than this is "
@@ -341,6 +347,19 @@ class UsageParams(_KaiModel):
     wait_timeout: Duration = Field(60.0, gt=0, le=3600, description="longest wait for the first usage at start "
                                    "(KAI's waitTimeout)")
     extra_params: ExtraParams = Field(ExtraParams(), description="Prometheus metrics and query settings")
+
+    @field_validator("cron_string")
+    @classmethod
+    def _cron(cls, v: str, info: ValidationInfo) -> str:
+        # checked only for a cron window, as KAI (which ignores cronString otherwise)
+        if info.data.get("window_type") == WindowType.cron:
+            if not v.strip():
+                raise ValueError("window_type cron needs cron_string (e.g. '0 0 * * 1': Mondays at 00:00 UTC)")
+            try:
+                cron.parse(v)
+            except cron.CronError as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
     @model_validator(mode="after")
     def _tumbling(self) -> UsageParams:

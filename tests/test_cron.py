@@ -1,4 +1,4 @@
-"""Cron expressions of KAI's cron usage window (kai_opt.fairshare.cron): KAI's own test values for the last reset,
+"""Cron expressions of KAI's cron usage window (kai_opt.cron): KAI's own test values for the last reset,
 supercronic cronexpr's answers recorded by scripts/cron-oracle (tests/data/cronexpr_next.jsonl), and properties
 against brute-force stepping."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kai_opt.fairshare.cron import CronError, CronExpr, parse
+from kai_opt.cron import CronError, CronExpr, parse
 
 ORACLE = Path(__file__).parent / "data" / "cronexpr_next.jsonl"
 
@@ -132,3 +132,10 @@ def test_fractional_now_rounds_the_way_kai_compares(fields: tuple[str, ...], now
     e = _firing(fields)
     assert e.next(now + frac) == e.next(now)
     assert e.previous(now + frac) in (e.previous(now), now)  # now itself counts once now has passed it
+
+
+def test_previous_is_the_true_last_occurrence_where_kais_walk_falls_short() -> None:
+    # KAI walks Next from three intervals back; ahead of New Year's burst of minutes that start is 23:57 on Dec 31,
+    # no occurrence. The window starts at the last real one, a year before (docs/DESIGN-NOTES.md, "Cron windows").
+    e = parse("* 0 1 1 *")
+    assert e.previous(ts(2026, 12, 31, 23, 59, 30)) == ts(2026, 1, 1, 0, 59)

@@ -224,6 +224,21 @@ def test_scheduling_shard_maps_onto_the_config() -> None:
         assert f"{ignored}" in text and "ignored" in text
 
 
+def test_scheduling_shard_usage_db_config_takes_a_cron_window() -> None:
+    """KAI's usageDBConfig with windowType cron and its cronString, as the SchedulingShard spells them."""
+    shard = {"metadata": {"name": "s"}, "spec": {"usageDBConfig": {
+        "clientType": "prometheus", "connectionString": "http://prometheus-operated:9090",
+        "usageParams": {"windowType": "cron", "cronString": "0 0 1 * *", "halfLifePeriod": "1h"}}}}
+    merged, _ = apply_scheduling_shard(parse_config({"shard": {"name": "s"}}), shard)
+    p = merged.usage_db.usage_params
+    assert (p.window_type, p.cron_string, p.half_life_period) == ("cron", "0 0 1 * *", 3600.0)
+    shard["spec"]["usageDBConfig"]["usageParams"]["cronString"] = "0 0 32 * *"
+    with pytest.raises(ConfigError) as err:
+        apply_scheduling_shard(parse_config({"shard": {"name": "s"}}), shard)
+    text = str(err.value)
+    assert "SchedulingShard s" in text and "usageParams.cronString" in text and "32 is out of range" in text, text
+
+
 def test_the_config_file_wins_over_the_scheduling_shard_but_not_its_partition() -> None:
     cfg = parse_config({"shard": {"name": "gpu-shard", "partition_value": "other"},
                         "placement": {"gpu": "binpack"}, "k_value": 1.0})

@@ -17,7 +17,7 @@ from kai_opt.config import parse_config
 from kai_opt.errors import ConfigError
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.history import HistoricalUsage, decay, normalize, share_weight
-from kai_opt.fairshare.usage_ledger import UsageLedger, UsageWindow
+from kai_opt.fairshare.usage_ledger import UsageLedger, UsageWindow, window_start
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import build_state
 
@@ -179,6 +179,27 @@ def test_sliding_window_forgets_and_tumbling_window_resets() -> None:
     assert [b.start for b in ledger.buckets] == [5 * HOUR]
 
 
+def test_cron_window_resets_at_the_last_occurrence_before_now() -> None:
+    """KAI's cron window: usage since the last occurrence of cronString strictly before now (at an occurrence,
+    the one before), with the ledger's buckets as for tumbling; window_size is not used."""
+    day = 24 * HOUR
+    params = parse_config({"usage_db": {"usage_params": {"window_type": "cron", "cron_string": "0 0 * * *",
+                                                         "window_size": "1h"}}}).usage_db.usage_params
+    window = UsageWindow.of(params)
+    assert window_start(window, 10 * day + 5 * HOUR) == 10 * day
+    assert window_start(window, 10 * day) == 9 * day  # exactly at midnight: the previous midnight (KAI's rule)
+    ledger = UsageLedger(bucket_s=HOUR, last=10 * day)
+    for h in range(1, 31):  # one GPU of two held from day 10 00:00 to 12:00, then none up to day 11 06:00
+        ledger.record(10 * day + h * HOUR, {"q": GPU * (h <= 12)}, GPU * 2, max_gap_s=HOUR)
+    assert ledger.usage(window, 10 * day + 23 * HOUR).queues["q"][0] == pytest.approx(12 / 46)  # of day 10's 23 h
+    assert "q" not in ledger.usage(window, 11 * day + 6 * HOUR).queues  # reset at day 11 00:00
+    ledger.prune(window, 11 * day + 6 * HOUR)
+    assert [b.start for b in ledger.buckets] == [11 * day + h * HOUR for h in range(7)]  # day 10's buckets left
+    future = UsageWindow.of(parse_config({"usage_db": {"usage_params": {
+        "window_type": "cron", "cron_string": "0 0 1 1 * 2099"}}}).usage_db.usage_params)
+    assert window_start(future, 11 * day) == 11 * day  # no reset before now yet: an empty window, as tumbling's
+
+
 def test_a_gap_counts_at_most_max_gap() -> None:
     ledger = UsageLedger(bucket_s=HOUR, last=0.0)
     assert ledger.record(10.0, {"q": GPU}, GPU * 2, max_gap_s=300) == 10.0
@@ -200,6 +221,11 @@ def test_config_takes_kais_fields_and_durations() -> None:
     t = parse_config({"usage_db": {"usage_params": {"window_type": "tumbling",
                                                     "tumbling_window_start_time": "2026-01-01T00:00:00Z"}}})
     assert t.usage_db.usage_params.tumbling_window_start_time == 1_767_225_600.0
+    c = parse_config({"usageDBConfig": {"usageParams": {"windowType": "cron", "cronString": "0 0 * * 1"}}})
+    assert (c.usage_db.usage_params.window_type, c.usage_db.usage_params.cron_string) == ("cron", "0 0 * * 1")
+    # as KAI: cronString is read only for a cron window (a sliding one ignores even a bad one)
+    s = parse_config({"usage_db": {"usage_params": {"window_type": "sliding", "cron_string": "invalid"}}})
+    assert UsageWindow.of(s.usage_db.usage_params).cron is None
 
 
 @pytest.mark.parametrize(("data", "field", "words"), [
@@ -207,7 +233,15 @@ def test_config_takes_kais_fields_and_durations() -> None:
     ({"usage_db": {"client_type": "prometheus"}}, "usage_db", "connection_string"),
     ({"usage_db": {"usage_params": {"window_type": "tumbling"}}}, "usage_db.usage_params",
      "tumbling_window_start_time"),
-    ({"usage_db": {"usage_params": {"window_type": "cron"}}}, "usage_db.usage_params.window_type", "sliding"),
+    ({"usage_db": {"usage_params": {"window_type": "hopping"}}}, "usage_db.usage_params.window_type", "sliding"),
+    ({"usage_db": {"usage_params": {"window_type": "cron"}}}, "usage_db.usage_params.cron_string",
+     "window_type cron needs cron_string"),
+    ({"usage_db": {"usage_params": {"window_type": "cron", "cron_string": "invalid"}}},
+     "usage_db.usage_params.cron_string", "1 fields in 'invalid'"),
+    ({"usageDBConfig": {"usageParams": {"windowType": "cron", "cronString": "0 25 * * *"}}},
+     "usageDBConfig.usageParams.cronString", "hour field: 25 is out of range 0-23"),  # named as written
+    ({"usage_db": {"usage_params": {"window_type": "cron", "cron_string": "0 0 30 2 *"}}},
+     "usage_db.usage_params.cron_string", "never fires"),
     ({"usage_db": {"usage_params": {"half_life_period": "ten minutes"}}}, "usage_db.usage_params.half_life_period",
      "not a duration"),
     ({"k_value": -1}, "k_value", "greater than or equal to 0"),

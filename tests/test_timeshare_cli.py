@@ -8,6 +8,7 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -178,6 +179,21 @@ def test_prometheus_usage_is_kais_query_normalised_to_capacity(prometheus: str) 
                                           ' * (0.5^((1767225600 - time()) / 600.000000))))[604800s:60s])')
     assert "kai_queue_allocated_gpus" in _FakePrometheus.queries[1]
     assert len(_FakePrometheus.queries) == 6  # capacity and allocation for gpu, cpu and memory
+
+
+def test_prometheus_cron_window_sums_from_the_last_reset(prometheus: str) -> None:
+    """A cron window queries as a tumbling one does: the samples from the last occurrence of cronString before
+    now (here Monday 2026-11-30 00:00 UTC, 2 days 3 h 29 min before now), at the resolution."""
+    cfg = parse_config({"usageDBConfig": {"clientType": "prometheus", "connectionString": prometheus,
+                                          "usageParams": {"windowType": "cron", "cronString": "0 0 * * MON",
+                                                          "extraParams": {"queryResolution": "30s"}}}})
+    _FakePrometheus.answer = {"team-a": 24}
+    now = datetime(2026, 12, 2, 3, 29, 7, tzinfo=UTC).timestamp()
+    usage = PrometheusUsage(prometheus, cfg.usage_db.usage_params).fetch(now=now)
+    assert usage.queues["team-a"][0] == pytest.approx(0.24)
+    span = int(now - datetime(2026, 11, 30, tzinfo=UTC).timestamp())
+    assert span == 2 * 86400 + 3 * 3600 + 29 * 60 + 7
+    assert _FakePrometheus.queries[1] == f"sum_over_time((kai_queue_allocated_gpus)[{span}s:30s])"
 
 
 def test_prometheus_down_is_a_cluster_error() -> None:

@@ -3,8 +3,9 @@
 Buckets hold raw (undecayed) resource-seconds, as Prometheus holds raw samples: the half-life and the window are
 applied when usage is read, so a changed configuration applies to the whole record. A bucket's samples count as
 taken at its middle (at most `now`). Sliding window: buckets whose middle is within `window_size` of now; tumbling:
-buckets whose middle is at or after the last reset (tumblingWindowStartTime + n * windowSize). Pure: the
-ConfigMap that keeps it lives in kai_opt/k8s/usage_store.py.
+buckets whose middle is at or after the last reset (tumblingWindowStartTime + n * windowSize); cron: the same
+from the last occurrence of cronString strictly before now (KAI's rule). Pure: the ConfigMap that keeps it lives
+in kai_opt/k8s/usage_store.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kai_opt.cron import CronExpr, parse
 from kai_opt.fairshare.history import HistoricalUsage, decay, normalize
 from kai_opt.fairshare.share import cluster_total
 from kai_opt.state import ClusterState
@@ -32,12 +34,14 @@ class UsageWindow:
     window_size_s: float = 7 * 86400.0
     half_life_s: float | None = None
     tumbling_start: float | None = None  # unix seconds; set = a tumbling window
+    cron: CronExpr | None = None  # set = a cron window (window_size unused)
 
     @classmethod
     def of(cls, params: Any) -> UsageWindow:
-        """From the config's usage_params (kai_opt.config.UsageParams)."""
+        """From the config's usage_params (kai_opt.config.UsageParams, which validated cron_string)."""
         return cls(window_size_s=float(params.window_size), half_life_s=params.half_life_period or None,
-                   tumbling_start=params.tumbling_window_start_time if params.window_type == "tumbling" else None)
+                   tumbling_start=params.tumbling_window_start_time if params.window_type == "tumbling" else None,
+                   cron=parse(params.cron_string) if params.window_type == "cron" else None)
 
 
 def held(state: ClusterState) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -50,6 +54,9 @@ def held(state: ClusterState) -> tuple[dict[str, np.ndarray], np.ndarray]:
 
 def window_start(window: UsageWindow, now: float) -> float:
     """The earliest sample time that still counts at `now`."""
+    if window.cron is not None:
+        reset = window.cron.previous(now)
+        return now if reset is None else reset  # no occurrence before now (a year field ahead): an empty window
     if window.tumbling_start is None:
         return now - window.window_size_s
     if now <= window.tumbling_start:

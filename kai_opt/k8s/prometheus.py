@@ -2,9 +2,10 @@
 
 Per resource, one instant query of the decayed allocation metric summed over the window and one of the decayed
 capacity metric; a queue's usage is the first over the second (label queue_name). Decay: each sample times
-0.5 ^ ((now - its time) / halfLifePeriod). Sliding window: the last windowSize; tumbling: from the last reset
-(KAI runs a range query there whose result its own check refuses; kai-opt sums the same samples with a subquery
-from the reset to now instead).
+0.5 ^ ((now - its time) / halfLifePeriod). Sliding window: the last windowSize; tumbling and cron: from the last
+reset (tumblingWindowStartTime + n windowSize, or the last occurrence of cronString before now; KAI runs a range
+query there whose result its own check refuses; kai-opt sums the same samples with a subquery from the reset to
+now instead).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // cron-oracle prints supercronic cronexpr's answers (the cron parser KAI-Scheduler's cron usage window uses) for
-// the expressions and instants on stdin, so kai-opt's own parser (kai_opt/fairshare/cron.py) can be checked
+// the expressions and instants on stdin, so kai-opt's own parser (kai_opt/cron.py) can be checked
 // against them: tests/data/cronexpr_next.json is its output. Input: one JSON object per line,
 // {"expr": "...", "times": [unix seconds...]}. Output: one JSON object per line with "error" (parse failure)
 // or "next" (cronexpr Next in UTC as unix seconds, null when there is none).
