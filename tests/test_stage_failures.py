@@ -292,3 +292,39 @@ def test_a_failing_second_hint_is_counted_and_the_cycle_goes_on(state: ClusterSt
     assert f"second_hint {kind}: " in plan.solver.note and said in plan.solver.note, plan.solver.note
     check_plan(state, plan, fs, config)
 
+
+
+# -- the CP-SAT worker forked at the start of the cycle (solve.prepare_worker) ---------------------------------------
+def test_a_failing_greedy_cycle_ends_the_waiting_worker(state: ClusterState, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kai_opt import engine
+
+    monkeypatch.setattr(engine, "greedy_plan", raises)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        run_cycle(state, _config())
+    assert not mp.active_children()  # the worker forked for the CP-SAT stage is gone with the cycle
+
+
+def test_a_worker_that_dies_while_waiting_is_a_crash_of_the_cpsat_stage(state: ClusterState,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from kai_opt import engine
+
+    prepared: list[Any] = []
+    real_prepare, real_greedy = solve.prepare_worker, engine.greedy_plan
+
+    def prepare(*a: Any, **k: Any) -> Any:
+        prepared.append(real_prepare(*a, **k))
+        return prepared[-1]
+
+    def greedy_then_kill(*a: Any, **k: Any) -> Any:
+        plan = real_greedy(*a, **k)
+        if prepared:  # the cpsat cycle (the greedy engine's run before it prepares nothing)
+            proc = prepared[0].child._proc
+            os.kill(proc.pid, signal.SIGKILL)  # e.g. the out-of-memory killer while the greedy cycle ran
+            proc.join(SLACK)
+        return plan
+
+    monkeypatch.setattr(solve, "prepare_worker", prepare)
+    monkeypatch.setattr(engine, "greedy_plan", greedy_then_kill)
+    plan = _greedy_kept(state, _config(), "cpsat", "crash")
+    assert "killed by SIGKILL" in plan.solver.note
+    assert not mp.active_children()
