@@ -175,6 +175,12 @@ def test_sliding_window_forgets_and_tumbling_window_resets() -> None:
     tumbling = UsageWindow(window_size_s=5 * HOUR, tumbling_start=0.0)  # resets at 0 h, 5 h, 10 h
     assert ledger.usage(tumbling, 4.9 * HOUR).queues["q"][0] == pytest.approx(1.0)
     assert "q" not in ledger.usage(tumbling, 6 * HOUR).queues  # reset at 5 h
+    # KAI's boundary rule (getLatestUsageResetTime_TumblingWindow): exactly at a boundary the window that just
+    # ended still counts; just past it the new one starts
+    assert window_start(tumbling, 5 * HOUR) == 0.0
+    assert window_start(tumbling, 5 * HOUR + 1) == 5 * HOUR
+    assert window_start(tumbling, 10 * HOUR) == 5 * HOUR
+    assert window_start(tumbling, 0.5 * HOUR) == 0.0
     ledger.prune(tumbling, 6 * HOUR)
     assert [b.start for b in ledger.buckets] == [5 * HOUR]
 

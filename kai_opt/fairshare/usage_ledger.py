@@ -61,7 +61,8 @@ def window_start(window: UsageWindow, now: float) -> float:
         return now - window.window_size_s
     if now <= window.tumbling_start:
         return now  # a start in the future: an empty window, as KAI
-    n = math.floor((now - window.tumbling_start) / window.window_size_s)
+    # the last boundary strictly before now, as KAI (at a boundary the window that just ended still counts)
+    n = math.ceil((now - window.tumbling_start) / window.window_size_s) - 1
     return window.tumbling_start + n * window.window_size_s
 
 
