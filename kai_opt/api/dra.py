@@ -46,6 +46,24 @@ def _node_terms(raw: Any, who: str, field: str) -> tuple[NodeSelectorTerm, ...]:
     return tuple(out)
 
 
+def _quantity(raw: Any, who: str, field: str) -> int:
+    try:
+        return int(parse_quantity(raw))
+    except (QuantityError, TypeError) as exc:
+        raise InputError(f"invalid quantity {raw!r}", obj=who, field=field) from exc
+
+
+def _policy(raw: Any, who: str, field: str) -> CapacityPolicy:
+    raw = as_dict(raw, obj=who, field=field)
+    rng = as_dict(raw.get("validRange"), obj=who, field=f"{field}.validRange")
+    opt = {k: _quantity(rng[k], who, f"{field}.validRange.{k}") for k in ("min", "max", "step")
+           if rng.get(k) is not None}
+    values = tuple(_quantity(x, who, f"{field}.validValues[{i}]")
+                   for i, x in enumerate(as_list(raw.get("validValues"), obj=who, field=f"{field}.validValues")))
+    default = _quantity(raw["default"], who, f"{field}.default") if raw.get("default") is not None else None
+    return CapacityPolicy(default=default, values=tuple(sorted(values)), **opt)
+
+
 def qualify(name: str, driver: str) -> str:
     """An attribute or capacity name with its domain (`<driver>/<name>` when it has none)."""
     return name if "/" in name else f"{driver}/{name}"
@@ -68,12 +86,55 @@ class DeviceClass(BaseModel):
         return cls(meta=meta, selectors=_exprs(spec.get("selectors"), who=who, field="spec.selectors"))
 
 
+class CapacityPolicy(BaseModel):
+    """A capacity's requestPolicy: what one allocation of a shared device consumes of it."""
+
+    model_config = MODEL
+    default: int | None = None  # consumed when the request names no amount (None: the whole capacity)
+    min: int | None = None  # validRange
+    max: int | None = None
+    step: int | None = None
+    values: tuple[int, ...] = ()  # validValues, ascending
+
+    def consumed(self, requested: int | None, capacity: int) -> int | None:
+        """The amount an allocation takes for `requested` (None: not named by the request), rounded up as
+        Kubernetes rounds it; None when the policy refuses it (the device cannot be allocated)."""
+        amount = (self.default if self.default is not None else capacity) if requested is None else requested
+        if self.values:
+            up = [v for v in self.values if v >= amount]
+            return up[0] if up else None
+        if self.min is not None:
+            if amount < self.min:
+                amount = self.min
+            if self.step:
+                amount = self.min + -(-(amount - self.min) // self.step) * self.step
+            if self.max is not None and amount > self.max:
+                return None
+        return amount
+
+
 class Device(BaseModel):
     model_config = MODEL
     name: str
     attributes: dict[str, AttrValue] = {}  # qualified name -> value
     capacity: dict[str, int] = {}  # qualified name -> value (quantities as integers, e.g. bytes)
     multiple_allocations: bool = False  # allowMultipleAllocations: shared by claims up to its capacity
+    policies: dict[str, CapacityPolicy] = {}  # qualified capacity name -> its requestPolicy (shared devices)
+
+    def consumption(self, requests: dict[str, int], driver: str) -> dict[str, int] | None:
+        """What one allocation of this shared device takes of every capacity for a request's
+        `capacity.requests` (names as the request gives them), None when a policy refuses an amount or the
+        request names a capacity the device lacks."""
+        want = {qualify(k, driver): v for k, v in requests.items()}
+        if any(k not in self.capacity for k in want):
+            return None
+        out = {}
+        for k, cap in self.capacity.items():
+            got = self.policies.get(k, CapacityPolicy()).consumed(want.get(k), cap)
+            if got is None or got > cap:
+                return None
+            out[k] = got
+        return out
 
 
 class ResourceSlice(BaseModel):
@@ -123,13 +184,14 @@ class ResourceSlice(BaseModel):
                     raise InputError("an attribute needs int, bool, string or version", obj=who,
                                      field=f"{f}.attributes.{k}")
             cap: dict[str, int] = {}
+            policies: dict[str, CapacityPolicy] = {}
             for k, v in as_dict(d.get("capacity"), obj=who, field=f"{f}.capacity").items():
-                raw = as_dict(v, obj=who, field=f"{f}.capacity.{k}").get("value")
-                try:
-                    cap[qualify(str(k), driver)] = int(parse_quantity(raw))
-                except (QuantityError, TypeError) as exc:
-                    raise InputError(f"invalid quantity {raw!r}", obj=who, field=f"{f}.capacity.{k}.value") from exc
-            devices.append(Device(name=d["name"], attributes=attrs, capacity=cap,
+                v = as_dict(v, obj=who, field=f"{f}.capacity.{k}")
+                cap[qualify(str(k), driver)] = _quantity(v.get("value"), who, f"{f}.capacity.{k}.value")
+                if v.get("requestPolicy") is not None:
+                    policies[qualify(str(k), driver)] = _policy(v["requestPolicy"], who,
+                                                                f"{f}.capacity.{k}.requestPolicy")
+            devices.append(Device(name=d["name"], attributes=attrs, capacity=cap, policies=policies,
                                   multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
         try:
             return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
@@ -171,6 +233,8 @@ class AllocationResult(BaseModel):
     pool: str
     device: str
     admin_access: bool = False
+    consumed: dict[str, int] = {}  # consumedCapacity of a shared device (qualified capacity names)
+    share_id: str | None = None  # shareID: which share of a shared device
 
 
 class ConsumerRef(BaseModel):
@@ -200,10 +264,7 @@ def _sub(raw: dict[str, Any], name: str, *, who: str, field: str) -> DeviceSubRe
     reqs = as_dict(as_dict(raw.get("capacity"), obj=who, field=f"{field}.capacity").get("requests"), obj=who,
                    field=f"{field}.capacity.requests")
     for k, v in reqs.items():
-        try:
-            cap[str(k)] = int(parse_quantity(v))
-        except (QuantityError, TypeError) as exc:
-            raise InputError(f"invalid quantity {v!r}", obj=who, field=f"{field}.capacity.requests.{k}") from exc
+        cap[str(k)] = _quantity(v, who, f"{field}.capacity.requests.{k}")
     return DeviceSubRequest(name=name, device_class=cls_name,
                             selectors=_exprs(raw.get("selectors"), who=who, field=f"{field}.selectors"),
                             mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap)
@@ -268,10 +329,14 @@ class ResourceClaim(BaseModel):
             out = []
             for i, r in enumerate(results):
                 r = as_dict(r, obj=who, field=f"status.allocation.devices.results[{i}]")
+                rf = f"status.allocation.devices.results[{i}]"
+                used = {qualify(str(k), str(r.get("driver"))): _quantity(v, who, f"{rf}.consumedCapacity.{k}")
+                        for k, v in as_dict(r.get("consumedCapacity"), obj=who, field=f"{rf}.consumedCapacity").items()}
                 try:
                     out.append(AllocationResult(request=str(r["request"]), driver=str(r["driver"]),
                                                 pool=str(r["pool"]), device=str(r["device"]),
-                                                admin_access=bool(r.get("adminAccess") or False)))
+                                                admin_access=bool(r.get("adminAccess") or False), consumed=used,
+                                                share_id=str(r["shareID"]) if r.get("shareID") else None))
                 except KeyError as exc:
                     raise InputError(f"{exc.args[0]} is required", obj=who,
                                      field=f"status.allocation.devices.results[{i}]") from None

@@ -29,17 +29,30 @@ from kai_opt.api import Node, Pod
 from kai_opt.api.dra import (
     MAX_CLAIM_CONSUMERS,
     ClaimSpec,
+    Device,
     DeviceRequest,
     DeviceSubRequest,
     ResourceClaim,
     ResourceSlice,
+    qualify,
 )
 from kai_opt.api.meta import LabelSelector, PodAffinityTerm
 from kai_opt.dra.cel import SelectorCache, device_context
 
 NODE_LABEL = "kai-opt.dra/node"  # synthetic: every node's own name (the shared-claim affinity's topology key)
 HOLDER_LABEL = "kai-opt.dra/holder-"  # + claim index: marks the pod that holds a shared, unallocated claim
-Query = tuple[str, tuple[str, ...]]  # (device class, request selectors)
+Query = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...]]  # (device class, selectors, capacity.requests)
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+def query_of(alt: DeviceSubRequest) -> Query:
+    return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())))
+
+
+def cap_column(col: str, cap: str, elsewhere: bool = False) -> str:
+    """The column of a capacity of shared devices: on each node, what the node's designated device of the kind
+    has free (`~`: what pods' claims consume on its other devices, so evicting them frees only that)."""
+    return f"{col}[{cap}]" + ("~" if elsewhere else "")
 
 
 def is_gpu_class(name: str) -> bool:
@@ -87,15 +100,43 @@ class DraState:
     selectors: SelectorCache
     class_selectors: dict[str, tuple[str, ...]]
     allocated: set[tuple[str, str, str]]  # (driver, pool, device) held by allocated claims
+    specs: list[Device] = field(default_factory=list)  # per device: as the slice gives it
+    column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
+    consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
+    designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
+
+    def key(self, d: int) -> DeviceKey:
+        dev = self.devices[d]
+        return (dev.driver, dev.pool, dev.name)
+
+    def index_of(self, key: DeviceKey) -> int | None:
+        if not hasattr(self, "_index"):
+            self._index = {self.key(d): d for d in range(len(self.devices))}
+        return self._index.get(key)
+
+    def free_capacity(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> dict[str, int]:
+        taken = used.get(self.key(d), {})
+        return {k: v - taken.get(k, 0) for k, v in self.specs[d].capacity.items()}
 
     def node_devices(self, node: str) -> list[int]:
         return [i for i, d in enumerate(self.devices) if d.node == node]
 
     def query_matches(self, q: Query, device: int) -> bool:
-        cls, sel = q
+        """The class's and the request's selectors hold, and the requested capacities fit the device (a shared
+        device: its request policies accept them; another: it has at least that much)."""
+        cls, sel, cap = q
         if cls not in self.class_selectors:
             return False
+        if cap and not self.capacity_fits(dict(cap), device):
+            return False
         return self.selectors.all_match(self.class_selectors[cls], device) and self.selectors.all_match(sel, device)
+
+    def capacity_fits(self, cap: dict[str, int], device: int) -> bool:
+        spec, driver = self.specs[device], self.devices[device].driver
+        if spec.multiple_allocations:
+            return spec.consumption(cap, driver) is not None
+        have = {k: v for k, v in spec.capacity.items()}
+        return all(have.get(qualify(k, driver), -1) >= v for k, v in cap.items())
 
 
 def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
@@ -130,6 +171,7 @@ def prepare(nodes: list[Node], pods: list[Pod], snapshot: object, warnings: list
     b.read_devices()
     b.resolve_claims()
     b.make_kinds()
+    b.read_consumption()
     for cp in b.plans.values():
         b.plan_claim(cp)
     return b.node_objects(), b.pod_objects(), b.state
@@ -153,12 +195,15 @@ class _Builder:
 
     def read_devices(self) -> None:
         devices: list[DevRef] = []
+        specs: list[Device] = []
         contexts = []
         for s in _current_slices(self.snapshot.resource_slices, self.warnings):
             for dv in s.devices:
                 devices.append(DevRef(s.driver, s.pool, dv.name, str(s.node_name), s.name, s.generation))
+                specs.append(dv)
                 contexts.append(device_context(s.driver, dv))
         self.state = DraState(devices, [], [], [], [], {}, SelectorCache(contexts), self.class_selectors, set())
+        self.state.specs = specs
         self.dev_index = {(d.driver, d.pool, d.name): i for i, d in enumerate(devices)}
 
     def resolve_claims(self) -> None:
@@ -201,21 +246,26 @@ class _Builder:
         for cp in self.plans.values():
             for r in self.spec_of(cp).requests:
                 for alt in r.alternatives:
-                    queries.add((alt.device_class, alt.selectors))
+                    queries.add(query_of(alt))
         for exprs in self.class_selectors.values():
             for e in exprs:
                 st.selectors.compiled(e)
         ordered = sorted(queries)
-        sig_kind: dict[frozenset[Query], int] = {}
+        sig_kind: dict[tuple[frozenset[Query], Any], int] = {}
+        self.kind_share: list[Any] = []  # per kind: its shared devices' capacities and policies, or None
         for d in range(len(st.devices)):
             sig = frozenset(q for q in ordered if st.query_matches(q, d))
             if not sig:
                 st.device_kind.append(-1)
                 continue
-            k = sig_kind.get(sig)
+            spec = st.specs[d]
+            share = (tuple(sorted(spec.capacity.items())), repr(sorted(spec.policies.items()))) \
+                if spec.multiple_allocations else None
+            k = sig_kind.get((sig, share))
             if k is None:
-                k = sig_kind[sig] = len(st.kind_queries)
+                k = sig_kind[(sig, share)] = len(st.kind_queries)
                 st.kind_queries.append(sig)
+                self.kind_share.append(share)
             st.device_kind.append(k)
         for expr, why in st.selectors.errors.items():
             self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
@@ -248,7 +298,8 @@ class _Builder:
                 if a == b:
                     continue
                 merged = {x for x in range(len(parent)) if root(x) in (a, b)}
-                if all(len(kinds & merged) <= 1 for kinds in on_node.values()):
+                if self.kind_share[ks[0]] == self.kind_share[k] and all(
+                        len(kinds & merged) <= 1 for kinds in on_node.values()):
                     parent[b] = a
         groups: dict[int, list[int]] = defaultdict(list)
         for k in range(len(parent)):
@@ -261,6 +312,33 @@ class _Builder:
             for j, g in enumerate(gs):
                 for k in g:
                     st.kind_column[k] = f"dra:{cls}" if len(gs) == 1 else f"dra:{cls}#{j}"
+        for d, k in enumerate(st.device_kind):
+            if k >= 0 and self.kind_share[k] is not None:
+                st.column_share.setdefault(st.kind_column[k], st.specs[d])
+
+    def read_consumption(self) -> None:
+        """What allocated claims take of shared devices, and per node and shared column its designated device:
+        the one with the most free (capacities by name), which the column measures and new shares go to first."""
+        st = self.state
+        for rc in self.snapshot.resource_claims:
+            for r in rc.allocation or ():
+                di = self.dev_index.get((r.driver, r.pool, r.device))
+                if di is None or not st.specs[di].multiple_allocations or r.admin_access:
+                    continue
+                use = st.consumed.setdefault((r.driver, r.pool, r.device), {})
+                for k, v in (r.consumed or st.specs[di].consumption({}, r.driver) or {}).items():
+                    use[k] = use.get(k, 0) + v
+        best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], int], int]] = {}
+        for d, k in enumerate(st.device_kind):
+            if k < 0 or self.kind_share[k] is None:
+                continue
+            free = st.free_capacity(d, st.consumed)
+            rank = (tuple(free[c] for c in sorted(free)), -d)
+            at = (st.devices[d].node, st.kind_column[k])
+            if at not in best or rank > best[at][0]:
+                best[at] = (rank, d)
+        st.designated = {at: d for at, (_r, d) in best.items()}
+        self.cap_back: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> pods' use
 
     def plan_claim(self, cp: ClaimPlan) -> None:
         spec = self.spec_of(cp)
@@ -286,12 +364,20 @@ class _Builder:
         st = self.state
         nodes_of: set[str] = set()
         counts: dict[str, int] = defaultdict(int)
+        shares: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> consumed
         for res in claim.allocation or ():
             di = self.dev_index.get((res.driver, res.pool, res.device))
             if di is None:
                 continue
-            st.allocated.add((res.driver, res.pool, res.device))
             nodes_of.add(st.devices[di].node)
+            if st.specs[di].multiple_allocations:
+                if st.device_kind[di] >= 0 and not res.admin_access:
+                    col = st.kind_column[st.device_kind[di]]
+                    other = st.designated.get((st.devices[di].node, col)) != di
+                    for cap, v in (res.consumed or st.specs[di].consumption({}, res.driver) or {}).items():
+                        shares[(st.devices[di].node, cap_column(col, cap, other))] += v
+                continue
+            st.allocated.add((res.driver, res.pool, res.device))
             if st.device_kind[di] >= 0 and not res.admin_access:
                 counts[st.kind_column[st.device_kind[di]]] += 1
         if not nodes_of and claim.allocation_nodes:
@@ -302,6 +388,9 @@ class _Builder:
         if len(cp.users) == 1 and not others:
             cp.holder = cp.users[0]
             cp.demand = dict(counts)
+            for (n, col), v in shares.items():  # the holder's consumption, given back to its node's column
+                cp.demand[col] = cp.demand.get(col, 0) + v
+                self.cap_back[(n, col)] += v
             return
         cp.fixed = True  # shared (or reserved by someone outside the snapshot): held by the claim itself
         for col, cnt in counts.items():
@@ -322,7 +411,7 @@ class _Builder:
             if alt.device_class not in self.class_selectors:
                 why = f"request {r.name}: device class {alt.device_class} does not exist"
                 continue
-            q = (alt.device_class, alt.selectors)
+            q = query_of(alt)
             kinds = {k for k, sig in enumerate(st.kind_queries) if q in sig}
             cols = {st.kind_column[k] for k in kinds}
             if len(cols) > 1:
@@ -347,8 +436,17 @@ class _Builder:
         cp.requests.append((r.name, alt, col))
         if pin is not None:
             cp.nodes = pin if cp.nodes is None else cp.nodes & pin
-        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries)
-                                             if (alt.device_class, alt.selectors) in sig))[1]
+        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries) if query_of(alt) in sig))[1]
+        share = st.column_share.get(col)
+        if share is not None and not alt.admin_access:
+            if alt.mode == "All" or alt.count != 1:
+                cp.problem = (f"claim {cp.key}: request {r.name}: kai-opt takes one share of a shared device per "
+                              f"request (allocationMode All or count > 1 is not supported on shared devices)")
+                return False
+            use = share.consumption(alt.capacity, self.driver_of(col))
+            for cap, v in (use or {}).items():
+                cp.demand[cap_column(col, cap)] = cp.demand.get(cap_column(col, cap), 0) + v
+            return True
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
@@ -361,6 +459,10 @@ class _Builder:
         else:
             cp.demand[col] = cp.demand.get(col, 0) + alt.count
         return True
+
+    def driver_of(self, col: str) -> str:
+        st = self.state
+        return next(st.devices[d].driver for d, k in enumerate(st.device_kind) if k >= 0 and st.kind_column[k] == col)
 
     def nodes_for(self, col: str, kinds: frozenset[int]) -> tuple[set[str] | None, dict[str, int]]:
         """(the nodes a query over `kinds` is pinned to, None: any; per node with such devices, how many), once
@@ -381,7 +483,14 @@ class _Builder:
         out = []
         for node in self.nodes:
             extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0))
-                     for col in st.kind_column}
+                     for col in st.kind_column if col not in st.column_share}
+            for col, share in st.column_share.items():
+                d = st.designated.get((node.name, col))
+                free = st.free_capacity(d, st.consumed) if d is not None else {}
+                for cap in share.capacity:
+                    extra[cap_column(col, cap)] = max(0, free.get(cap, 0)) + self.cap_back.get(
+                        (node.name, cap_column(col, cap)), 0)
+                    extra[cap_column(col, cap, True)] = self.cap_back.get((node.name, cap_column(col, cap, True)), 0)
             meta = node.meta.model_copy(update={"labels": {**node.labels, NODE_LABEL: node.name}})
             out.append(node.model_copy(update={"meta": meta, "allocatable": {**node.allocatable, **extra},
                                                "capacity": {**node.capacity, **extra}}))
@@ -434,8 +543,8 @@ class _Builder:
             update["meta"] = p.meta.model_copy(update={"labels": labels})
         if affinity != list(p.pod_affinity):
             update["pod_affinity"] = tuple(affinity)
-        if pins is not None and not bound:
-            update["dra_nodes"] = tuple(sorted(pins))
+        if pins is not None and (not bound or problem is None):  # a running pod is moved only where its
+            update["dra_nodes"] = tuple(sorted(pins))  # claims' devices are (consolidation keeps it there)
         return p.model_copy(update=update)
 
 
