@@ -13,7 +13,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from kai_opt.api.meta import MODEL, NodeSelectorTerm, ObjectMeta, as_dict, as_list, ident, parse_requirements
+from kai_opt.api.meta import (
+    MODEL,
+    NodeSelectorTerm,
+    ObjectMeta,
+    Toleration,
+    as_dict,
+    as_list,
+    ident,
+    parse_requirements,
+)
 from kai_opt.errors import InputError
 from kai_opt.units import QuantityError, parse_quantity
 
@@ -113,6 +122,48 @@ class CapacityPolicy(BaseModel):
         return amount
 
 
+class DeviceTaint(BaseModel):
+    model_config = MODEL
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule and NoExecute keep claims off (None: informational)
+
+    @property
+    def blocks(self) -> bool:
+        return self.effect in ("NoSchedule", "NoExecute")
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+
+def _taints(raw: Any, who: str, field: str) -> tuple[DeviceTaint, ...]:
+    out = []
+    for i, t in enumerate(as_list(raw, obj=who, field=field)):
+        t = as_dict(t, obj=who, field=f"{field}[{i}]")
+        if not isinstance(t.get("key"), str) or not t["key"]:
+            raise InputError("key is required", obj=who, field=f"{field}[{i}].key")
+        effect = t.get("effect")
+        if effect not in TAINT_EFFECTS:
+            raise InputError(f"unknown effect {effect!r}", obj=who, field=f"{field}[{i}].effect")
+        out.append(DeviceTaint(key=t["key"], value=str(t.get("value") or ""), effect=effect))
+    return tuple(out)
+
+
+def _tolerations(raw: Any, who: str, field: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(as_list(raw, obj=who, field=field)):
+        t = as_dict(t, obj=who, field=f"{field}[{i}]")
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise InputError(f"unknown operator {op!r}", obj=who, field=f"{field}[{i}].operator")
+        out.append(Toleration(key=str(t.get("key") or ""), operator=op, value=str(t.get("value") or ""),
+                              effect=str(t.get("effect") or "")))
+    return tuple(out)
+
+
 class Device(BaseModel):
     model_config = MODEL
     name: str
@@ -120,6 +171,14 @@ class Device(BaseModel):
     capacity: dict[str, int] = {}  # qualified name -> value (quantities as integers, e.g. bytes)
     multiple_allocations: bool = False  # allowMultipleAllocations: shared by claims up to its capacity
     policies: dict[str, CapacityPolicy] = {}  # qualified capacity name -> its requestPolicy (shared devices)
+    taints: tuple[DeviceTaint, ...] = ()
+
+    def untolerated(self, tolerations: tuple[Toleration, ...]) -> DeviceTaint | None:
+        """The first NoSchedule/NoExecute taint none of `tolerations` tolerates (None: the device may be given)."""
+        for t in self.taints:
+            if t.blocks and not any(x.tolerates(t.key, t.value, t.effect) for x in tolerations):
+                return t
+        return None
 
     def consumption(self, requests: dict[str, int], driver: str) -> dict[str, int] | None:
         """What one allocation of this shared device takes of every capacity for a request's
@@ -192,6 +251,7 @@ class ResourceSlice(BaseModel):
                     policies[qualify(str(k), driver)] = _policy(v["requestPolicy"], who,
                                                                 f"{f}.capacity.{k}.requestPolicy")
             devices.append(Device(name=d["name"], attributes=attrs, capacity=cap, policies=policies,
+                                  taints=_taints(d.get("taints"), who, f"{f}.taints"),
                                   multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
         try:
             return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
@@ -212,6 +272,7 @@ class DeviceSubRequest(BaseModel):
     count: int = 1
     admin_access: bool = False
     capacity: dict[str, int] = {}  # consumable capacity requested per device
+    tolerations: tuple[Toleration, ...] = ()  # device taints it tolerates
 
 
 class DeviceRequest(BaseModel):
@@ -267,7 +328,8 @@ def _sub(raw: dict[str, Any], name: str, *, who: str, field: str) -> DeviceSubRe
         cap[str(k)] = _quantity(v, who, f"{field}.capacity.requests.{k}")
     return DeviceSubRequest(name=name, device_class=cls_name,
                             selectors=_exprs(raw.get("selectors"), who=who, field=f"{field}.selectors"),
-                            mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap)
+                            mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap,
+                            tolerations=_tolerations(raw.get("tolerations"), who, f"{field}.tolerations"))
 
 
 def parse_claim_spec(spec: dict[str, Any], *, who: str, field: str) -> ClaimSpec:

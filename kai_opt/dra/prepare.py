@@ -36,17 +36,18 @@ from kai_opt.api.dra import (
     ResourceSlice,
     qualify,
 )
-from kai_opt.api.meta import LabelSelector, PodAffinityTerm
+from kai_opt.api.meta import LabelSelector, PodAffinityTerm, Toleration
 from kai_opt.dra.cel import SelectorCache, device_context
 
 NODE_LABEL = "kai-opt.dra/node"  # synthetic: every node's own name (the shared-claim affinity's topology key)
 HOLDER_LABEL = "kai-opt.dra/holder-"  # + claim index: marks the pod that holds a shared, unallocated claim
-Query = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...]]  # (device class, selectors, capacity.requests)
+# (device class, selectors, capacity.requests, tolerations)
+Query = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...], tuple[Toleration, ...]]
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 
 def query_of(alt: DeviceSubRequest) -> Query:
-    return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())))
+    return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())), alt.tolerations)
 
 
 def cap_column(col: str, cap: str, elsewhere: bool = False) -> str:
@@ -122,12 +123,15 @@ class DraState:
         return [i for i, d in enumerate(self.devices) if d.node == node]
 
     def query_matches(self, q: Query, device: int) -> bool:
-        """The class's and the request's selectors hold, and the requested capacities fit the device (a shared
-        device: its request policies accept them; another: it has at least that much)."""
-        cls, sel, cap = q
+        """The class's and the request's selectors hold, the requested capacities fit the device (a shared
+        device: its request policies accept them; another: it has at least that much) and the request tolerates
+        its NoSchedule/NoExecute taints."""
+        cls, sel, cap, tol = q
         if cls not in self.class_selectors:
             return False
         if cap and not self.capacity_fits(dict(cap), device):
+            return False
+        if self.specs[device].taints and self.specs[device].untolerated(tol) is not None:
             return False
         return self.selectors.all_match(self.class_selectors[cls], device) and self.selectors.all_match(sel, device)
 
@@ -250,7 +254,7 @@ class _Builder:
         for exprs in self.class_selectors.values():
             for e in exprs:
                 st.selectors.compiled(e)
-        ordered = sorted(queries)
+        ordered = sorted(queries, key=repr)
         sig_kind: dict[tuple[frozenset[Query], Any], int] = {}
         self.kind_share: list[Any] = []  # per kind: its shared devices' capacities and policies, or None
         for d in range(len(st.devices)):
