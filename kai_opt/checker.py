@@ -493,6 +493,9 @@ def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray
                         at[k] = at.get(k, 0) + v
                 else:
                     held.add((r.driver, r.pool, r.device))
+                    di = dra.index_of((r.driver, r.pool, r.device))
+                    if di is not None:
+                        dra.take_counters(di, used)
     for dev, amounts in used.items():
         d = dra.index_of(dev)
         if d is not None and any(v > dra.specs[d].capacity.get(k, 0) for k, v in amounts.items()):
@@ -517,10 +520,24 @@ def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray
                                         f"room for {want}")
                     continue
                 fits = [d for d in free if d not in taken and dra.query_matches(q, d)]
+                if not alt.admin_access and col in dra.column_counters:  # devices whose counters have room
+                    fits.sort(key=lambda d: d in dra.out_of_play)
+                    room = []
+                    for d in fits:
+                        if dra.counters_fit(d, used):
+                            dra.take_counters(d, used)
+                            room.append(d)
+                        if alt.mode != "All" and len(room) == alt.count:
+                            break
+                    fits = room
                 want_n = len(fits) if alt.mode == "All" else alt.count
                 if len(fits) < want_n:
                     problems.append(f"claim {cp.key} request {request}: {len(fits)} free matching devices on "
                                     f"{name}, needs {want_n}")
                 elif not alt.admin_access:
                     taken.update(fits[:want_n])
+    for key, values in dra.counter_sets.items():
+        over = {c: used[key][c] for c in values if used.get(key, {}).get(c, 0) > values[c]}
+        if over:
+            problems.append(f"counter set {'/'.join(key)}: consumed {over} over {values}")
     return problems

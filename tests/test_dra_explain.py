@@ -66,3 +66,12 @@ def test_a_full_shared_device_reads_no_capacity_left() -> None:
     out = ex(objs, "default/p")
     alt = out["claims"][0]["claims"][0]["requests"][0]["alternatives"][0]
     assert alt["blocked"] == {"no capacity left": 1} and alt["share"] == {f"{DRIVER}/memory": 20 * 2**30}
+
+
+def test_used_up_shared_counters_are_named() -> None:
+    from test_dra_counters import BASE, allocated, group, partitioned, profile_template
+    objs = [*BASE, *partitioned("n0"), allocated("held", "n0", "gpu-0", reserved="gone"),
+            profile_template("p", "part"), *group("p0", "p")]
+    out = ex(objs, "default/p0")
+    alt = out["claims"][0]["claims"][0]["requests"][0]["alternatives"][0]
+    assert alt["free"] == 0 and alt["blocked"]["shared counters of gpu-0-cs used up"] == 4

@@ -139,6 +139,32 @@ class DeviceTaint(BaseModel):
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 
 
+def _counters(raw: Any, who: str, field: str) -> dict[str, int]:
+    return {str(k): _quantity(as_dict(v, obj=who, field=f"{field}.{k}").get("value"), who, f"{field}.{k}.value")
+            for k, v in as_dict(raw, obj=who, field=field).items()}
+
+
+def _counter_sets(raw: Any, who: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for i, cs in enumerate(as_list(raw, obj=who, field="spec.sharedCounters")):
+        cs = as_dict(cs, obj=who, field=f"spec.sharedCounters[{i}]")
+        if not isinstance(cs.get("name"), str) or not cs["name"]:
+            raise InputError("name is required", obj=who, field=f"spec.sharedCounters[{i}].name")
+        out[cs["name"]] = _counters(cs.get("counters"), who, f"spec.sharedCounters[{i}].counters")
+    return out
+
+
+def _consumes(raw: Any, who: str, field: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    out = []
+    for i, c in enumerate(as_list(raw, obj=who, field=field)):
+        c = as_dict(c, obj=who, field=f"{field}[{i}]")
+        if not isinstance(c.get("counterSet"), str) or not c["counterSet"]:
+            raise InputError("counterSet is required", obj=who, field=f"{field}[{i}].counterSet")
+        out.append((c["counterSet"], tuple(sorted(_counters(c.get("counters"), who, f"{field}[{i}].counters")
+                                                  .items()))))
+    return tuple(out)
+
+
 def _taints(raw: Any, who: str, field: str) -> tuple[DeviceTaint, ...]:
     out = []
     for i, t in enumerate(as_list(raw, obj=who, field=field)):
@@ -172,6 +198,7 @@ class Device(BaseModel):
     multiple_allocations: bool = False  # allowMultipleAllocations: shared by claims up to its capacity
     policies: dict[str, CapacityPolicy] = {}  # qualified capacity name -> its requestPolicy (shared devices)
     taints: tuple[DeviceTaint, ...] = ()
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # consumesCounters: (counter set, amounts)
 
     def untolerated(self, tolerations: tuple[Toleration, ...]) -> DeviceTaint | None:
         """The first NoSchedule/NoExecute taint none of `tolerations` tolerates (None: the device may be given)."""
@@ -207,6 +234,7 @@ class ResourceSlice(BaseModel):
     node_selector: tuple[NodeSelectorTerm, ...] = ()  # devices reachable from the nodes it selects
     all_nodes: bool = False
     devices: tuple[Device, ...] = ()
+    shared_counters: dict[str, dict[str, int]] = {}  # sharedCounters: counter set -> counter -> value
 
     @property
     def name(self) -> str:
@@ -252,11 +280,13 @@ class ResourceSlice(BaseModel):
                                                                 f"{f}.capacity.{k}.requestPolicy")
             devices.append(Device(name=d["name"], attributes=attrs, capacity=cap, policies=policies,
                                   taints=_taints(d.get("taints"), who, f"{f}.taints"),
+                                  consumes=_consumes(d.get("consumesCounters"), who, f"{f}.consumesCounters"),
                                   multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
         try:
             return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
                        slice_count=int(pool.get("resourceSliceCount", 1)), node_name=spec.get("nodeName") or None,
-                       node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices))
+                       node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices),
+                       shared_counters=_counter_sets(spec.get("sharedCounters"), who))
         except (TypeError, ValueError) as exc:
             raise InputError(f"bad pool fields: {exc}".splitlines()[0], obj=who, field="spec.pool") from None
 

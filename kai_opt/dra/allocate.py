@@ -22,7 +22,7 @@ def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> 
     """Per column: devices of the node no claim holds, in order."""
     out: dict[str, list[int]] = {}
     for d, dev in enumerate(dra.devices):
-        if dev.node != node or dra.device_kind[d] < 0:
+        if dev.node != node or dra.device_kind[d] < 0 or d in dra.out_of_play:
             continue
         if (dev.driver, dev.pool, dev.name) in taken:
             continue
@@ -74,11 +74,18 @@ def choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, s
             continue
         pool = free.get(col, [])
         n = len(pool) if alt.mode == "All" else alt.count
-        if len(pool) < n:
+        picked: list[int] = []
+        for d in pool:  # devices whose shared counters have room (all of them without counters)
+            if len(picked) == n:
+                break
+            if alt.admin_access or dra.counters_fit(d, used):
+                picked.append(d)
+                if not alt.admin_access:
+                    dra.take_counters(d, used)
+        if len(picked) < n:
             return None
-        picked = pool[:n]
         if not alt.admin_access:
-            del pool[:n]
+            pool[:] = [d for d in pool if d not in picked]
         for d in picked:
             dev = dra.devices[d]
             out.append(AllocationResult(request=request, driver=dev.driver, pool=dev.pool, device=dev.name,
@@ -107,6 +114,9 @@ def claims_after(claims: list[ResourceClaim], dra: DraState, bound: dict[str, tu
             if not rest and c.allocation is not None:
                 for r in c.allocation:
                     taken.discard((r.driver, r.pool, r.device))
+                    di = dra.index_of((r.driver, r.pool, r.device))
+                    if di is not None and not r.admin_access:
+                        dra.take_counters(di, used, -1)
                     mine = used.get((r.driver, r.pool, r.device), {})
                     for k, v in r.consumed.items():
                         mine[k] = mine.get(k, 0) - v

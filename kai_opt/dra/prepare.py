@@ -46,6 +46,17 @@ Query = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...], tuple[Toleratio
 DeviceKey = tuple[str, str, str]  # (driver, pool, device)
 
 
+def counter_key(driver: str, pool: str, counter_set: str) -> DeviceKey:
+    """A counter set's key in `DraState.consumed` (a device name never contains ':')."""
+    return (driver, pool, f"counterSet:{counter_set}")
+
+
+def counter_column(driver: str, counter: str, elsewhere: bool = False) -> str:
+    """The column of a shared counter: on each node, what its designated counter set of the driver has free
+    (`~`: what pods' claims consume of its other sets)."""
+    return f"dra:counter:{driver}/{counter}" + ("~" if elsewhere else "")
+
+
 def query_of(alt: DeviceSubRequest) -> Query:
     return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())), alt.tolerations)
 
@@ -105,6 +116,32 @@ class DraState:
     column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
     consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
     designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
+    counter_sets: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # counter_key -> values
+    column_counters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # column -> per device
+    out_of_play: set[int] = field(default_factory=set)  # devices on a counter set other than the designated one
+
+    def counters_of(self, d: int) -> tuple[DeviceKey, tuple[tuple[str, int], ...]] | None:
+        """The counter set a device consumes from and how much (None: it consumes none)."""
+        spec, dev = self.specs[d], self.devices[d]
+        if not spec.consumes:
+            return None
+        cs, amounts = spec.consumes[0]
+        return counter_key(dev.driver, dev.pool, cs), amounts
+
+    def counters_fit(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> bool:
+        got = self.counters_of(d)
+        if got is None:
+            return True
+        key, amounts = got
+        have, taken = self.counter_sets.get(key, {}), used.get(key, {})
+        return all(have.get(c, 0) - taken.get(c, 0) >= v for c, v in amounts)
+
+    def take_counters(self, d: int, used: dict[DeviceKey, dict[str, int]], sign: int = 1) -> None:
+        got = self.counters_of(d)
+        if got is not None:
+            mine = used.setdefault(got[0], {})
+            for c, v in got[1]:
+                mine[c] = mine.get(c, 0) + sign * v
 
     def key(self, d: int) -> DeviceKey:
         dev = self.devices[d]
@@ -145,6 +182,14 @@ class DraState:
 
 def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
     return bool(slices) or any(p.resource_claims for p in pods)
+
+
+def _newest(slices: list[ResourceSlice]) -> list[ResourceSlice]:
+    """The slices of each (driver, pool)'s newest generation."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        newest[(s.driver, s.pool)] = max(newest.get((s.driver, s.pool), s.generation), s.generation)
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
 
 def _current_slices(slices: list[ResourceSlice], warnings: list[str]) -> list[ResourceSlice]:
@@ -201,6 +246,10 @@ class _Builder:
         devices: list[DevRef] = []
         specs: list[Device] = []
         contexts = []
+        counter_sets: dict[DeviceKey, dict[str, int]] = {}
+        for s in _newest(self.snapshot.resource_slices):
+            for name, values in s.shared_counters.items():
+                counter_sets[counter_key(s.driver, s.pool, name)] = values
         for s in _current_slices(self.snapshot.resource_slices, self.warnings):
             for dv in s.devices:
                 devices.append(DevRef(s.driver, s.pool, dv.name, str(s.node_name), s.name, s.generation))
@@ -208,6 +257,13 @@ class _Builder:
                 contexts.append(device_context(s.driver, dv))
         self.state = DraState(devices, [], [], [], [], {}, SelectorCache(contexts), self.class_selectors, set())
         self.state.specs = specs
+        self.state.counter_sets = counter_sets
+        for d, dv in enumerate(specs):
+            if len(dv.consumes) > 1 or (dv.consumes and counter_key(devices[d].driver, devices[d].pool,
+                                                                    dv.consumes[0][0]) not in counter_sets):
+                self.warnings.append(f"device {devices[d].pool}/{dv.name}: consumes counters of "
+                                     f"{len(dv.consumes)} sets or of an unknown set; it is not allocated")
+                self.state.out_of_play.add(d)
         self.dev_index = {(d.driver, d.pool, d.name): i for i, d in enumerate(devices)}
 
     def resolve_claims(self) -> None:
@@ -256,7 +312,8 @@ class _Builder:
                 st.selectors.compiled(e)
         ordered = sorted(queries, key=repr)
         sig_kind: dict[tuple[frozenset[Query], Any], int] = {}
-        self.kind_share: list[Any] = []  # per kind: its shared devices' capacities and policies, or None
+        self.kind_share: list[Any] = []  # per kind: (shared devices' capacities and policies | None,
+        # shared counters each device consumes | None)
         for d in range(len(st.devices)):
             sig = frozenset(q for q in ordered if st.query_matches(q, d))
             if not sig:
@@ -265,11 +322,13 @@ class _Builder:
             spec = st.specs[d]
             share = (tuple(sorted(spec.capacity.items())), repr(sorted(spec.policies.items()))) \
                 if spec.multiple_allocations else None
-            k = sig_kind.get((sig, share))
+            ctr = st.counters_of(d)
+            how = (share, ctr[1] if ctr is not None else None)  # shared capacity, counters per device
+            k = sig_kind.get((sig, how))
             if k is None:
-                k = sig_kind[(sig, share)] = len(st.kind_queries)
+                k = sig_kind[(sig, how)] = len(st.kind_queries)
                 st.kind_queries.append(sig)
-                self.kind_share.append(share)
+                self.kind_share.append(how)
             st.device_kind.append(k)
         for expr, why in st.selectors.errors.items():
             self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
@@ -317,8 +376,10 @@ class _Builder:
                 for k in g:
                     st.kind_column[k] = f"dra:{cls}" if len(gs) == 1 else f"dra:{cls}#{j}"
         for d, k in enumerate(st.device_kind):
-            if k >= 0 and self.kind_share[k] is not None:
+            if k >= 0 and self.kind_share[k][0] is not None:
                 st.column_share.setdefault(st.kind_column[k], st.specs[d])
+            if k >= 0 and self.kind_share[k][1] is not None:
+                st.column_counters.setdefault(st.kind_column[k], self.kind_share[k][1])
 
     def read_consumption(self) -> None:
         """What allocated claims take of shared devices, and per node and shared column its designated device:
@@ -334,7 +395,7 @@ class _Builder:
                     use[k] = use.get(k, 0) + v
         best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], int], int]] = {}
         for d, k in enumerate(st.device_kind):
-            if k < 0 or self.kind_share[k] is None:
+            if k < 0 or self.kind_share[k][0] is None:
                 continue
             free = st.free_capacity(d, st.consumed)
             rank = (tuple(free[c] for c in sorted(free)), -d)
@@ -343,6 +404,43 @@ class _Builder:
                 best[at] = (rank, d)
         st.designated = {at: d for at, (_r, d) in best.items()}
         self.cap_back: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> pods' use
+        self.read_counters()
+
+    def read_counters(self) -> None:
+        """What allocated devices take of shared counters, and per (node, driver) its designated counter set, the
+        one with the most free (counters by name): new claims of the cycle take devices on it only (the others
+        are out of play until a later cycle), so the counter columns are exact."""
+        st = self.state
+        allocated: set[DeviceKey] = set()
+        for rc in self.snapshot.resource_claims:
+            for r in rc.allocation or ():
+                di = self.dev_index.get((r.driver, r.pool, r.device))
+                if di is not None and not r.admin_access:
+                    st.take_counters(di, st.consumed)
+                    allocated.add((r.driver, r.pool, r.device))
+        best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], str], DeviceKey]] = {}
+        for d, dev in enumerate(st.devices):
+            got = st.counters_of(d)
+            if got is None or d in st.out_of_play:
+                continue
+            have, taken = st.counter_sets[got[0]], st.consumed.get(got[0], {})
+            rank = (tuple(have[c] - taken.get(c, 0) for c in sorted(have)), "/".join(got[0]))
+            at = (dev.node, dev.driver)
+            if at not in best or rank > best[at][0]:
+                best[at] = (rank, got[0])
+        self.designated_set = {at: key for at, (_r, key) in best.items()}
+        self.sets_on: dict[str, list[tuple[str, DeviceKey]]] = defaultdict(list)  # node -> (driver, set)
+        for (n, drv), key in self.designated_set.items():
+            self.sets_on[n].append((drv, key))
+        self.out_free: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> free devices out of play
+        for d, dev in enumerate(st.devices):
+            got = st.counters_of(d)
+            if got is None or st.key(d) in allocated:
+                continue
+            if d in st.out_of_play or self.designated_set.get((dev.node, dev.driver)) != got[0]:
+                st.out_of_play.add(d)
+                if st.device_kind[d] >= 0:
+                    self.out_free[(dev.node, st.kind_column[st.device_kind[d]])] += 1
 
     def plan_claim(self, cp: ClaimPlan) -> None:
         spec = self.spec_of(cp)
@@ -384,6 +482,12 @@ class _Builder:
             st.allocated.add((res.driver, res.pool, res.device))
             if st.device_kind[di] >= 0 and not res.admin_access:
                 counts[st.kind_column[st.device_kind[di]]] += 1
+                got = st.counters_of(di)
+                if got is not None:
+                    dev = st.devices[di]
+                    other = self.designated_set.get((dev.node, dev.driver)) != got[0]
+                    for c, v in got[1]:
+                        shares[(dev.node, counter_column(dev.driver, c, other))] += v
         if not nodes_of and claim.allocation_nodes:
             nodes_of = {n.name for n in self.nodes if any(t.matches(n.labels, n.name) for t in claim.allocation_nodes)}
         cp.nodes = nodes_of if (nodes_of or claim.allocation) else None
@@ -451,18 +555,29 @@ class _Builder:
             for cap, v in (use or {}).items():
                 cp.demand[cap_column(col, cap)] = cp.demand.get(cap_column(col, cap), 0) + v
             return True
+        per_device = st.column_counters.get(col, ())
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
             cp.nodes = want if cp.nodes is None else cp.nodes & want
             if not alt.admin_access:
                 cp.demand[col] = cp.demand.get(col, 0) + top
+                self.add_counters(cp, col, per_device, top)
         elif alt.admin_access:  # admin access sees devices without taking them
             want = {n for n, c in have.items() if c >= alt.count}
             cp.nodes = want if cp.nodes is None else cp.nodes & want
         else:
             cp.demand[col] = cp.demand.get(col, 0) + alt.count
+            self.add_counters(cp, col, per_device, alt.count)
         return True
+
+    def add_counters(self, cp: ClaimPlan, col: str, per_device: tuple[tuple[str, int], ...], n: int) -> None:
+        """The shared counters `n` devices of the column consume, in the counter columns of their driver."""
+        if per_device:
+            drv = self.driver_of(col)
+            for c, v in per_device:
+                cc = counter_column(drv, c)
+                cp.demand[cc] = cp.demand.get(cc, 0) + n * v
 
     def driver_of(self, col: str) -> str:
         st = self.state
@@ -486,8 +601,16 @@ class _Builder:
         st = self.state
         out = []
         for node in self.nodes:
-            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0))
+            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0)
+                              - self.out_free.get((node.name, col), 0))
                      for col in st.kind_column if col not in st.column_share}
+            n = node.name
+            for drv, key in self.sets_on.get(n, []):
+                taken = st.consumed.get(key, {})
+                for c, v in st.counter_sets[key].items():
+                    cc = counter_column(drv, c)
+                    extra[cc] = max(0, v - taken.get(c, 0)) + self.cap_back.get((n, cc), 0)
+                    extra[counter_column(drv, c, True)] = self.cap_back.get((n, counter_column(drv, c, True)), 0)
             for col, share in st.column_share.items():
                 d = st.designated.get((node.name, col))
                 free = st.free_capacity(d, st.consumed) if d is not None else {}

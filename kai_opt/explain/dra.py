@@ -4,7 +4,8 @@ what keeps the cluster's devices from it.
 Rule: a device is counted under the first of these that fails for the request (so every device is counted
 once): the device class's selectors (`class selector <expr>`), the request's selectors (`selector <expr>`), its
 `capacity.requests` (`capacity`), a NoSchedule/NoExecute taint it does not tolerate (`taint <taint>`), taken
-(`allocated to another claim`, or a shared device without the share's room: `no capacity left`); the rest are
+(`allocated to another claim`, its shared counter set used up, a counter set other than the one the node's new
+claims take this cycle, or a shared device without the share's room: `no capacity left`); the rest are
 `free`. The best node is the one with the most free matching devices. The devices of a placed pod's claim are
 the allocation it has, else the ones the binder takes first on the plan's node (`kai_opt.dra.allocate.choose`).
 """
@@ -80,6 +81,11 @@ def request_entry(dra: DraState, r: DeviceRequest) -> dict[str, Any]:
             reason = _blocker(dra, q, d)
             if reason is None and (dev.driver, dev.pool, dev.name) in dra.allocated:
                 reason = "allocated to another claim"
+            if reason is None and not alt.admin_access and not dra.counters_fit(d, dra.consumed):
+                got = dra.counters_of(d)
+                reason = f"shared counters of {got[0][2].removeprefix('counterSet:') if got else '?'} used up"
+            if reason is None and d in dra.out_of_play:
+                reason = "not on the node's counter set of this cycle"
             if reason is None and dra.specs[d].multiple_allocations and not alt.admin_access:
                 share = dra.specs[d].consumption(alt.capacity, dev.driver)
                 free = dra.free_capacity(d, dra.consumed)
