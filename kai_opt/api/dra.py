@@ -199,6 +199,10 @@ class Device(BaseModel):
     policies: dict[str, CapacityPolicy] = {}  # qualified capacity name -> its requestPolicy (shared devices)
     taints: tuple[DeviceTaint, ...] = ()
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # consumesCounters: (counter set, amounts)
+    # where it is reachable from, when its slice says perDeviceNodeSelection
+    node_name: str | None = None
+    node_selector: tuple[NodeSelectorTerm, ...] = ()
+    all_nodes: bool = False
 
     def untolerated(self, tolerations: tuple[Toleration, ...]) -> DeviceTaint | None:
         """The first NoSchedule/NoExecute taint none of `tolerations` tolerates (None: the device may be given)."""
@@ -234,6 +238,7 @@ class ResourceSlice(BaseModel):
     node_selector: tuple[NodeSelectorTerm, ...] = ()  # devices reachable from the nodes it selects
     all_nodes: bool = False
     devices: tuple[Device, ...] = ()
+    per_device: bool = False  # perDeviceNodeSelection: each device says where it is reachable from
     shared_counters: dict[str, dict[str, int]] = {}  # sharedCounters: counter set -> counter -> value
 
     @property
@@ -281,12 +286,16 @@ class ResourceSlice(BaseModel):
             devices.append(Device(name=d["name"], attributes=attrs, capacity=cap, policies=policies,
                                   taints=_taints(d.get("taints"), who, f"{f}.taints"),
                                   consumes=_consumes(d.get("consumesCounters"), who, f"{f}.consumesCounters"),
+                                  node_name=d.get("nodeName") or None, all_nodes=bool(d.get("allNodes", False)),
+                                  node_selector=_node_terms(d["nodeSelector"], who, f"{f}.nodeSelector")
+                                  if d.get("nodeSelector") is not None else (),
                                   multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
         try:
             return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
                        slice_count=int(pool.get("resourceSliceCount", 1)), node_name=spec.get("nodeName") or None,
                        node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices),
-                       shared_counters=_counter_sets(spec.get("sharedCounters"), who))
+                       shared_counters=_counter_sets(spec.get("sharedCounters"), who),
+                       per_device=bool(spec.get("perDeviceNodeSelection", False)))
         except (TypeError, ValueError) as exc:
             raise InputError(f"bad pool fields: {exc}".splitlines()[0], obj=who, field="spec.pool") from None
 

@@ -14,8 +14,11 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
   and that some node has enough devices for); `All` takes every matching device of the node, and is pinned to the
   nodes where that count is the same as the column's request;
 - matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
-- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, a
-  network-attached device, the 256-consumer limit) keeps its pending pods off every node, with a warning.
+- shared devices (consumable capacity) and shared counters are columns of their own, measured on each node's
+  designated device / counter set (`read_consumption`, `read_counters`); tolerations are part of the query;
+  a network-attached device is counted on one node it reaches (`_Reach`);
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, count
+  > 1 on shared devices, the 256-consumer limit) keeps its pending pods off every node, with a warning.
 Without DRA objects and claims the snapshot is returned unchanged.
 """
 
@@ -198,17 +201,48 @@ def _current_slices(slices: list[ResourceSlice], warnings: list[str]) -> list[Re
     for s in slices:
         k = (s.driver, s.pool)
         newest[k] = max(newest.get(k, s.generation), s.generation)
-    out = []
-    for s in slices:
-        if s.generation != newest[(s.driver, s.pool)]:
-            continue
-        if s.node_name is None:
-            if s.devices:
-                warnings.append(f"ResourceSlice {s.name}: network-attached devices (nodeSelector/allNodes) are "
-                                f"not scheduled by kai-opt yet; its {len(s.devices)} devices are left out")
-            continue
-        out.append(s)
-    return out
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
+
+
+class _Reach:
+    """The node a device is counted on. A node-local device: its node. A network-attached one (the slice's
+    nodeSelector or allNodes, or the device's own with perDeviceNodeSelection), reachable from several nodes: an
+    allocated one on the node of a running pod that reserves its claim, else the first node it reaches; the free
+    ones of a slice (of a device's own selection) together on the reachable node with the fewest such devices so
+    far (names break ties), so a device is given from one node per cycle."""
+
+    def __init__(self, nodes: list[Node], pods: list[Pod], claims: list[ResourceClaim]) -> None:
+        self.nodes = sorted(nodes, key=lambda n: n.name)
+        where = {p.key: p.node_name for p in pods if p.node_name is not None and not p.finished}
+        self.held: dict[DeviceKey, str] = {}
+        for c in claims:
+            on = [where[f"{c.meta.namespace}/{r.name}"] for r in c.reserved_for
+                  if f"{c.meta.namespace}/{r.name}" in where]
+            for r in c.allocation or ():
+                if on:
+                    self.held[(r.driver, r.pool, r.device)] = on[0]
+        self.load: dict[str, int] = defaultdict(int)
+        self.group_node: dict[Any, str] = {}
+
+    def node_of(self, s: ResourceSlice, dv: Device) -> str | None:
+        if s.node_name is not None:
+            return s.node_name
+        src: Any = (dv.node_name, dv.all_nodes, dv.node_selector) if s.per_device else (None, s.all_nodes,
+                                                                                          s.node_selector)
+        if src[0] is not None:
+            return str(src[0])
+        reach = [n.name for n in self.nodes if src[1] or any(t.matches(n.labels, n.name) for t in src[2])]
+        if not reach:
+            return None
+        held = self.held.get((s.driver, s.pool, dv.name))
+        if held in reach:
+            return held
+        group = (s.name, src if s.per_device else None)
+        node = self.group_node.get(group)
+        if node is None:
+            node = self.group_node[group] = min(reach, key=lambda n: (self.load[n], n))
+        self.load[node] += 1
+        return node
 
 
 def prepare(nodes: list[Node], pods: list[Pod], snapshot: object, warnings: list[str]) -> tuple[
@@ -250,9 +284,13 @@ class _Builder:
         for s in _newest(self.snapshot.resource_slices):
             for name, values in s.shared_counters.items():
                 counter_sets[counter_key(s.driver, s.pool, name)] = values
+        place = _Reach(self.nodes, self.pods, self.snapshot.resource_claims)
         for s in _current_slices(self.snapshot.resource_slices, self.warnings):
             for dv in s.devices:
-                devices.append(DevRef(s.driver, s.pool, dv.name, str(s.node_name), s.name, s.generation))
+                node = place.node_of(s, dv)
+                if node is None:
+                    continue
+                devices.append(DevRef(s.driver, s.pool, dv.name, node, s.name, s.generation))
                 specs.append(dv)
                 contexts.append(device_context(s.driver, dv))
         self.state = DraState(devices, [], [], [], [], {}, SelectorCache(contexts), self.class_selectors, set())
