@@ -21,8 +21,9 @@ Used = dict[DeviceKey, dict[str, int]]  # shared device -> capacity consumed
 def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> dict[str, list[int]]:
     """Per column: devices of the node no claim holds, in order."""
     out: dict[str, list[int]] = {}
-    for d, dev in enumerate(dra.devices):
-        if dev.node != node or dra.device_kind[d] < 0 or d in dra.out_of_play:
+    for d in dra.node_devices(node):
+        dev = dra.devices[d]
+        if dra.device_kind[d] < 0 or d in dra.out_of_play:
             continue
         if (dev.driver, dev.pool, dev.name) in taken:
             continue
@@ -33,7 +34,7 @@ def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> 
 def shares_on(dra: DraState, node: str, col: str) -> list[int]:
     """The node's shared devices of a column, its designated one first."""
     first = dra.designated.get((node, col))
-    rest = [d for d, dev in enumerate(dra.devices) if dev.node == node and dra.device_kind[d] >= 0
+    rest = [d for d in dra.node_devices(node) if dra.device_kind[d] >= 0
             and dra.kind_column[dra.device_kind[d]] == col and d != first]
     return ([first] if first is not None else []) + rest
 

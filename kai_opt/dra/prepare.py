@@ -160,7 +160,12 @@ class DraState:
         return {k: v - taken.get(k, 0) for k, v in self.specs[d].capacity.items()}
 
     def node_devices(self, node: str) -> list[int]:
-        return [i for i, d in enumerate(self.devices) if d.node == node]
+        """The node's devices in slice order (indexed once)."""
+        if not hasattr(self, "_by_node"):
+            self._by_node: dict[str, list[int]] = defaultdict(list)
+            for i, d in enumerate(self.devices):
+                self._by_node[d.node].append(i)
+        return self._by_node.get(node, [])
 
     def query_matches(self, q: Query, device: int) -> bool:
         """The class's and the request's selectors hold, the requested capacities fit the device (a shared
@@ -618,8 +623,14 @@ class _Builder:
                 cp.demand[cc] = cp.demand.get(cc, 0) + n * v
 
     def driver_of(self, col: str) -> str:
-        st = self.state
-        return next(st.devices[d].driver for d, k in enumerate(st.device_kind) if k >= 0 and st.kind_column[k] == col)
+        """The driver of a column's devices (a column's kinds come from one device class; the first device's)."""
+        if not hasattr(self, "_driver"):
+            st = self.state
+            self._driver: dict[str, str] = {}
+            for d, k in enumerate(st.device_kind):
+                if k >= 0:
+                    self._driver.setdefault(st.kind_column[k], st.devices[d].driver)
+        return self._driver[col]
 
     def nodes_for(self, col: str, kinds: frozenset[int]) -> tuple[set[str] | None, dict[str, int]]:
         """(the nodes a query over `kinds` is pinned to, None: any; per node with such devices, how many), once
