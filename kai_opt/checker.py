@@ -21,12 +21,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from kai_opt.actions import EVICTION_RULES, BeneficiaryQueue, EvictionRules, MinRuntime
 from kai_opt.config import Config
+from kai_opt.dra.allocate import shares_on, take_share
+from kai_opt.dra.prepare import query_of
 from kai_opt.fairshare.share import FairShare
 from kai_opt.plan import Plan
 from kai_opt.state import R_GPU, ClusterState, PodStatus
@@ -477,24 +480,64 @@ def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray
         if not cp.fixed and cp.requests and nodes and (cp.claim is None or cp.claim.allocation is None):
             per_node.setdefault(next(iter(nodes)), []).append(ci)
     held: set[tuple[str, str, str]] = set()  # devices of allocated claims still held after the plan
+    used: dict[tuple[str, str, str], dict[str, int]] = {}  # shares of shared devices still held after the plan
     for cp in dra.claims:
         if cp.claim is not None and cp.claim.allocation is not None and (
                 cp.fixed or not cp.users or any(u in where for u in cp.users)):
-            held.update((r.driver, r.pool, r.device) for r in cp.claim.allocation if not r.admin_access)
+            for r in cp.claim.allocation:
+                if r.admin_access:
+                    continue
+                if r.consumed:
+                    at = used.setdefault((r.driver, r.pool, r.device), {})
+                    for k, v in r.consumed.items():
+                        at[k] = at.get(k, 0) + v
+                else:
+                    held.add((r.driver, r.pool, r.device))
+                    di = dra.index_of((r.driver, r.pool, r.device))
+                    if di is not None:
+                        dra.take_counters(di, used)
+    for dev, amounts in used.items():
+        d = dra.index_of(dev)
+        if d is not None and any(v > dra.specs[d].capacity.get(k, 0) for k, v in amounts.items()):
+            problems.append(f"shared device {'/'.join(dev)}: consumed {amounts} over its capacity")
     for n, claims in per_node.items():
         name = state.node_names[n]
         free = [d for d, dev in enumerate(dra.devices) if dev.node == name
                 and (dev.driver, dev.pool, dev.name) not in held]
-        used: set[int] = set()
+        taken: set[int] = set()
         for ci in claims:
             cp = dra.claims[ci]
-            for request, alt, _col in cp.requests:
-                q = (alt.device_class, alt.selectors)
-                fits = [d for d in free if d not in used and dra.query_matches(q, d)]
-                want = len(fits) if alt.mode == "All" else alt.count
-                if len(fits) < want:
+            for request, alt, col in cp.requests:
+                q = query_of(alt)
+                share = dra.column_share.get(col)
+                if share is not None and not alt.admin_access:  # one share: a matching device with room
+                    drv = next((dra.devices[d].driver for d in shares_on(dra, name, col)), None)
+                    want = share.consumption(alt.capacity, drv) if drv is not None else None
+                    d = None if want is None else take_share(
+                        dra, name, col, want, used, only=partial(dra.query_matches, q))
+                    if d is None:
+                        problems.append(f"claim {cp.key} request {request}: no shared device on {name} with "
+                                        f"room for {want}")
+                    continue
+                fits = [d for d in free if d not in taken and dra.query_matches(q, d)]
+                if not alt.admin_access and col in dra.column_counters:  # devices whose counters have room
+                    fits.sort(key=lambda d: d in dra.out_of_play)
+                    room = []
+                    for d in fits:
+                        if dra.counters_fit(d, used):
+                            dra.take_counters(d, used)
+                            room.append(d)
+                        if alt.mode != "All" and len(room) == alt.count:
+                            break
+                    fits = room
+                want_n = len(fits) if alt.mode == "All" else alt.count
+                if len(fits) < want_n:
                     problems.append(f"claim {cp.key} request {request}: {len(fits)} free matching devices on "
-                                    f"{name}, needs {want}")
+                                    f"{name}, needs {want_n}")
                 elif not alt.admin_access:
-                    used.update(fits[:want])
+                    taken.update(fits[:want_n])
+    for key, values in dra.counter_sets.items():
+        over = {c: used[key][c] for c in values if used.get(key, {}).get(c, 0) > values[c]}
+        if over:
+            problems.append(f"counter set {'/'.join(key)}: consumed {over} over {values}")
     return problems

@@ -13,7 +13,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from kai_opt.api.meta import MODEL, NodeSelectorTerm, ObjectMeta, as_dict, as_list, ident, parse_requirements
+from kai_opt.api.meta import (
+    MODEL,
+    NodeSelectorTerm,
+    ObjectMeta,
+    Toleration,
+    as_dict,
+    as_list,
+    ident,
+    parse_requirements,
+)
 from kai_opt.errors import InputError
 from kai_opt.units import QuantityError, parse_quantity
 
@@ -46,6 +55,24 @@ def _node_terms(raw: Any, who: str, field: str) -> tuple[NodeSelectorTerm, ...]:
     return tuple(out)
 
 
+def _quantity(raw: Any, who: str, field: str) -> int:
+    try:
+        return int(parse_quantity(raw))
+    except (QuantityError, TypeError) as exc:
+        raise InputError(f"invalid quantity {raw!r}", obj=who, field=field) from exc
+
+
+def _policy(raw: Any, who: str, field: str) -> CapacityPolicy:
+    raw = as_dict(raw, obj=who, field=field)
+    rng = as_dict(raw.get("validRange"), obj=who, field=f"{field}.validRange")
+    opt = {k: _quantity(rng[k], who, f"{field}.validRange.{k}") for k in ("min", "max", "step")
+           if rng.get(k) is not None}
+    values = tuple(_quantity(x, who, f"{field}.validValues[{i}]")
+                   for i, x in enumerate(as_list(raw.get("validValues"), obj=who, field=f"{field}.validValues")))
+    default = _quantity(raw["default"], who, f"{field}.default") if raw.get("default") is not None else None
+    return CapacityPolicy(default=default, values=tuple(sorted(values)), **opt)
+
+
 def qualify(name: str, driver: str) -> str:
     """An attribute or capacity name with its domain (`<driver>/<name>` when it has none)."""
     return name if "/" in name else f"{driver}/{name}"
@@ -68,12 +95,136 @@ class DeviceClass(BaseModel):
         return cls(meta=meta, selectors=_exprs(spec.get("selectors"), who=who, field="spec.selectors"))
 
 
+class CapacityPolicy(BaseModel):
+    """A capacity's requestPolicy: what one allocation of a shared device consumes of it."""
+
+    model_config = MODEL
+    default: int | None = None  # consumed when the request names no amount (None: the whole capacity)
+    min: int | None = None  # validRange
+    max: int | None = None
+    step: int | None = None
+    values: tuple[int, ...] = ()  # validValues, ascending
+
+    def consumed(self, requested: int | None, capacity: int) -> int | None:
+        """The amount an allocation takes for `requested` (None: not named by the request), rounded up as
+        Kubernetes rounds it; None when the policy refuses it (the device cannot be allocated)."""
+        amount = (self.default if self.default is not None else capacity) if requested is None else requested
+        if self.values:
+            up = [v for v in self.values if v >= amount]
+            return up[0] if up else None
+        if self.min is not None:
+            if amount < self.min:
+                amount = self.min
+            if self.step:
+                amount = self.min + -(-(amount - self.min) // self.step) * self.step
+            if self.max is not None and amount > self.max:
+                return None
+        return amount
+
+
+class DeviceTaint(BaseModel):
+    model_config = MODEL
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"  # NoSchedule and NoExecute keep claims off (None: informational)
+
+    @property
+    def blocks(self) -> bool:
+        return self.effect in ("NoSchedule", "NoExecute")
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+
+def _counters(raw: Any, who: str, field: str) -> dict[str, int]:
+    return {str(k): _quantity(as_dict(v, obj=who, field=f"{field}.{k}").get("value"), who, f"{field}.{k}.value")
+            for k, v in as_dict(raw, obj=who, field=field).items()}
+
+
+def _counter_sets(raw: Any, who: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for i, cs in enumerate(as_list(raw, obj=who, field="spec.sharedCounters")):
+        cs = as_dict(cs, obj=who, field=f"spec.sharedCounters[{i}]")
+        if not isinstance(cs.get("name"), str) or not cs["name"]:
+            raise InputError("name is required", obj=who, field=f"spec.sharedCounters[{i}].name")
+        out[cs["name"]] = _counters(cs.get("counters"), who, f"spec.sharedCounters[{i}].counters")
+    return out
+
+
+def _consumes(raw: Any, who: str, field: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    out = []
+    for i, c in enumerate(as_list(raw, obj=who, field=field)):
+        c = as_dict(c, obj=who, field=f"{field}[{i}]")
+        if not isinstance(c.get("counterSet"), str) or not c["counterSet"]:
+            raise InputError("counterSet is required", obj=who, field=f"{field}[{i}].counterSet")
+        out.append((c["counterSet"], tuple(sorted(_counters(c.get("counters"), who, f"{field}[{i}].counters")
+                                                  .items()))))
+    return tuple(out)
+
+
+def _taints(raw: Any, who: str, field: str) -> tuple[DeviceTaint, ...]:
+    out = []
+    for i, t in enumerate(as_list(raw, obj=who, field=field)):
+        t = as_dict(t, obj=who, field=f"{field}[{i}]")
+        if not isinstance(t.get("key"), str) or not t["key"]:
+            raise InputError("key is required", obj=who, field=f"{field}[{i}].key")
+        effect = t.get("effect")
+        if effect not in TAINT_EFFECTS:
+            raise InputError(f"unknown effect {effect!r}", obj=who, field=f"{field}[{i}].effect")
+        out.append(DeviceTaint(key=t["key"], value=str(t.get("value") or ""), effect=effect))
+    return tuple(out)
+
+
+def _tolerations(raw: Any, who: str, field: str) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(as_list(raw, obj=who, field=field)):
+        t = as_dict(t, obj=who, field=f"{field}[{i}]")
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise InputError(f"unknown operator {op!r}", obj=who, field=f"{field}[{i}].operator")
+        out.append(Toleration(key=str(t.get("key") or ""), operator=op, value=str(t.get("value") or ""),
+                              effect=str(t.get("effect") or "")))
+    return tuple(out)
+
+
 class Device(BaseModel):
     model_config = MODEL
     name: str
     attributes: dict[str, AttrValue] = {}  # qualified name -> value
     capacity: dict[str, int] = {}  # qualified name -> value (quantities as integers, e.g. bytes)
     multiple_allocations: bool = False  # allowMultipleAllocations: shared by claims up to its capacity
+    policies: dict[str, CapacityPolicy] = {}  # qualified capacity name -> its requestPolicy (shared devices)
+    taints: tuple[DeviceTaint, ...] = ()
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # consumesCounters: (counter set, amounts)
+    # where it is reachable from, when its slice says perDeviceNodeSelection
+    node_name: str | None = None
+    node_selector: tuple[NodeSelectorTerm, ...] = ()
+    all_nodes: bool = False
+
+    def untolerated(self, tolerations: tuple[Toleration, ...]) -> DeviceTaint | None:
+        """The first NoSchedule/NoExecute taint none of `tolerations` tolerates (None: the device may be given)."""
+        for t in self.taints:
+            if t.blocks and not any(x.tolerates(t.key, t.value, t.effect) for x in tolerations):
+                return t
+        return None
+
+    def consumption(self, requests: dict[str, int], driver: str) -> dict[str, int] | None:
+        """What one allocation of this shared device takes of every capacity for a request's
+        `capacity.requests` (names as the request gives them), None when a policy refuses an amount or the
+        request names a capacity the device lacks."""
+        want = {qualify(k, driver): v for k, v in requests.items()}
+        if any(k not in self.capacity for k in want):
+            return None
+        out = {}
+        for k, cap in self.capacity.items():
+            got = self.policies.get(k, CapacityPolicy()).consumed(want.get(k), cap)
+            if got is None or got > cap:
+                return None
+            out[k] = got
+        return out
 
 
 class ResourceSlice(BaseModel):
@@ -87,6 +238,8 @@ class ResourceSlice(BaseModel):
     node_selector: tuple[NodeSelectorTerm, ...] = ()  # devices reachable from the nodes it selects
     all_nodes: bool = False
     devices: tuple[Device, ...] = ()
+    per_device: bool = False  # perDeviceNodeSelection: each device says where it is reachable from
+    shared_counters: dict[str, dict[str, int]] = {}  # sharedCounters: counter set -> counter -> value
 
     @property
     def name(self) -> str:
@@ -123,18 +276,26 @@ class ResourceSlice(BaseModel):
                     raise InputError("an attribute needs int, bool, string or version", obj=who,
                                      field=f"{f}.attributes.{k}")
             cap: dict[str, int] = {}
+            policies: dict[str, CapacityPolicy] = {}
             for k, v in as_dict(d.get("capacity"), obj=who, field=f"{f}.capacity").items():
-                raw = as_dict(v, obj=who, field=f"{f}.capacity.{k}").get("value")
-                try:
-                    cap[qualify(str(k), driver)] = int(parse_quantity(raw))
-                except (QuantityError, TypeError) as exc:
-                    raise InputError(f"invalid quantity {raw!r}", obj=who, field=f"{f}.capacity.{k}.value") from exc
-            devices.append(Device(name=d["name"], attributes=attrs, capacity=cap,
+                v = as_dict(v, obj=who, field=f"{f}.capacity.{k}")
+                cap[qualify(str(k), driver)] = _quantity(v.get("value"), who, f"{f}.capacity.{k}.value")
+                if v.get("requestPolicy") is not None:
+                    policies[qualify(str(k), driver)] = _policy(v["requestPolicy"], who,
+                                                                f"{f}.capacity.{k}.requestPolicy")
+            devices.append(Device(name=d["name"], attributes=attrs, capacity=cap, policies=policies,
+                                  taints=_taints(d.get("taints"), who, f"{f}.taints"),
+                                  consumes=_consumes(d.get("consumesCounters"), who, f"{f}.consumesCounters"),
+                                  node_name=d.get("nodeName") or None, all_nodes=bool(d.get("allNodes", False)),
+                                  node_selector=_node_terms(d["nodeSelector"], who, f"{f}.nodeSelector")
+                                  if d.get("nodeSelector") is not None else (),
                                   multiple_allocations=bool(d.get("allowMultipleAllocations", False))))
         try:
             return cls(meta=meta, driver=driver, pool=pool["name"], generation=int(pool.get("generation", 0)),
                        slice_count=int(pool.get("resourceSliceCount", 1)), node_name=spec.get("nodeName") or None,
-                       node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices))
+                       node_selector=terms, all_nodes=bool(spec.get("allNodes", False)), devices=tuple(devices),
+                       shared_counters=_counter_sets(spec.get("sharedCounters"), who),
+                       per_device=bool(spec.get("perDeviceNodeSelection", False)))
         except (TypeError, ValueError) as exc:
             raise InputError(f"bad pool fields: {exc}".splitlines()[0], obj=who, field="spec.pool") from None
 
@@ -150,6 +311,7 @@ class DeviceSubRequest(BaseModel):
     count: int = 1
     admin_access: bool = False
     capacity: dict[str, int] = {}  # consumable capacity requested per device
+    tolerations: tuple[Toleration, ...] = ()  # device taints it tolerates
 
 
 class DeviceRequest(BaseModel):
@@ -171,6 +333,8 @@ class AllocationResult(BaseModel):
     pool: str
     device: str
     admin_access: bool = False
+    consumed: dict[str, int] = {}  # consumedCapacity of a shared device (qualified capacity names)
+    share_id: str | None = None  # shareID: which share of a shared device
 
 
 class ConsumerRef(BaseModel):
@@ -200,13 +364,11 @@ def _sub(raw: dict[str, Any], name: str, *, who: str, field: str) -> DeviceSubRe
     reqs = as_dict(as_dict(raw.get("capacity"), obj=who, field=f"{field}.capacity").get("requests"), obj=who,
                    field=f"{field}.capacity.requests")
     for k, v in reqs.items():
-        try:
-            cap[str(k)] = int(parse_quantity(v))
-        except (QuantityError, TypeError) as exc:
-            raise InputError(f"invalid quantity {v!r}", obj=who, field=f"{field}.capacity.requests.{k}") from exc
+        cap[str(k)] = _quantity(v, who, f"{field}.capacity.requests.{k}")
     return DeviceSubRequest(name=name, device_class=cls_name,
                             selectors=_exprs(raw.get("selectors"), who=who, field=f"{field}.selectors"),
-                            mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap)
+                            mode=mode, count=count, admin_access=bool(raw.get("adminAccess", False)), capacity=cap,
+                            tolerations=_tolerations(raw.get("tolerations"), who, f"{field}.tolerations"))
 
 
 def parse_claim_spec(spec: dict[str, Any], *, who: str, field: str) -> ClaimSpec:
@@ -268,10 +430,14 @@ class ResourceClaim(BaseModel):
             out = []
             for i, r in enumerate(results):
                 r = as_dict(r, obj=who, field=f"status.allocation.devices.results[{i}]")
+                rf = f"status.allocation.devices.results[{i}]"
+                used = {qualify(str(k), str(r.get("driver"))): _quantity(v, who, f"{rf}.consumedCapacity.{k}")
+                        for k, v in as_dict(r.get("consumedCapacity"), obj=who, field=f"{rf}.consumedCapacity").items()}
                 try:
                     out.append(AllocationResult(request=str(r["request"]), driver=str(r["driver"]),
                                                 pool=str(r["pool"]), device=str(r["device"]),
-                                                admin_access=bool(r.get("adminAccess") or False)))
+                                                admin_access=bool(r.get("adminAccess") or False), consumed=used,
+                                                share_id=str(r["shareID"]) if r.get("shareID") else None))
                 except KeyError as exc:
                     raise InputError(f"{exc.args[0]} is required", obj=who,
                                      field=f"status.allocation.devices.results[{i}]") from None

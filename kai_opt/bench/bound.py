@@ -87,6 +87,14 @@ def pod_gpu_at(state: ClusterState, pods: np.ndarray, nodes: np.ndarray) -> np.n
     return out
 
 
+def pod_dra_gpus(state: ClusterState, pods: np.ndarray) -> np.ndarray:
+    """Milli-GPUs each pod's DRA claims hold or ask for (KAI counts a GPU class's devices as GPUs); they are in
+    the DRA device columns, not in the GPU column."""
+    if state.dra is None or not len(pods):
+        return np.zeros(len(pods), dtype=np.float64)
+    return np.array([state.pods[p].dra_gpus for p in pods.tolist()], dtype=np.float64) * MILLI
+
+
 def movable_pods(state: ClusterState) -> np.ndarray:
     """Our running pods on schedulable nodes that an engine may evict or move: those of preemptible podgroups, and
     those of groups below their minMember (a stale gang may be evicted whatever its priority)."""
@@ -188,11 +196,12 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
     fixed_node, fixed_dev = _fixed_usage(state, mov)
     cap = np.maximum(state.node_alloc - fixed_node, 0)
     dev_free = np.clip(MILLI - fixed_dev, 0, MILLI)
-    fixed_gpus = float(fixed_node[:, R_GPU].sum()) / MILLI
+    staying = np.setdiff1d(np.nonzero(np.isin(state.pod_status, (PodStatus.BOUND, PodStatus.PIPELINED)))[0], mov)
+    fixed_gpus = float(fixed_node[:, R_GPU].sum() + pod_dra_gpus(state, staying).sum()) / MILLI
     active = np.nonzero(state.pod_ours & np.isin(state.pod_status, (PodStatus.BOUND, PodStatus.PIPELINED)))[0]
     active = np.setdiff1d(active, mov)
-    fixed_weighted = float((pod_weight(state, active) * pod_gpu_at(state, active, state.pod_node[active])).sum()
-                           ) / MILLI
+    fixed_weighted = float((pod_weight(state, active) * (pod_gpu_at(state, active, state.pod_node[active])
+                                                         + pod_dra_gpus(state, active))).sum()) / MILLI
 
     cl = node_classes(state, cap, dev_free)
     pend = placeable_pods(state)
@@ -207,7 +216,8 @@ def lp_bound(state: ClusterState, fs: FairShare, *, movable: bool = True) -> Bou
     ub = _Rows()
     _capacity_rows(ub, state, cl, shape_rows, zs, zc, zg)
     _queue_limit_rows(ub, state, fs, pods, mov, len(pend), demand, n_z)
-    results, status = _solve(ub, shape_rows, demand, zs, zg)
+    dra_s = pod_dra_gpus(state, first)  # per shape: DRA GPUs count as GPUs in the objective (not in the GPU rows)
+    results, status = _solve(ub, shape_rows, demand, zs, zg + dra_s[zs])
     n_var = n_z + len(demand.cols)
     return Bound(fixed_gpus + results[0], fixed_weighted + results[1], fixed_gpus, status, len(cl.rep), cl.level,
                  len(shape_rows), n_var, len(ub.rhs) + len(shape_rows), time.perf_counter() - t0)
@@ -218,7 +228,8 @@ def _shapes(state: ClusterState, pods: np.ndarray) -> tuple[np.ndarray, np.ndarr
     rows, each pod's shape, a pod of each shape)."""
     prio = np.where(state.pod_pg[pods] >= 0, state.pg_priority[np.maximum(state.pod_pg[pods], 0)], 0)
     skey = np.column_stack([state.pod_req[pods], state.pod_gpu_whole[pods], state.pod_gpu_frac[pods],
-                            state.pod_gpu_mem[pods], state.pod_gpu_ndev[pods], state.pod_sig[pods], prio])
+                            state.pod_gpu_mem[pods], state.pod_gpu_ndev[pods], state.pod_sig[pods],
+                            pod_dra_gpus(state, pods), prio])
     shape_rows, shape_of = np.unique(skey, axis=0, return_inverse=True)
     shape_of = shape_of.ravel()
     first = np.zeros(len(shape_rows), dtype=np.int64)

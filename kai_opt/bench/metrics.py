@@ -18,7 +18,7 @@ import numpy as np
 
 from kai_opt.bench import trace
 from kai_opt.bench.baselines import cluster_view, pending_pods, target_workload
-from kai_opt.bench.bound import pod_gpu_at, pod_weight
+from kai_opt.bench.bound import pod_dra_gpus, pod_gpu_at, pod_weight
 from kai_opt.fairshare import FairShare
 from kai_opt.plan import Plan
 from kai_opt.state import R_GPU, ClusterState, PodStatus
@@ -65,11 +65,18 @@ def where_after(state: ClusterState, plan: Plan) -> tuple[np.ndarray, np.ndarray
 
 
 def gpus_allocated(state: ClusterState, plan: Plan) -> tuple[float, float]:
-    """(GPUs held by all pods, priority-weighted GPUs of our pods) after the plan."""
+    """(GPUs held by all pods, priority-weighted GPUs of our pods) after the plan; DRA GPUs count as GPUs."""
     node, _ = usage_after(state, plan)
     pods, nodes = where_after(state, plan)
-    weighted = float((pod_weight(state, pods) * pod_gpu_at(state, pods, nodes)).sum()) / MILLI
-    return float(node[:, R_GPU].sum()) / MILLI, weighted
+    weighted = float((pod_weight(state, pods) * (pod_gpu_at(state, pods, nodes) + pod_dra_gpus(state, pods))).sum()
+                     ) / MILLI
+    dra = 0.0
+    if state.dra is not None:
+        active = np.isin(state.pod_status, ACTIVE)
+        active[[e.pod for e in plan.evictions]] = False
+        active[[pl.pod for pl in plan.placements]] = True
+        dra = float(pod_dra_gpus(state, np.nonzero(active)[0]).sum())
+    return float(node[:, R_GPU].sum() + dra) / MILLI, weighted
 
 
 class Fragmentation:

@@ -1,22 +1,29 @@
 """Which devices a claim gets on its node, and claims after a plan (what the apiserver holds once it landed).
 
 Rule: a claim's request takes `count` devices of its column's kind on the node, the first by (slice, name)
-order that no allocated claim holds and no claim allocated earlier in the same pass took. A pod leaving its node
-(evicted, deleted) leaves every claim's reservedFor; a claim no one reserves any more is deallocated (as the
-resourceclaim controller does), so its devices are free again.
+order that no allocated claim holds and no claim allocated earlier in the same pass took. A request on shared
+devices (allowMultipleAllocations) takes one share: of the node's designated device (the one its capacity columns
+measure) when that has room, else of the first that has; what it consumes is recorded with the result.
+A pod leaving its node (evicted, deleted) leaves every claim's reservedFor; a claim no one reserves any more is
+deallocated (as the resourceclaim controller does), so its devices are free again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kai_opt.api.dra import AllocationResult, ConsumerRef, ResourceClaim
-from kai_opt.dra.prepare import ClaimPlan, DraState
+from kai_opt.dra.prepare import ClaimPlan, DeviceKey, DraState
+
+Used = dict[DeviceKey, dict[str, int]]  # shared device -> capacity consumed
 
 
 def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> dict[str, list[int]]:
     """Per column: devices of the node no claim holds, in order."""
     out: dict[str, list[int]] = {}
-    for d, dev in enumerate(dra.devices):
-        if dev.node != node or dra.device_kind[d] < 0:
+    for d in dra.node_devices(node):
+        dev = dra.devices[d]
+        if dra.device_kind[d] < 0 or d in dra.out_of_play:
             continue
         if (dev.driver, dev.pool, dev.name) in taken:
             continue
@@ -24,25 +31,68 @@ def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> 
     return out
 
 
-def choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, str]]) -> tuple[
-        AllocationResult, ...] | None:
-    """Devices for an unallocated claim on `node` (marked in `taken`), or None when the node lacks them."""
+def shares_on(dra: DraState, node: str, col: str) -> list[int]:
+    """The node's shared devices of a column, its designated one first."""
+    first = dra.designated.get((node, col))
+    rest = [d for d in dra.node_devices(node) if dra.device_kind[d] >= 0
+            and dra.kind_column[dra.device_kind[d]] == col and d != first]
+    return ([first] if first is not None else []) + rest
+
+
+def take_share(dra: DraState, node: str, col: str, want: dict[str, int], used: Used,
+               only: Callable[[int], bool] | None = None) -> int | None:
+    """The device one share of `want` goes to on `node` (its consumption added to `used`), None: no room."""
+    for d in shares_on(dra, node, col):
+        if only is not None and not only(d):
+            continue
+        free = dra.free_capacity(d, used)
+        if all(free.get(k, 0) >= v for k, v in want.items()):
+            mine = used.setdefault(dra.key(d), {})
+            for k, v in want.items():
+                mine[k] = mine.get(k, 0) + v
+            return d
+    return None
+
+
+def choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, str]],
+           used: Used | None = None) -> tuple[AllocationResult, ...] | None:
+    """Devices for an unallocated claim on `node` (marked in `taken`, shares added to `used`: by default the
+    state's own record), or None when the node lacks them."""
+    used = {k: dict(v) for k, v in dra.consumed.items()} if used is None else used
     free = free_devices(dra, node, taken)
     out: list[AllocationResult] = []
     for request, alt, col in cp.requests:
+        share = dra.column_share.get(col)
+        if share is not None and not alt.admin_access:
+            dev0 = next(iter(dra.devices[d] for d in shares_on(dra, node, col)), None)
+            want = share.consumption(alt.capacity, dev0.driver) if dev0 is not None else None
+            d = take_share(dra, node, col, want, used) if want is not None else None
+            if d is None:
+                return None
+            dev = dra.devices[d]
+            out.append(AllocationResult(request=request, driver=dev.driver, pool=dev.pool, device=dev.name,
+                                        consumed=want))
+            continue
         pool = free.get(col, [])
         n = len(pool) if alt.mode == "All" else alt.count
-        if len(pool) < n:
+        picked: list[int] = []
+        for d in pool:  # devices whose shared counters have room (all of them without counters)
+            if len(picked) == n:
+                break
+            if alt.admin_access or dra.counters_fit(d, used):
+                picked.append(d)
+                if not alt.admin_access:
+                    dra.take_counters(d, used)
+        if len(picked) < n:
             return None
-        picked = pool[:n]
         if not alt.admin_access:
-            del pool[:n]
+            pool[:] = [d for d in pool if d not in picked]
         for d in picked:
             dev = dra.devices[d]
             out.append(AllocationResult(request=request, driver=dev.driver, pool=dev.pool, device=dev.name,
                                         admin_access=alt.admin_access))
     for r in out:
-        if not r.admin_access:
+        if not r.admin_access and not r.consumed:
             taken.add((r.driver, r.pool, r.device))
     return tuple(out)
 
@@ -52,7 +102,9 @@ def claims_after(claims: list[ResourceClaim], dra: DraState, bound: dict[str, tu
     """Claims once the plan landed. `bound`: pod key -> (node, uid) of pods bound by the plan; `left`: pod keys
     that left their node."""
     by_key = {c.key: c for c in claims}
-    taken = {(r.driver, r.pool, r.device) for c in claims for r in (c.allocation or ()) if not r.admin_access}
+    taken = {(r.driver, r.pool, r.device) for c in claims for r in (c.allocation or ())
+             if not r.admin_access and not r.consumed}
+    used: Used = {k: dict(v) for k, v in dra.consumed.items()}
     for pod_key in left:  # releases first, so the devices are free for this plan's binds
         name = pod_key.split("/", 1)[1]
         for i in dra.pod_claims.get(pod_key, []):
@@ -63,6 +115,12 @@ def claims_after(claims: list[ResourceClaim], dra: DraState, bound: dict[str, tu
             if not rest and c.allocation is not None:
                 for r in c.allocation:
                     taken.discard((r.driver, r.pool, r.device))
+                    di = dra.index_of((r.driver, r.pool, r.device))
+                    if di is not None and not r.admin_access:
+                        dra.take_counters(di, used, -1)
+                    mine = used.get((r.driver, r.pool, r.device), {})
+                    for k, v in r.consumed.items():
+                        mine[k] = mine.get(k, 0) - v
                 by_key[c.key] = c.model_copy(update={"reserved_for": rest, "allocation": None,
                                                      "allocation_nodes": ()})
             else:
@@ -76,7 +134,7 @@ def claims_after(claims: list[ResourceClaim], dra: DraState, bound: dict[str, tu
                 continue
             update: dict[str, object] = {}
             if c.allocation is None:
-                picked = choose(dra, cp, node, taken)
+                picked = choose(dra, cp, node, taken, used)
                 if picked is None:
                     continue
                 update["allocation"] = picked

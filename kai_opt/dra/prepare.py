@@ -14,8 +14,11 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
   and that some node has enough devices for); `All` takes every matching device of the node, and is pinned to the
   nodes where that count is the same as the column's request;
 - matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
-- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, a
-  network-attached device, the 256-consumer limit) keeps its pending pods off every node, with a warning.
+- shared devices (consumable capacity) and shared counters are columns of their own, measured on each node's
+  designated device / counter set (`read_consumption`, `read_counters`); tolerations are part of the query;
+  a network-attached device is counted on one node it reaches (`_Reach`);
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, count
+  > 1 on shared devices, the 256-consumer limit) keeps its pending pods off every node, with a warning.
 Without DRA objects and claims the snapshot is returned unchanged.
 """
 
@@ -29,17 +32,42 @@ from kai_opt.api import Node, Pod
 from kai_opt.api.dra import (
     MAX_CLAIM_CONSUMERS,
     ClaimSpec,
+    Device,
     DeviceRequest,
     DeviceSubRequest,
     ResourceClaim,
     ResourceSlice,
+    qualify,
 )
-from kai_opt.api.meta import LabelSelector, PodAffinityTerm
+from kai_opt.api.meta import LabelSelector, PodAffinityTerm, Toleration
 from kai_opt.dra.cel import SelectorCache, device_context
 
 NODE_LABEL = "kai-opt.dra/node"  # synthetic: every node's own name (the shared-claim affinity's topology key)
 HOLDER_LABEL = "kai-opt.dra/holder-"  # + claim index: marks the pod that holds a shared, unallocated claim
-Query = tuple[str, tuple[str, ...]]  # (device class, request selectors)
+# (device class, selectors, capacity.requests, tolerations)
+Query = tuple[str, tuple[str, ...], tuple[tuple[str, int], ...], tuple[Toleration, ...]]
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+def counter_key(driver: str, pool: str, counter_set: str) -> DeviceKey:
+    """A counter set's key in `DraState.consumed` (a device name never contains ':')."""
+    return (driver, pool, f"counterSet:{counter_set}")
+
+
+def counter_column(driver: str, counter: str, elsewhere: bool = False) -> str:
+    """The column of a shared counter: on each node, what its designated counter set of the driver has free
+    (`~`: what pods' claims consume of its other sets)."""
+    return f"dra:counter:{driver}/{counter}" + ("~" if elsewhere else "")
+
+
+def query_of(alt: DeviceSubRequest) -> Query:
+    return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())), alt.tolerations)
+
+
+def cap_column(col: str, cap: str, elsewhere: bool = False) -> str:
+    """The column of a capacity of shared devices: on each node, what the node's designated device of the kind
+    has free (`~`: what pods' claims consume on its other devices, so evicting them frees only that)."""
+    return f"{col}[{cap}]" + ("~" if elsewhere else "")
 
 
 def is_gpu_class(name: str) -> bool:
@@ -87,19 +115,89 @@ class DraState:
     selectors: SelectorCache
     class_selectors: dict[str, tuple[str, ...]]
     allocated: set[tuple[str, str, str]]  # (driver, pool, device) held by allocated claims
+    specs: list[Device] = field(default_factory=list)  # per device: as the slice gives it
+    column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
+    consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
+    designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
+    counter_sets: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # counter_key -> values
+    column_counters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # column -> per device
+    out_of_play: set[int] = field(default_factory=set)  # devices on a counter set other than the designated one
+
+    def counters_of(self, d: int) -> tuple[DeviceKey, tuple[tuple[str, int], ...]] | None:
+        """The counter set a device consumes from and how much (None: it consumes none)."""
+        spec, dev = self.specs[d], self.devices[d]
+        if not spec.consumes:
+            return None
+        cs, amounts = spec.consumes[0]
+        return counter_key(dev.driver, dev.pool, cs), amounts
+
+    def counters_fit(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> bool:
+        got = self.counters_of(d)
+        if got is None:
+            return True
+        key, amounts = got
+        have, taken = self.counter_sets.get(key, {}), used.get(key, {})
+        return all(have.get(c, 0) - taken.get(c, 0) >= v for c, v in amounts)
+
+    def take_counters(self, d: int, used: dict[DeviceKey, dict[str, int]], sign: int = 1) -> None:
+        got = self.counters_of(d)
+        if got is not None:
+            mine = used.setdefault(got[0], {})
+            for c, v in got[1]:
+                mine[c] = mine.get(c, 0) + sign * v
+
+    def key(self, d: int) -> DeviceKey:
+        dev = self.devices[d]
+        return (dev.driver, dev.pool, dev.name)
+
+    def index_of(self, key: DeviceKey) -> int | None:
+        if not hasattr(self, "_index"):
+            self._index = {self.key(d): d for d in range(len(self.devices))}
+        return self._index.get(key)
+
+    def free_capacity(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> dict[str, int]:
+        taken = used.get(self.key(d), {})
+        return {k: v - taken.get(k, 0) for k, v in self.specs[d].capacity.items()}
 
     def node_devices(self, node: str) -> list[int]:
-        return [i for i, d in enumerate(self.devices) if d.node == node]
+        """The node's devices in slice order (indexed once)."""
+        if not hasattr(self, "_by_node"):
+            self._by_node: dict[str, list[int]] = defaultdict(list)
+            for i, d in enumerate(self.devices):
+                self._by_node[d.node].append(i)
+        return self._by_node.get(node, [])
 
     def query_matches(self, q: Query, device: int) -> bool:
-        cls, sel = q
+        """The class's and the request's selectors hold, the requested capacities fit the device (a shared
+        device: its request policies accept them; another: it has at least that much) and the request tolerates
+        its NoSchedule/NoExecute taints."""
+        cls, sel, cap, tol = q
         if cls not in self.class_selectors:
             return False
+        if cap and not self.capacity_fits(dict(cap), device):
+            return False
+        if self.specs[device].taints and self.specs[device].untolerated(tol) is not None:
+            return False
         return self.selectors.all_match(self.class_selectors[cls], device) and self.selectors.all_match(sel, device)
+
+    def capacity_fits(self, cap: dict[str, int], device: int) -> bool:
+        spec, driver = self.specs[device], self.devices[device].driver
+        if spec.multiple_allocations:
+            return spec.consumption(cap, driver) is not None
+        have = {k: v for k, v in spec.capacity.items()}
+        return all(have.get(qualify(k, driver), -1) >= v for k, v in cap.items())
 
 
 def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
     return bool(slices) or any(p.resource_claims for p in pods)
+
+
+def _newest(slices: list[ResourceSlice]) -> list[ResourceSlice]:
+    """The slices of each (driver, pool)'s newest generation."""
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        newest[(s.driver, s.pool)] = max(newest.get((s.driver, s.pool), s.generation), s.generation)
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
 
 
 def _current_slices(slices: list[ResourceSlice], warnings: list[str]) -> list[ResourceSlice]:
@@ -108,17 +206,48 @@ def _current_slices(slices: list[ResourceSlice], warnings: list[str]) -> list[Re
     for s in slices:
         k = (s.driver, s.pool)
         newest[k] = max(newest.get(k, s.generation), s.generation)
-    out = []
-    for s in slices:
-        if s.generation != newest[(s.driver, s.pool)]:
-            continue
-        if s.node_name is None:
-            if s.devices:
-                warnings.append(f"ResourceSlice {s.name}: network-attached devices (nodeSelector/allNodes) are "
-                                f"not scheduled by kai-opt yet; its {len(s.devices)} devices are left out")
-            continue
-        out.append(s)
-    return out
+    return [s for s in slices if s.generation == newest[(s.driver, s.pool)]]
+
+
+class _Reach:
+    """The node a device is counted on. A node-local device: its node. A network-attached one (the slice's
+    nodeSelector or allNodes, or the device's own with perDeviceNodeSelection), reachable from several nodes: an
+    allocated one on the node of a running pod that reserves its claim, else the first node it reaches; the free
+    ones of a slice (of a device's own selection) together on the reachable node with the fewest such devices so
+    far (names break ties), so a device is given from one node per cycle."""
+
+    def __init__(self, nodes: list[Node], pods: list[Pod], claims: list[ResourceClaim]) -> None:
+        self.nodes = sorted(nodes, key=lambda n: n.name)
+        where = {p.key: p.node_name for p in pods if p.node_name is not None and not p.finished}
+        self.held: dict[DeviceKey, str] = {}
+        for c in claims:
+            on = [where[f"{c.meta.namespace}/{r.name}"] for r in c.reserved_for
+                  if f"{c.meta.namespace}/{r.name}" in where]
+            for r in c.allocation or ():
+                if on:
+                    self.held[(r.driver, r.pool, r.device)] = on[0]
+        self.load: dict[str, int] = defaultdict(int)
+        self.group_node: dict[Any, str] = {}
+
+    def node_of(self, s: ResourceSlice, dv: Device) -> str | None:
+        if s.node_name is not None:
+            return s.node_name
+        src: Any = (dv.node_name, dv.all_nodes, dv.node_selector) if s.per_device else (None, s.all_nodes,
+                                                                                          s.node_selector)
+        if src[0] is not None:
+            return str(src[0])
+        reach = [n.name for n in self.nodes if src[1] or any(t.matches(n.labels, n.name) for t in src[2])]
+        if not reach:
+            return None
+        held = self.held.get((s.driver, s.pool, dv.name))
+        if held in reach:
+            return held
+        group = (s.name, src if s.per_device else None)
+        node = self.group_node.get(group)
+        if node is None:
+            node = self.group_node[group] = min(reach, key=lambda n: (self.load[n], n))
+        self.load[node] += 1
+        return node
 
 
 def prepare(nodes: list[Node], pods: list[Pod], snapshot: object, warnings: list[str]) -> tuple[
@@ -130,6 +259,7 @@ def prepare(nodes: list[Node], pods: list[Pod], snapshot: object, warnings: list
     b.read_devices()
     b.resolve_claims()
     b.make_kinds()
+    b.read_consumption()
     for cp in b.plans.values():
         b.plan_claim(cp)
     return b.node_objects(), b.pod_objects(), b.state
@@ -153,12 +283,30 @@ class _Builder:
 
     def read_devices(self) -> None:
         devices: list[DevRef] = []
+        specs: list[Device] = []
         contexts = []
+        counter_sets: dict[DeviceKey, dict[str, int]] = {}
+        for s in _newest(self.snapshot.resource_slices):
+            for name, values in s.shared_counters.items():
+                counter_sets[counter_key(s.driver, s.pool, name)] = values
+        place = _Reach(self.nodes, self.pods, self.snapshot.resource_claims)
         for s in _current_slices(self.snapshot.resource_slices, self.warnings):
             for dv in s.devices:
-                devices.append(DevRef(s.driver, s.pool, dv.name, str(s.node_name), s.name, s.generation))
+                node = place.node_of(s, dv)
+                if node is None:
+                    continue
+                devices.append(DevRef(s.driver, s.pool, dv.name, node, s.name, s.generation))
+                specs.append(dv)
                 contexts.append(device_context(s.driver, dv))
         self.state = DraState(devices, [], [], [], [], {}, SelectorCache(contexts), self.class_selectors, set())
+        self.state.specs = specs
+        self.state.counter_sets = counter_sets
+        for d, dv in enumerate(specs):
+            if len(dv.consumes) > 1 or (dv.consumes and counter_key(devices[d].driver, devices[d].pool,
+                                                                    dv.consumes[0][0]) not in counter_sets):
+                self.warnings.append(f"device {devices[d].pool}/{dv.name}: consumes counters of "
+                                     f"{len(dv.consumes)} sets or of an unknown set; it is not allocated")
+                self.state.out_of_play.add(d)
         self.dev_index = {(d.driver, d.pool, d.name): i for i, d in enumerate(devices)}
 
     def resolve_claims(self) -> None:
@@ -201,21 +349,29 @@ class _Builder:
         for cp in self.plans.values():
             for r in self.spec_of(cp).requests:
                 for alt in r.alternatives:
-                    queries.add((alt.device_class, alt.selectors))
+                    queries.add(query_of(alt))
         for exprs in self.class_selectors.values():
             for e in exprs:
                 st.selectors.compiled(e)
-        ordered = sorted(queries)
-        sig_kind: dict[frozenset[Query], int] = {}
+        ordered = sorted(queries, key=repr)
+        sig_kind: dict[tuple[frozenset[Query], Any], int] = {}
+        self.kind_share: list[Any] = []  # per kind: (shared devices' capacities and policies | None,
+        # shared counters each device consumes | None)
         for d in range(len(st.devices)):
             sig = frozenset(q for q in ordered if st.query_matches(q, d))
             if not sig:
                 st.device_kind.append(-1)
                 continue
-            k = sig_kind.get(sig)
+            spec = st.specs[d]
+            share = (tuple(sorted(spec.capacity.items())), repr(sorted(spec.policies.items()))) \
+                if spec.multiple_allocations else None
+            ctr = st.counters_of(d)
+            how = (share, ctr[1] if ctr is not None else None)  # shared capacity, counters per device
+            k = sig_kind.get((sig, how))
             if k is None:
-                k = sig_kind[sig] = len(st.kind_queries)
+                k = sig_kind[(sig, how)] = len(st.kind_queries)
                 st.kind_queries.append(sig)
+                self.kind_share.append(how)
             st.device_kind.append(k)
         for expr, why in st.selectors.errors.items():
             self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
@@ -248,7 +404,8 @@ class _Builder:
                 if a == b:
                     continue
                 merged = {x for x in range(len(parent)) if root(x) in (a, b)}
-                if all(len(kinds & merged) <= 1 for kinds in on_node.values()):
+                if self.kind_share[ks[0]] == self.kind_share[k] and all(
+                        len(kinds & merged) <= 1 for kinds in on_node.values()):
                     parent[b] = a
         groups: dict[int, list[int]] = defaultdict(list)
         for k in range(len(parent)):
@@ -261,6 +418,72 @@ class _Builder:
             for j, g in enumerate(gs):
                 for k in g:
                     st.kind_column[k] = f"dra:{cls}" if len(gs) == 1 else f"dra:{cls}#{j}"
+        for d, k in enumerate(st.device_kind):
+            if k >= 0 and self.kind_share[k][0] is not None:
+                st.column_share.setdefault(st.kind_column[k], st.specs[d])
+            if k >= 0 and self.kind_share[k][1] is not None:
+                st.column_counters.setdefault(st.kind_column[k], self.kind_share[k][1])
+
+    def read_consumption(self) -> None:
+        """What allocated claims take of shared devices, and per node and shared column its designated device:
+        the one with the most free (capacities by name), which the column measures and new shares go to first."""
+        st = self.state
+        for rc in self.snapshot.resource_claims:
+            for r in rc.allocation or ():
+                di = self.dev_index.get((r.driver, r.pool, r.device))
+                if di is None or not st.specs[di].multiple_allocations or r.admin_access:
+                    continue
+                use = st.consumed.setdefault((r.driver, r.pool, r.device), {})
+                for k, v in (r.consumed or st.specs[di].consumption({}, r.driver) or {}).items():
+                    use[k] = use.get(k, 0) + v
+        best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], int], int]] = {}
+        for d, k in enumerate(st.device_kind):
+            if k < 0 or self.kind_share[k][0] is None:
+                continue
+            free = st.free_capacity(d, st.consumed)
+            rank = (tuple(free[c] for c in sorted(free)), -d)
+            at = (st.devices[d].node, st.kind_column[k])
+            if at not in best or rank > best[at][0]:
+                best[at] = (rank, d)
+        st.designated = {at: d for at, (_r, d) in best.items()}
+        self.cap_back: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> pods' use
+        self.read_counters()
+
+    def read_counters(self) -> None:
+        """What allocated devices take of shared counters, and per (node, driver) its designated counter set, the
+        one with the most free (counters by name): new claims of the cycle take devices on it only (the others
+        are out of play until a later cycle), so the counter columns are exact."""
+        st = self.state
+        allocated: set[DeviceKey] = set()
+        for rc in self.snapshot.resource_claims:
+            for r in rc.allocation or ():
+                di = self.dev_index.get((r.driver, r.pool, r.device))
+                if di is not None and not r.admin_access:
+                    st.take_counters(di, st.consumed)
+                    allocated.add((r.driver, r.pool, r.device))
+        best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], str], DeviceKey]] = {}
+        for d, dev in enumerate(st.devices):
+            got = st.counters_of(d)
+            if got is None or d in st.out_of_play:
+                continue
+            have, taken = st.counter_sets[got[0]], st.consumed.get(got[0], {})
+            rank = (tuple(have[c] - taken.get(c, 0) for c in sorted(have)), "/".join(got[0]))
+            at = (dev.node, dev.driver)
+            if at not in best or rank > best[at][0]:
+                best[at] = (rank, got[0])
+        self.designated_set = {at: key for at, (_r, key) in best.items()}
+        self.sets_on: dict[str, list[tuple[str, DeviceKey]]] = defaultdict(list)  # node -> (driver, set)
+        for (n, drv), key in self.designated_set.items():
+            self.sets_on[n].append((drv, key))
+        self.out_free: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> free devices out of play
+        for d, dev in enumerate(st.devices):
+            got = st.counters_of(d)
+            if got is None or st.key(d) in allocated:
+                continue
+            if d in st.out_of_play or self.designated_set.get((dev.node, dev.driver)) != got[0]:
+                st.out_of_play.add(d)
+                if st.device_kind[d] >= 0:
+                    self.out_free[(dev.node, st.kind_column[st.device_kind[d]])] += 1
 
     def plan_claim(self, cp: ClaimPlan) -> None:
         spec = self.spec_of(cp)
@@ -286,14 +509,28 @@ class _Builder:
         st = self.state
         nodes_of: set[str] = set()
         counts: dict[str, int] = defaultdict(int)
+        shares: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> consumed
         for res in claim.allocation or ():
             di = self.dev_index.get((res.driver, res.pool, res.device))
             if di is None:
                 continue
-            st.allocated.add((res.driver, res.pool, res.device))
             nodes_of.add(st.devices[di].node)
+            if st.specs[di].multiple_allocations:
+                if st.device_kind[di] >= 0 and not res.admin_access:
+                    col = st.kind_column[st.device_kind[di]]
+                    other = st.designated.get((st.devices[di].node, col)) != di
+                    for cap, v in (res.consumed or st.specs[di].consumption({}, res.driver) or {}).items():
+                        shares[(st.devices[di].node, cap_column(col, cap, other))] += v
+                continue
+            st.allocated.add((res.driver, res.pool, res.device))
             if st.device_kind[di] >= 0 and not res.admin_access:
                 counts[st.kind_column[st.device_kind[di]]] += 1
+                got = st.counters_of(di)
+                if got is not None:
+                    dev = st.devices[di]
+                    other = self.designated_set.get((dev.node, dev.driver)) != got[0]
+                    for c, v in got[1]:
+                        shares[(dev.node, counter_column(dev.driver, c, other))] += v
         if not nodes_of and claim.allocation_nodes:
             nodes_of = {n.name for n in self.nodes if any(t.matches(n.labels, n.name) for t in claim.allocation_nodes)}
         cp.nodes = nodes_of if (nodes_of or claim.allocation) else None
@@ -302,6 +539,9 @@ class _Builder:
         if len(cp.users) == 1 and not others:
             cp.holder = cp.users[0]
             cp.demand = dict(counts)
+            for (n, col), v in shares.items():  # the holder's consumption, given back to its node's column
+                cp.demand[col] = cp.demand.get(col, 0) + v
+                self.cap_back[(n, col)] += v
             return
         cp.fixed = True  # shared (or reserved by someone outside the snapshot): held by the claim itself
         for col, cnt in counts.items():
@@ -322,7 +562,7 @@ class _Builder:
             if alt.device_class not in self.class_selectors:
                 why = f"request {r.name}: device class {alt.device_class} does not exist"
                 continue
-            q = (alt.device_class, alt.selectors)
+            q = query_of(alt)
             kinds = {k for k, sig in enumerate(st.kind_queries) if q in sig}
             cols = {st.kind_column[k] for k in kinds}
             if len(cols) > 1:
@@ -347,20 +587,50 @@ class _Builder:
         cp.requests.append((r.name, alt, col))
         if pin is not None:
             cp.nodes = pin if cp.nodes is None else cp.nodes & pin
-        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries)
-                                             if (alt.device_class, alt.selectors) in sig))[1]
+        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries) if query_of(alt) in sig))[1]
+        share = st.column_share.get(col)
+        if share is not None and not alt.admin_access:
+            if alt.mode == "All" or alt.count != 1:
+                cp.problem = (f"claim {cp.key}: request {r.name}: kai-opt takes one share of a shared device per "
+                              f"request (allocationMode All or count > 1 is not supported on shared devices)")
+                return False
+            use = share.consumption(alt.capacity, self.driver_of(col))
+            for cap, v in (use or {}).items():
+                cp.demand[cap_column(col, cap)] = cp.demand.get(cap_column(col, cap), 0) + v
+            return True
+        per_device = st.column_counters.get(col, ())
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
             cp.nodes = want if cp.nodes is None else cp.nodes & want
             if not alt.admin_access:
                 cp.demand[col] = cp.demand.get(col, 0) + top
+                self.add_counters(cp, col, per_device, top)
         elif alt.admin_access:  # admin access sees devices without taking them
             want = {n for n, c in have.items() if c >= alt.count}
             cp.nodes = want if cp.nodes is None else cp.nodes & want
         else:
             cp.demand[col] = cp.demand.get(col, 0) + alt.count
+            self.add_counters(cp, col, per_device, alt.count)
         return True
+
+    def add_counters(self, cp: ClaimPlan, col: str, per_device: tuple[tuple[str, int], ...], n: int) -> None:
+        """The shared counters `n` devices of the column consume, in the counter columns of their driver."""
+        if per_device:
+            drv = self.driver_of(col)
+            for c, v in per_device:
+                cc = counter_column(drv, c)
+                cp.demand[cc] = cp.demand.get(cc, 0) + n * v
+
+    def driver_of(self, col: str) -> str:
+        """The driver of a column's devices (a column's kinds come from one device class; the first device's)."""
+        if not hasattr(self, "_driver"):
+            st = self.state
+            self._driver: dict[str, str] = {}
+            for d, k in enumerate(st.device_kind):
+                if k >= 0:
+                    self._driver.setdefault(st.kind_column[k], st.devices[d].driver)
+        return self._driver[col]
 
     def nodes_for(self, col: str, kinds: frozenset[int]) -> tuple[set[str] | None, dict[str, int]]:
         """(the nodes a query over `kinds` is pinned to, None: any; per node with such devices, how many), once
@@ -380,8 +650,23 @@ class _Builder:
         st = self.state
         out = []
         for node in self.nodes:
-            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0))
-                     for col in st.kind_column}
+            extra = {col: max(0, self.per_node_col.get((node.name, col), 0) - self.fixed_held.get((node.name, col), 0)
+                              - self.out_free.get((node.name, col), 0))
+                     for col in st.kind_column if col not in st.column_share}
+            n = node.name
+            for drv, key in self.sets_on.get(n, []):
+                taken = st.consumed.get(key, {})
+                for c, v in st.counter_sets[key].items():
+                    cc = counter_column(drv, c)
+                    extra[cc] = max(0, v - taken.get(c, 0)) + self.cap_back.get((n, cc), 0)
+                    extra[counter_column(drv, c, True)] = self.cap_back.get((n, counter_column(drv, c, True)), 0)
+            for col, share in st.column_share.items():
+                d = st.designated.get((node.name, col))
+                free = st.free_capacity(d, st.consumed) if d is not None else {}
+                for cap in share.capacity:
+                    extra[cap_column(col, cap)] = max(0, free.get(cap, 0)) + self.cap_back.get(
+                        (node.name, cap_column(col, cap)), 0)
+                    extra[cap_column(col, cap, True)] = self.cap_back.get((node.name, cap_column(col, cap, True)), 0)
             meta = node.meta.model_copy(update={"labels": {**node.labels, NODE_LABEL: node.name}})
             out.append(node.model_copy(update={"meta": meta, "allocatable": {**node.allocatable, **extra},
                                                "capacity": {**node.capacity, **extra}}))
@@ -434,8 +719,8 @@ class _Builder:
             update["meta"] = p.meta.model_copy(update={"labels": labels})
         if affinity != list(p.pod_affinity):
             update["pod_affinity"] = tuple(affinity)
-        if pins is not None and not bound:
-            update["dra_nodes"] = tuple(sorted(pins))
+        if pins is not None and (not bound or problem is None):  # a running pod is moved only where its
+            update["dra_nodes"] = tuple(sorted(pins))  # claims' devices are (consolidation keeps it there)
         return p.model_copy(update=update)
 
 

@@ -24,6 +24,8 @@ from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.errors import KaiOptError
 from kai_opt.explain.context import Context, find_pod, find_podgroup, find_queue
+from kai_opt.explain.dra import claims_of_pods
+from kai_opt.explain.dra import summary_lines as claim_lines
 from kai_opt.explain.pending import explain_pending
 from kai_opt.explain.placed import explain_placed
 from kai_opt.explain.queue import explain_queue
@@ -88,6 +90,10 @@ def _group(ctx: Context, g: int, solve: bool, only: set[int] | None = None) -> d
         pos = queue_positions(st, ctx.fs, ctx.config).get(g)
         if pos is not None:  # the order the cycle took it up in (`kai-opt queue`)
             out["position"] = {"overall": pos.overall, "in_queue": pos.in_queue}
+    node_of = {pl.pod: pl.node for pl in placed}
+    claims = claims_of_pods(ctx, [p for p in pods.tolist() if only is None or p in only], node_of)
+    if claims:
+        out["claims"] = claims
     if not status:
         counts: dict[str, int] = {}
         for p in pods.tolist():
@@ -146,6 +152,7 @@ def _summary(ctx: Context, out: dict[str, Any]) -> list[str]:
     for e in out.get("evictions", []):
         lines.append(f"evicted {e['pod']} on {e['node']}: {e['reason']}"
                      + (f" for {e['beneficiary']}" if e["beneficiary"] else ""))
+    lines += claim_lines(out.get("claims", []))
     pend = out.get("pending")
     if "position" in out:
         lines.append(f"queue position {out['position']['overall']} in the cycle's order "

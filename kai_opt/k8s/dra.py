@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,13 +62,24 @@ class ClaimDevices:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inflight: dict[DeviceKey, float] = {}
+        # pod key -> (until, shares chosen for it): counted until the watch shows its claims allocated
+        self._inflight_use: dict[str, tuple[float, dict[DeviceKey, dict[str, int]]]] = {}
 
     def for_bind(self, dra: DraState, pod_key: str, node: str) -> tuple[ClaimWrite, ...] | None:
         """The claim writes of one bind, or None when the node lacks free devices now (the bind waits)."""
         now = time.monotonic()
         with self._lock:
             self._inflight = {k: t for k, t in self._inflight.items() if t > now}
+            self._inflight_use = {k: v for k, v in self._inflight_use.items() if v[0] > now
+                                  and not _all_allocated(dra, k)}
             taken = set(dra.allocated) | set(self._inflight)
+            used = {k: dict(v) for k, v in dra.consumed.items()}
+            for _until, shares in self._inflight_use.values():
+                for dev, amounts in shares.items():
+                    mine = used.setdefault(dev, {})
+                    for cap, v in amounts.items():
+                        mine[cap] = mine.get(cap, 0) + v
+            mine_now: dict[DeviceKey, dict[str, int]] = {}
             out = []
             chosen: list[DeviceKey] = []
             for i in dra.pod_claims.get(pod_key, []):
@@ -79,24 +91,51 @@ class ClaimDevices:
                 if cp.claim is not None and cp.claim.allocation is not None:
                     out.append(ClaimWrite(pod_claim, claim_name, None, None))
                     continue
-                results = choose(dra, cp, node, taken)
+                results = choose(dra, cp, node, taken, used)
                 if results is None:
                     return None
+                for r in results:
+                    if r.consumed:
+                        at = mine_now.setdefault((r.driver, r.pool, r.device), {})
+                        for cap, v in r.consumed.items():
+                            at[cap] = at.get(cap, 0) + v
                 slices = {(dra.devices[d].slice_name, dra.devices[d].generation) for d, dev in
                           enumerate(dra.devices) if (dev.driver, dev.pool, dev.name) in
                           {(r.driver, r.pool, r.device) for r in results}}
-                chosen += [(r.driver, r.pool, r.device) for r in results if not r.admin_access]
+                chosen += [(r.driver, r.pool, r.device) for r in results if not r.admin_access and not r.consumed]
                 out.append(ClaimWrite(pod_claim, claim_name, cp.template, results, tuple(sorted(slices))))
             for k in chosen:
                 self._inflight[k] = now + INFLIGHT_S
+            if mine_now:
+                self._inflight_use[pod_key] = (now + INFLIGHT_S, mine_now)
             return tuple(out)
 
-    def forget(self, writes: tuple[ClaimWrite, ...]) -> None:
-        """A bind that failed: its devices are free again."""
+    def forget(self, writes: tuple[ClaimWrite, ...], pod_key: str | None = None) -> None:
+        """A bind that failed: its devices (and shares) are free again."""
         with self._lock:
+            if pod_key is not None:
+                self._inflight_use.pop(pod_key, None)
             for w in writes:
                 for r in w.results or ():
                     self._inflight.pop((r.driver, r.pool, r.device), None)
+
+
+def _all_allocated(dra: DraState, pod_key: str) -> bool:
+    """Every claim of the pod is allocated in this cycle's view (its shares are in `dra.consumed` now)."""
+    idx = dra.pod_claims.get(pod_key, [])
+    return bool(idx) and all((c := dra.claims[i].claim) is not None and c.allocation is not None for i in idx)
+
+
+def _result(r: AllocationResult) -> dict[str, Any]:
+    """One allocation result as the API spells it (a share: its consumedCapacity, names as the slice gives
+    them, and a fresh shareID)."""
+    out: dict[str, Any] = {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
+    if r.admin_access:
+        out["adminAccess"] = True
+    if r.consumed:
+        out["consumedCapacity"] = {k.removeprefix(f"{r.driver}/"): str(v) for k, v in r.consumed.items()}
+        out["shareID"] = r.share_id or str(uuid.uuid4())
+    return out
 
 
 def _claims_path(ns: str, name: str | None = None) -> str:
@@ -149,9 +188,7 @@ class ClaimWriter:
             if stale:
                 raise ClaimError("stale-slice", stale)
             status["allocation"] = {
-                "devices": {"results": [{"request": r.request, "driver": r.driver, "pool": r.pool,
-                                         "device": r.device, **({"adminAccess": True} if r.admin_access else {})}
-                                        for r in w.results]},
+                "devices": {"results": [_result(r) for r in w.results]},
                 "nodeSelector": node_selector(node)}
         elif not _allocated_on(status["allocation"], node):
             raise ClaimError("claim-conflict", f"claim {ns}/{claim['metadata']['name']} is allocated elsewhere")

@@ -452,7 +452,7 @@ class Runner:
     def _bound(self, result: BindResult) -> None:
         req = result.request
         if not result.ok and req.claims:
-            self.claim_devices.forget(req.claims)
+            self.claim_devices.forget(req.claims, req.key)
         if result.reason == "no-fit":
             self.recorder.emit(pod_ref(req.namespace, req.name, req.uid), WARNING, "FailedBinding",
                                f"binding to {req.node} dropped: {result.message}; it is placed again next cycle")

@@ -214,3 +214,36 @@ def test_a_stale_slice_generation_drops_the_claim_write(dra: LocalCluster) -> No
             assert allocated_devices(claims(api)["c"]) == [("n0", "gpu-0")]
         finally:
             cache.stop()
+
+
+def test_consumable_capacity_four_claims_of_20gi_share_one_80gi_device_and_a_fifth_waits(dra: LocalCluster) -> None:
+    shared = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
+              "spec": {"driver": "mem.example.com", "nodeName": "n0",
+                       "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
+                       "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
+                                    "capacity": {"memory": {"value": "80Gi"}}}]}}
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem20", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "20Gi"}}}}]}}}}
+    with dra.api_client() as api:
+        request(api, "POST", object_path(V, "resourceslices", None), body=shared)
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        back = request(api, "GET", object_path(V, "resourceslices", None, "n0-shared"))
+        if not back["spec"]["devices"][0].get("allowMultipleAllocations"):
+            pytest.skip("the test apiserver drops allowMultipleAllocations (DRAConsumableCapacity off)")
+        post(api, [tmpl] + [x for i in range(5) for x in (podgroup(f"m{i}", 1, "team"),
+                                                         dra_pod(f"m{i}", f"m{i}", template_name="mem20"))])
+        with scheduler(dra):
+            wait_for("four bound", lambda: len(bound(api)) == 4)
+            time.sleep(1.5)  # more cycles: the fifth has no room on the device
+            placed = bound(api)
+        assert len(placed) == 4 and set(placed.values()) == {"n0"}
+        results = [r for n in placed for r in
+                   ((claim_of(api, n) or {}).get("status") or {})["allocation"]["devices"]["results"]]
+        assert [(r["pool"], r["device"]) for r in results] == [("n0-shared", "shared-0")] * 4
+        assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"20Gi"}, {str(20 * 2**30)})
+        assert len({r["shareID"] for r in results}) == 4  # one share each
+        waiting = next(f"m{i}" for i in range(5) if f"m{i}" not in placed)
+        assert claim_of(api, waiting) is None
