@@ -64,10 +64,23 @@ def test_the_window_takes_what_the_greedy_left_pending_first() -> None:
     eligible = list(range(10))  # queue order
     pending = {g: np.arange(10) for g in eligible}
     placed = {g: 10 for g in range(6)}  # the greedy placed 0..5, left 6..9 pending
-    chosen = scope_mod._window(eligible, pending, placed, set(), 40)  # type: ignore[arg-type]
+    chosen = scope_mod._window(eligible, pending, placed, set(), 40, 100)  # type: ignore[arg-type]
     assert chosen == [4, 5, 6, 7]  # two it left pending (half the window), then the last two it placed
-    assert scope_mod._window(eligible, pending, placed, set(), 1000) == eligible  # everything fits: everything
-    assert 0 in scope_mod._window(eligible, pending, placed, {0}, 20)  # the groups that must be in, are
+    assert scope_mod._window(eligible, pending, placed, set(), 1000, 100) == eligible  # everything fits: everything
+    assert 0 in scope_mod._window(eligible, pending, placed, {0}, 20, 100)  # the groups that must be in, are
+
+
+def test_the_window_caps_groups_too() -> None:
+    eligible = list(range(50))  # one-pod groups: the pod cap alone would take them all
+    pending = {g: np.arange(1) for g in eligible}
+    placed = {g: 1 for g in range(30)}
+    chosen = scope_mod._window(eligible, pending, placed, set(), 1000, 12)  # type: ignore[arg-type]
+    assert len(chosen) == 12 and chosen == sorted(chosen)
+    assert set(range(30, 36)) <= set(chosen)  # half of it what the greedy left pending, highest-ranked first
+    assert scope_mod._window(eligible, pending, placed, set(), 1000, 50) == eligible
+    small = Config.model_validate({"solver": {"time_budget_s": 1.0}})
+    large = Config.model_validate({"solver": {"time_budget_s": 10.0}})
+    assert scope_mod.window_groups(small) < scope_mod.window_groups(large)
 
 
 def test_the_window_scales_with_the_budget() -> None:

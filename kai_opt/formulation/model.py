@@ -525,7 +525,8 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
             placed_g[i].append((s, qreqs[s], len(shapes[s].pods)))
     late = _late_work(st, scope, {(q, scope.turn[j]) for j in rec_groups for q in anc[groups[j].queue]}, scale)
     done: dict[tuple[int, int], int] = {}  # (queue, resource) -> groups (rank order) already in its running sum
-    running: dict[tuple[int, int], tuple[cp_model.IntVar | None, int]] = {}  # (queue, r) -> (sum var, its max)
+    # (queue, r) -> (the last sum variable, the terms since it not yet in a variable, the most the sum can reach)
+    running: dict[tuple[int, int], tuple[cp_model.IntVar | None, list[tuple[int, int]], int]] = {}
     for j in rec_groups:
         for q in anc[groups[j].queue]:
             if len(anc[q]) == 1 and tops == 1:
@@ -533,26 +534,28 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
             for r in range(3):
                 key = (q, r)
                 start = done.get(key, 0)
-                terms: list[tuple[int, int]] = []  # (shape, coefficient)
-                most = 0
+                prev, terms, most = running.get(key, (None, [], 0))  # terms: (shape, coefficient)
+                terms = list(terms)
                 for i in range(start, j + 1):
                     if q in anc[groups[i].queue]:
                         for sh, qr, k in placed_g[i]:
                             if int(qr[r]):
                                 terms.append((sh, int(qr[r])))
                                 most += int(qr[r]) * k
-                prev, prev_most = running.get(key, (None, 0))
-                most += prev_most
+                done[key] = j + 1
+                cap = int(np.floor(fs.fair_share[q, r] * scale[r] / mult + EPS))
+                at_turn = int(alloc[q, r]) - int(late[(q, scope.turn[j])][r])
+                if at_turn + most <= cap:  # holds whatever is placed and evicted (evictions only lower it): the
+                    # row and its running sum are left out; the terms wait for the next row that can bind
+                    running[key] = (prev, terms, most)
+                    continue
                 if terms:
                     acc = m.new_int_var(0, most, f"ranked_work[{st.q_names[q]},{r},{st.pg_keys[groups[j].group]}]")
                     m.add(acc == (prev if prev is not None else 0) + wsum([totals[e] for e, _c in terms],
                                                                           [c for _e, c in terms]))
                     b.derived.append((acc, prev, terms))
                     prev = acc
-                running[key] = (prev, most)
-                done[key] = j + 1
-                cap = fs.fair_share[q, r] * scale[r] / mult
-                at_turn = int(alloc[q, r]) - int(late[(q, scope.turn[j])][r])
+                running[key] = (prev, [], most)
                 big = max(at_turn, 0) + most + 1
                 m.add(at_turn + (prev if prev is not None else 0) - evicted_amount(q, r)
-                      <= int(np.floor(cap + EPS)) + big * (1 - uses[j]))
+                      <= cap + big * (1 - uses[j]))

@@ -137,7 +137,8 @@ def _shape_key(sess: Session, p: int) -> tuple[Any, ...]:
             int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]), int(st.pod_sig[p]))
 
 
-def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, per_shape_nodes: int = 24) -> Scope:
+def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, max_groups: int | None = None,
+                per_shape_nodes: int = 24) -> Scope:
     """What the model covers. Pending groups outside it (the window, pod affinity, a sub-group's required
     topology) keep the greedy plan's decisions: they are applied to `sess` here (apply_fixed), so the model sees
     the room they leave, and the decoder applies the same."""
@@ -163,7 +164,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                     for a, b in ((int(st.pg_pod_start[g]), int(st.pg_pod_start[g + 1])),)}
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
-    window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods))
+    window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods,
+                         len(eligible) if max_groups is None else max_groups))
     excluded = [g for g in ready if g not in window]
     turn_of = {g: i for i, g in enumerate(ready)}
     late_work = fixed_work(sess, greedy, excluded, turn_of)
@@ -197,7 +199,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
                                  int(st.pg_preferred_level[g]), fixed))
     if excluded:
         notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity, a sub-group's "
-                     f"required topology or the {max_pods}-pod window) keep the greedy plan's decisions")
+                     f"required topology or the window of {max_pods} pods and {max_groups or len(eligible)} groups) "
+                     "keep the greedy plan's decisions")
     scope_groups = {gs.group for gs in groups}
     # victim groups the greedy evicted for a scoped group by a rule it judged at that group's turn (the session's
     # ledger here is a later one): their units exist whatever the cycle-start rules below say
@@ -244,6 +247,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, pe
 
 WINDOW_PODS_PER_SECOND = 1_000  # pending pods one model decides per second of the time budget (the rest keep
 # the greedy plan's decisions): scope, model, solve and decode grow with them (see docs/DESIGN-NOTES.md)
+WINDOW_GROUPS_PER_SECOND = 300  # and groups: the per-group rows (gang, placed, the reclaim rule's running sums) grow
+# with groups whatever their size, so many one-pod groups need their own cap (docs/DESIGN-NOTES.md)
 
 
 def window_pods(cfg: Config, decisions: int = 0) -> int:
@@ -252,14 +257,19 @@ def window_pods(cfg: Config, decisions: int = 0) -> int:
     return max(1, min(cfg.solver.max_model_pods, int(WINDOW_PODS_PER_SECOND * model_seconds(cfg, decisions))))
 
 
+def window_groups(cfg: Config, decisions: int = 0) -> int:
+    """Pending groups one model may decide (as window_pods)."""
+    return max(1, int(WINDOW_GROUPS_PER_SECOND * model_seconds(cfg, decisions)))
+
+
 def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter[int], always: set[int],
-            max_pods: int) -> list[int]:
-    """The groups the model decides, in queue order, within `max_pods` pending pods. When everything fits, all
-    of them. Otherwise where a better plan can come from: first the groups the greedy plan leaves pending
-    (highest-ranked first), then the last groups the greedy placed (they hold the room the others could use), then
-    the rest in queue order; the groups in `always` count first."""
+            max_pods: int, max_groups: int) -> list[int]:
+    """The groups the model decides, in queue order, within `max_pods` pending pods and `max_groups` groups.
+    When everything fits, all of them. Otherwise where a better plan can come from: first the groups the greedy
+    plan leaves pending (highest-ranked first), then the last groups the greedy placed (they hold the room the
+    others could use), then the rest in queue order; the groups in `always` count first."""
     size = {g: len(pending[g]) for g in eligible}
-    if sum(size.values()) <= max_pods:
+    if sum(size.values()) <= max_pods and len(eligible) <= max_groups:
         return eligible
     chosen: list[int] = [g for g in eligible if g in always]
     left = max_pods - sum(size[g] for g in chosen)
@@ -268,6 +278,8 @@ def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter
     for part, share in ((unplaced, left // 2), (placed_late, left), (eligible, left)):
         room = min(share, left)
         for g in part:
+            if len(chosen) >= max_groups:
+                break
             if g in chosen or size[g] > room:
                 continue
             chosen.append(g)

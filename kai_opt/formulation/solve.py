@@ -25,6 +25,7 @@ from kai_opt.formulation.scope import (
     apply_consolidation,
     build_scope,
     placed_per_group,
+    window_groups,
     window_pods,
 )
 from kai_opt.formulation.second_hint import SecondHint, compute, wanted
@@ -57,7 +58,8 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
     apply_consolidation(sess, greedy)
     acts = Actions(sess)
     decisions = len(greedy.placements) + len(greedy.evictions)
-    scope = build_scope(sess, acts, greedy, max_pods=window_pods(config, decisions))
+    scope = build_scope(sess, acts, greedy, max_pods=window_pods(config, decisions),
+                        max_groups=window_groups(config, decisions))
     if actions is not None:
         if "preempt" not in actions:
             for v in scope.victims:
