@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 from builders import node, pod, podgroup, queue, state
 
-from kai_opt.config import Config, Engine
-from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota, over_limit
 from kai_opt.fairshare.division import QueueShare, divide
@@ -205,45 +203,3 @@ def test_victim_chunks_split_elastic_pods_from_the_core() -> None:
 @pytest.mark.parametrize("total", [0, 1, 7])
 def test_nothing_negative(total: float) -> None:
     assert all(x >= 0 for x in shares(total, [(2, -1, 1, 100, 5), (0, 4, 3, 50, 9)]))
-
-
-def _departments(d2_running: int):
-    """KAI case reclaim/009: 16 GPUs, departments d1-d4 deserving 4 each; d1's project p2 (deserved 1) runs 4, d2
-    runs `d2_running`, d3 runs 4, d4 waits for 5; d1's project p1 (deserved 3) wants 1 GPU of inference."""
-    objs = [node("n0", gpus=16)]
-    for d in ("d1", "d2", "d3", "d4"):
-        objs.append(queue(d, gpu=(4, 4, -1)))
-    objs += [queue("d1_p1", parent="d1", gpu=(3, 3, -1)), queue("d1_p2", parent="d1", gpu=(1, 1, -1))]
-    objs += [queue(f"{d}_p1", parent=d, gpu=(4, 4, -1)) for d in ("d2", "d3", "d4")]
-    for q, n in (("d1_p2", 4), ("d2_p1", d2_running), ("d3_p1", 4)):
-        for i in range(n):
-            objs += [podgroup(f"{q}-{i}", q), pod(f"{q}-{i}", group=f"{q}-{i}", gpus=1, node_name="n0")]
-    objs += [podgroup("d4", "d4_p1"), pod("d4-0", group="d4", gpus=5)]
-    objs += [podgroup("inf", "d1_p1", priority_class="inference"), pod("inf-0", group="inf", gpus=1)]
-    return state(objs)
-
-
-def test_a_department_may_go_over_its_fair_share_reclaiming_from_a_more_saturated_sibling() -> None:
-    """d1 ends at 5 of fair share 4 (1.25), d2 at 7 of 4 (1.75): KAI's boundary rule allows it (the reclaimer's
-    side needs to stay less saturated than each sibling it takes from, not within its fair share)."""
-    st = _departments(8)
-    fs = compute_fair_share(st)
-    ledger = QueueLedger.start(st, fs)
-    d1, d2 = st.q_index["d1"], st.q_index["d2"]
-    assert fs.fair_share[d1, 0] == 4 and fs.fair_share[d2, 0] == 4
-    one = np.array([1.0, 1000, 2**30])
-    assert reclaimable(fs, ledger, st.q_index["d1_p1"], one, [(st.q_index["d2_p1"], one)],
-                       preemptible=False) is None
-    plan, _ = run_cycle(st, Config(engine=Engine.greedy))
-    assert [st.pods[e.pod].name.split("-")[0] for e in plan.evictions] == ["d2_p1"]  # the most saturated
-    assert [st.pods[p.pod].name for p in plan.placements] == ["inf-0"]
-
-
-def test_reclaim_refused_when_the_reclaimer_side_ends_as_saturated_as_the_sibling() -> None:
-    """d2 runs 5: after one victim it is at 4 of 4 (1.0) while d1 would be at 5 of 4 (1.25): refused."""
-    st = _departments(5)
-    fs = compute_fair_share(st)
-    ledger = QueueLedger.start(st, fs)
-    one = np.array([1.0, 1000, 2**30])
-    assert reclaimable(fs, ledger, st.q_index["d1_p1"], one, [(st.q_index["d2_p1"], one)],
-                       preemptible=False) == "ReclaimerOverFairShare"
