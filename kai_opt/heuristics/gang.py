@@ -1,6 +1,7 @@
 """Place one group's pods all-or-nothing: queue capacity first, then each pod on its best node, inside a
 topology domain when the group (or a sub-group) requires one. Domains are tried bin-pack style (least free GPUs
-that could hold the pods first); a preferred level is tried first and dropped when no domain fits."""
+that could hold the pods first); a preferred level is tried first and dropped when no domain fits, and its domain
+order scores the nodes the pods are then spread over (kai_opt/heuristics/topology_score.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.heuristics.nodefilter import format_fit_error
 from kai_opt.heuristics.placer import Placer
 from kai_opt.heuristics.session import IS_ACTIVE, Session
+from kai_opt.heuristics.topology_score import preferred_scores
 from kai_opt.plan import Reason
 from kai_opt.state import R_GPU
 
@@ -122,6 +124,16 @@ class GangPlacer:
         finally:
             self._quiet_depth -= int(on)
 
+    @contextmanager
+    def _scored(self, scores: np.ndarray | None) -> Iterator[None]:
+        """The placer's topology tier is `scores` inside (the (sub)group's own), the enclosing one after."""
+        outer = self.placer.topology_score
+        self.placer.topology_score = scores
+        try:
+            yield
+        finally:
+            self.placer.topology_score = outer
+
     def place(self, g: int, tasks: list[int], *, allow_pipeline: bool = True,
               check_capacity: bool = True) -> Attempt:
         """Place `tasks` of group g (all or nothing). On failure the session is unchanged."""
@@ -135,6 +147,15 @@ class GangPlacer:
                     "queue": st.q_names[v.queue], "resource": v.resource, "bound": v.bound,
                     "current": v.current, "requested": v.requested, "job_queue": st.q_names[q],
                     "over_by": v.current + v.requested - v.bound})])
+        topo, pref_lvl = int(st.pg_topology[g]), int(st.pg_preferred_level[g])
+        # the group's preferred-level scores, over every node (KAI offers a job all nodes), for all its pods
+        scores = preferred_scores(sess, topo, pref_lvl, tasks, None) if topo >= 0 and pref_lvl >= 0 else None
+        with self._scored(scores):
+            return self._place_topology(g, tasks, allow_pipeline)
+
+    def _place_topology(self, g: int, tasks: list[int], allow_pipeline: bool) -> Attempt:
+        """place() once the queue allows it: in each required domain in turn, else anywhere."""
+        sess, st = self.sess, self.sess.state
         topo, req_lvl, pref_lvl = int(st.pg_topology[g]), int(st.pg_required_level[g]), int(st.pg_preferred_level[g])
         cp = sess.checkpoint()
         if topo >= 0 and req_lvl >= 0:
@@ -293,9 +314,12 @@ class GangPlacer:
                                                                           self._spread(pods), fitting_only=True)]
                 tries.append((-1, -1, mask if mask is not None else np.ones(st.n_nodes, dtype=bool)))
             last = Attempt(False)
+            # a preferred level scores the nodes the sub-group is offered (mask); else the group's scores hold
+            scores = preferred_scores(sess, topo, pref_lvl, pods, mask) if pref_lvl >= 0 \
+                else self.placer.topology_score
             for i, (lvl, d, within) in enumerate(tries):
                 m = within if lvl < 0 else _domain_mask(sess, topo, lvl, d, within)
-                with self._quiet(i < len(tries) - 1):  # only the last try's reasons are reported
+                with self._quiet(i < len(tries) - 1), self._scored(scores):  # only the last try's reasons count
                     a = self._place_pods(pods, m, allow_pipeline)
                 if a.ok:
                     placed += a.placed

@@ -1,11 +1,13 @@
 """Where one pod can go and which node is best (score), with GPU device choice.
 
 Filter: kai_opt/heuristics/nodefilter.py (the Placer is a NodeFilter). Score, highest tier first as KAI does:
-preferred node affinity, GPU sharing (a share joins an already shared device), availability (fits now rather
-than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest free) or spread
-(most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation against the
-session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a CPU-only pod
-bin-packs by CPU, a GPU pod takes the node-name order as FGD's simulator takes its node order), then node name.
+preferred node affinity, preferred topology domain (the group's order of preferred-level domains, set by the gang
+placer: kai_opt/heuristics/topology_score.py), GPU sharing (a share joins an already shared device), availability
+(fits now rather than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest
+free) or spread (most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation
+against the session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a
+CPU-only pod bin-packs by CPU, a GPU pod takes the node-name order as FGD's simulator takes its node order), then
+node name.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class Placer(NodeFilter):
         self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
             if self.n else np.zeros(0, dtype=np.int64)
         self._fgd: FgdScorer | None = None
+        # the topology tier per node of the (sub)group being placed (None: no preferred level applies)
+        self.topology_score: np.ndarray | None = None
 
     @property
     def fgd(self) -> FgdScorer:
@@ -85,6 +89,8 @@ class Placer(NodeFilter):
             pref = np.array([sum(t.weight for t in pod.node_affinity_preferred
                                  if t.term.matches(st.node_labels[n], st.node_names[n])) for n in candidates.tolist()])
             tier += (TIER_PREFERRED_AFFINITY * pref // total).astype(np.int64)
+        if self.topology_score is not None:
+            tier += self.topology_score[candidates]
         col = R_GPU if gpu_pod else R_CPU
         free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
@@ -149,7 +155,8 @@ class Placer(NodeFilter):
         choice = self._choose(p, mask, allow_pipeline=allow_pipeline, exclude=exclude)
         self._last = None
         if choice is not None and exclude < 0 and self._strategy(p) == Strategy.binpack:
-            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.caches.version)
+            self._last = (self._shape(p), mask, allow_pipeline, choice.node, choice.pipelined, self.sess.caches.version,
+                          self.topology_score)
         return choice
 
     def _prefilter(self, p: int, candidates: np.ndarray) -> np.ndarray:
@@ -184,8 +191,9 @@ class Placer(NodeFilter):
         last = self._last
         if last is None or exclude >= 0 or self.sess.caches.version != last[5] + 1:
             return None
-        shape, last_mask, last_pipe_ok, n, was_pipelined, _ = last
-        if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p):
+        shape, last_mask, last_pipe_ok, n, was_pipelined, _, last_topo = last
+        if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p) \
+                or last_topo is not self.topology_score:
             return None
         now_ok, future_ok = self.fit(p, np.array([n], dtype=np.int64))
         same_way = (not now_ok[0] and future_ok[0]) if was_pipelined else now_ok[0]
@@ -195,7 +203,7 @@ class Placer(NodeFilter):
         devices = self.devices_for(p, n, pipelined)
         if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
             pipelined = True
-        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.caches.version)
+        self._last = (shape, mask, allow_pipeline, n, was_pipelined, self.sess.caches.version, last_topo)
         return Choice(n, pipelined, devices)
 
     def _choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
