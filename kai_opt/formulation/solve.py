@@ -40,7 +40,7 @@ log = logging.getLogger("kai_opt.solver")
 DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, and at least DECODE_PER_POD per
 # pending and movable pod in the model plus CHECK_PER_DECISION per decision of the plan (the checker and the scores
 # walk the whole plan, the model's part and the greedy's outside it): measured in docs/DESIGN-NOTES.md
-DECODE_PER_POD = 0.00025
+DECODE_PER_POD = 0.00015
 CHECK_PER_DECISION = 0.00003
 SLOWDOWN_MAX = 4.0  # the reserve grows with the worker's wall/CPU ratio while building, up to this factor
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
