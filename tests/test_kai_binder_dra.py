@@ -222,3 +222,36 @@ def test_a_bound_pod_keeps_its_claims_when_a_late_result_says_failed(fake: FakeA
     b.claims.release_pod("ns", "p", "u1")
     assert not fake.of("PUT") and fake.claims["mem-claim"]["status"]["reservedFor"] == [mine]
     b.stop()
+
+
+def test_a_pending_bindrequests_claims_count_as_allocated_and_reserved_for_its_pod(fake: FakeApi) -> None:
+    """As KAI's scheduler assumes its pending BindRequests' claims: until KAI's binder writes them (and after a
+    restart of kai-opt), the snapshot shows them allocated as the BindRequest says, reserved for the pod."""
+    pod = _pod()
+    pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-x7k2q"}]
+    made = _claim("p-gpus-x7k2q")
+    c = _cache(pod, made, fake.claims["team-claim"], fake.claims["mem-claim"])
+    results: list[BindResult] = []
+    b = _binder(c, results)
+    _gpus, shared, mem = _writes()
+    fake.claims["p-gpus-x7k2q"] = made
+    gpus = ClaimWrite("", "p-gpus-x7k2q", None, _gpus.results, _gpus.slices)  # the template's claim exists
+    assert b.submit([BindRequest("ns", "p", "u1", "n1", (), claims=(gpus, shared, mem))])
+    assert b.wait_idle(5) and b.kai is not None
+    [(_, body)] = fake.of("POST", BR_PATH)
+    assert [e["name"] for e in body["spec"]["resourceClaimAllocations"]] == ["gpus", "shared", "mem"]
+    obj = {**body, "metadata": {**body["metadata"], "uid": "br-p", "resourceVersion": "2"}}
+    c._apply(c._stores[(kaibind.API_VERSION, kaibind.KIND)].res, "ADDED", obj)
+    b.kai.sync()
+    claims = {o.obj["metadata"]["name"]: o.obj["status"] for o in c.scheduling_objects(("kai-opt",))
+              if o.kind == "ResourceClaim"}
+    entries = {e["name"]: e["allocation"] for e in body["spec"]["resourceClaimAllocations"]}
+    assert claims["p-gpus-x7k2q"] == {"allocation": entries["gpus"],
+                                      "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}
+    assert claims["mem-claim"]["allocation"] == entries["mem"]
+    assert claims["team-claim"] == fake.claims["team-claim"]["status"], "allocated already: as it is"
+    b.cache.forget_bound("u1")
+    claims = {o.obj["metadata"]["name"]: o.obj["status"] for o in c.scheduling_objects(("kai-opt",))
+              if o.kind == "ResourceClaim"}
+    assert claims["p-gpus-x7k2q"] == {} and claims["mem-claim"] == {}, "the bind failed: not assumed any more"
+    b.stop()

@@ -177,6 +177,21 @@ def groups_by_device(obj: dict[str, Any] | None) -> dict[int, str]:
     return {d: str(g) for d, g in zip(devices, groups, strict=False) if g}
 
 
+def held_claims(obj: dict[str, Any], pod: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """(claim name, allocation) of a BindRequest's `resourceClaimAllocations`, each entry resolved through the pod
+    as KAI's binder does (a claim name, or the claim its template produced in the pod's status)."""
+    entries = (obj.get("spec") or {}).get("resourceClaimAllocations") or []
+    if not entries:
+        return ()
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    names = {e.get("name"): e.get("resourceClaimName") or (made.get(e.get("name"))
+                                                          if e.get("resourceClaimTemplateName") else None)
+             for e in (pod.get("spec") or {}).get("resourceClaims") or []}
+    return tuple((str(names[e.get("name")]), e["allocation"]) for e in entries
+                 if names.get(e.get("name")) and e.get("allocation"))
+
+
 def _finished(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
@@ -389,8 +404,9 @@ class KaiBindRequests:
             self._finish(uid, False, "bind-request-timeout", f"KAI's binder did not bind the pod within "
                          f"{self.cfg.bind_timeout_s:g}s of its BindRequest; it was deleted")
             return
-        # pending, or succeeded and the pod watch shows it bound soon: it counts as bound there meanwhile
-        self.cache.hold_bound(uid, ns, pod_name, node, devices)
+        # pending, or succeeded and the pod watch shows it bound soon: it counts as bound there meanwhile, its
+        # claims allocated as the BindRequest says
+        self.cache.hold_bound(uid, ns, pod_name, node, devices, held_claims(obj, pod))
 
     def _finish(self, uid: str, ok: bool, reason: str = "", message: str = "") -> None:
         with self._lock:
