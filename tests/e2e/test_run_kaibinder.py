@@ -3,8 +3,9 @@
 KAI's binder binds the pods from them: whole-GPU and CPU pods, and GPU-sharing pods (`--fake-gpu-nodes`; KAI's
 reservation pod, reported by the `gpu_node` helper playing the device plugin, and the pods' shared-GPU ConfigMaps
 are KAI's), and pods with DRA claims (KAI's binder writes the allocations the BindRequest carries and reserves the
-claims; kai-opt releases them when the pod goes). A BindRequest that fails (KAI's binder timing out on a reservation, or a status the test sets to
-Failed) is a failed bind: kai-opt deletes it, reports it, places the pod again, and the pod is bound in the end."""
+claims; kai-opt releases them when the pod goes). A BindRequest that fails (KAI's binder timing out on a
+reservation, or a status the test sets to Failed) is a failed bind: kai-opt deletes it, reports it, places the pod
+again, and the pod is bound in the end."""
 
 from __future__ import annotations
 
