@@ -81,6 +81,8 @@ SCHEDULING_KINDS: tuple[Resource, ...] = (
     Resource("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
     Resource("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
     Resource("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    # beta, off by default in 1.36 (resource.k8s.io/v1beta2 and the DRADeviceTaintRules gate): absent unless enabled
+    Resource("resource.k8s.io/v1beta2", "DeviceTaintRule", "devicetaintrules", False),
 )
 
 
