@@ -65,11 +65,18 @@ class ClaimDevices:
         # pod key -> (until, shares chosen for it): counted until the watch shows its claims allocated
         self._inflight_use: dict[str, tuple[float, dict[DeviceKey, dict[str, int]]]] = {}
 
+    def seen(self, dra: DraState) -> None:
+        """A cycle's view: devices it shows allocated are held by their allocation from now on, not as writes in
+        flight, so once released (a reclaim victim's claim) they are free at once, not INFLIGHT_S after they were
+        chosen."""
+        with self._lock:
+            self._inflight = {k: t for k, t in self._inflight.items() if k not in dra.allocated}
+
     def for_bind(self, dra: DraState, pod_key: str, node: str) -> tuple[ClaimWrite, ...] | None:
         """The claim writes of one bind, or None when the node lacks free devices now (the bind waits)."""
         now = time.monotonic()
         with self._lock:
-            self._inflight = {k: t for k, t in self._inflight.items() if t > now}
+            self._inflight = {k: t for k, t in self._inflight.items() if t > now and k not in dra.allocated}
             self._inflight_use = {k: v for k, v in self._inflight_use.items() if v[0] > now
                                   and not _all_allocated(dra, k)}
             taken = set(dra.allocated) | set(self._inflight)
