@@ -19,6 +19,8 @@ from kai_opt.api import Node, Pod, PodGroup, PriorityClass, Queue, Topology
 from kai_opt.api.dra import API_VERSION as DRA_API_VERSION
 from kai_opt.api.dra import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from kai_opt.api.meta import ident
+from kai_opt.api.taintrule import API_VERSION as TAINT_RULE_API_VERSION
+from kai_opt.api.taintrule import DeviceTaintRule, apply_taint_rules
 from kai_opt.errors import InputError
 from kai_opt.gcpause import gc_paused
 
@@ -33,6 +35,7 @@ KINDS: dict[str, type] = {
     "ResourceSlice": ResourceSlice,
     "ResourceClaim": ResourceClaim,
     "ResourceClaimTemplate": ResourceClaimTemplate,
+    "DeviceTaintRule": DeviceTaintRule,
 }
 
 # the one apiVersion per kind whose schema the models read; an object of another version (an old
@@ -49,6 +52,7 @@ API_VERSIONS: dict[str, str] = {
     "ResourceSlice": DRA_API_VERSION,
     "ResourceClaim": DRA_API_VERSION,
     "ResourceClaimTemplate": DRA_API_VERSION,
+    "DeviceTaintRule": TAINT_RULE_API_VERSION,  # beta in Kubernetes 1.36 (off by default)
 }
 
 DEFAULT_SCHEDULER_NAMES = ("kai-opt",)
@@ -91,6 +95,7 @@ class Snapshot:
     resource_slices: list[ResourceSlice] = field(default_factory=list)
     resource_claims: list[ResourceClaim] = field(default_factory=list)
     claim_templates: list[ResourceClaimTemplate] = field(default_factory=list)
+    device_taint_rules: list[DeviceTaintRule] = field(default_factory=list)  # already in resource_slices' devices
     warnings: list[Issue] = field(default_factory=list)
     rejected: list[Issue] = field(default_factory=list)  # lenient mode: objects left out, with why
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # pods with these schedulerNames are ours
@@ -172,7 +177,8 @@ class Snapshot:
         snap.priority_classes = buckets["PriorityClass"]
         snap.topologies = buckets["Topology"]
         snap.device_classes = buckets["DeviceClass"]
-        snap.resource_slices = buckets["ResourceSlice"]
+        snap.device_taint_rules = buckets["DeviceTaintRule"]
+        snap.resource_slices = apply_taint_rules(buckets["ResourceSlice"], snap.device_taint_rules)
         snap.resource_claims = buckets["ResourceClaim"]
         snap.claim_templates = buckets["ResourceClaimTemplate"]
         snap.validate(strict=strict)

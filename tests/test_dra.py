@@ -389,3 +389,22 @@ def test_devices_chosen_for_binds_in_flight_are_not_chosen_again() -> None:
     chooser.forget(first)  # p0's bind failed: its devices are free again
     again = chooser.for_bind(st.dra, "default/p2", "n0")
     assert again is not None and sorted(r.device for r in again[0].results or ()) == ["gpu-0", "gpu-1"]
+
+
+def test_a_device_in_flight_is_free_once_its_claim_was_seen_allocated_and_then_released() -> None:
+    """A chosen device counts as taken until the watch shows its claim allocated (then the allocation holds it);
+    released soon after (a reclaim victim's), it is free at once, not INFLIGHT_S after it was chosen."""
+    from kai_opt.k8s.dra import ClaimDevices
+    objs = [*base(("H100",), per_node=2), template("t", 2), podgroup("g", "q"), podgroup("h", "q"),
+            claim_pod("p0", "g", template_name="t"), claim_pod("p1", "h", template_name="t")]
+    st = build_state(snapshot(objs))
+    assert st.dra is not None
+    chooser = ClaimDevices()
+    assert chooser.for_bind(st.dra, "default/p0", "n0") is not None
+    assert chooser.for_bind(st.dra, "default/p1", "n0") is None  # p0's 2 devices in flight
+    seen = {(d.driver, d.pool, d.name) for d in st.dra.devices if d.node == "n0"}
+    st.dra.allocated |= seen  # a later cycle (no bind of DRA pods in it): the watch shows p0's claim allocated
+    chooser.seen(st.dra)
+    st.dra.allocated -= seen  # p0 evicted, its claim released
+    again = chooser.for_bind(st.dra, "default/p1", "n0")
+    assert again is not None and sorted(r.device for r in again[0].results or ()) == ["gpu-0", "gpu-1"]

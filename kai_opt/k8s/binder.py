@@ -115,7 +115,7 @@ class Binder:
                                         timeout=self.timeout) if sharing is not None and sharing.enabled else None
         # binder: kai: KAI's binder binds (and does the GPU-sharing contract itself), from our BindRequests
         self.kai = KaiBindRequests(api, cache, kai, write=self._write, done=self._done, make_request=BindRequest,
-                                   timeout=self.timeout) if kai is not None else None
+                                   timeout=self.timeout, claims=self.claims) if kai is not None else None
         if self.kai is not None:
             self.sharing = None
 
@@ -265,6 +265,8 @@ class Binder:
         else:
             if self.sharing is not None:
                 self.sharing.rollback(self.cache.pod(req.namespace, req.name), req.node, req.devices)
+            if self.kai is not None and reason != "dropped":  # KAI's binder may have reserved the pod's claims
+                self.claims.release_pod(req.namespace, req.name, req.uid)
             self.cache.forget_bound(req.uid)
             if reason != "dropped":
                 log.warning("bind %s to %s failed (%s): %s", req.key, req.node, reason, message)

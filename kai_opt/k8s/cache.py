@@ -81,6 +81,8 @@ SCHEDULING_KINDS: tuple[Resource, ...] = (
     Resource("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
     Resource("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
     Resource("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    # beta, off by default in 1.36 (resource.k8s.io/v1beta2 and the DRADeviceTaintRules gate): absent unless enabled
+    Resource("resource.k8s.io/v1beta2", "DeviceTaintRule", "devicetaintrules", False),
 )
 
 
@@ -124,6 +126,8 @@ class Assumed:
     node: str
     devices: tuple[int, ...]
     bound_at: float | None = None
+    # binder: kai: (claim name, allocation) of the pod's pending BindRequest, assumed until KAI's binder writes them
+    claims: tuple[tuple[str, Any], ...] = ()
 
 
 class ClusterCache:
@@ -460,13 +464,16 @@ class ClusterCache:
                 else:
                     self._set_bound(uid, Assumed(a.namespace, a.name, a.node, a.devices, time.monotonic()))
 
-    def hold_bound(self, uid: str, namespace: str, name: str, node: str, devices: tuple[int, ...]) -> None:
+    def hold_bound(self, uid: str, namespace: str, name: str, node: str, devices: tuple[int, ...],
+                   claims: tuple[tuple[str, Any], ...] = ()) -> None:
         """Someone else binds this pod for us (KAI's binder, from our pending BindRequest): it counts as bound on
-        `node` for another `assume_ttl_s` from now (the caller refreshes this while the bind is pending)."""
+        `node` for another `assume_ttl_s` from now (the caller refreshes this while the bind is pending); `claims`
+        (claim name, allocation): the BindRequest's claims count as allocated and reserved for the pod while they
+        are not (KAI's scheduler assumes its pending BindRequests' claims the same way)."""
         with self._lock:
             old = self._bound.get(uid)
-            self._set_bound(uid, Assumed(namespace, name, node, tuple(devices), time.monotonic()))
-            if old is None or old.node != node or old.devices != tuple(devices):
+            self._set_bound(uid, Assumed(namespace, name, node, tuple(devices), time.monotonic(), tuple(claims)))
+            if old is None or old.node != node or old.devices != tuple(devices) or old.claims != tuple(claims):
                 self.generation += 1
 
     def forget_bound(self, uid: str) -> None:
@@ -612,7 +619,11 @@ class ClusterCache:
             raw_now[id(o)] = raw
             return raw
 
+        held = {(a.namespace, claim): (alloc, a.name, uid) for uid, a in bound.items() for claim, alloc in a.claims}
         for (_av, kind), items in per_kind:
+            if kind == "ResourceClaim" and held:
+                out.extend(_held_claim(o, held) or as_is(kind, o) for o in items)
+                continue
             if kind != "Pod":
                 out.extend(as_is(kind, o) for o in items)
                 continue
@@ -678,6 +689,20 @@ class ClusterCache:
                            for o in st.items.values()}
             self._memo = {k: v for k, v in self._memo.items() if k[:3] in present}
         return snap
+
+
+def _held_claim(claim: dict[str, Any], held: Mapping[tuple[str, str], tuple[Any, str, str]]) -> RawObject | None:
+    """A claim a pending BindRequest of ours will allocate, as it will be (allocated, reserved for the pod); None:
+    not one, or the claim has an allocation already."""
+    meta = claim.get("metadata") or {}
+    h = held.get((meta.get("namespace") or "default", meta.get("name") or ""))
+    status = claim.get("status") or {}
+    if h is None or status.get("allocation") is not None:
+        return None
+    alloc, pod, uid = h
+    reserved = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
+    status = {**status, "allocation": alloc, "reservedFor": [*reserved, {"resource": "pods", "name": pod, "uid": uid}]}
+    return RawObject("ResourceClaim", {**claim, "status": status}, "cluster")
 
 
 def _memo_key(kind: str, obj: dict[str, Any]) -> tuple[str, ...] | None:

@@ -65,11 +65,18 @@ class ClaimDevices:
         # pod key -> (until, shares chosen for it): counted until the watch shows its claims allocated
         self._inflight_use: dict[str, tuple[float, dict[DeviceKey, dict[str, int]]]] = {}
 
+    def seen(self, dra: DraState) -> None:
+        """A cycle's view: devices it shows allocated are held by their allocation from now on, not as writes in
+        flight, so once released (a reclaim victim's claim) they are free at once, not INFLIGHT_S after they were
+        chosen."""
+        with self._lock:
+            self._inflight = {k: t for k, t in self._inflight.items() if k not in dra.allocated}
+
     def for_bind(self, dra: DraState, pod_key: str, node: str) -> tuple[ClaimWrite, ...] | None:
         """The claim writes of one bind, or None when the node lacks free devices now (the bind waits)."""
         now = time.monotonic()
         with self._lock:
-            self._inflight = {k: t for k, t in self._inflight.items() if t > now}
+            self._inflight = {k: t for k, t in self._inflight.items() if t > now and k not in dra.allocated}
             self._inflight_use = {k: v for k, v in self._inflight_use.items() if v[0] > now
                                   and not _all_allocated(dra, k)}
             taken = set(dra.allocated) | set(self._inflight)
@@ -146,6 +153,11 @@ def node_selector(node: str) -> dict[str, Any]:
     return {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
 
 
+def new_allocation(results: tuple[AllocationResult, ...], node: str) -> dict[str, Any]:
+    """A claim's `status.allocation` (resource.k8s.io/v1 AllocationResult): the devices, and the node."""
+    return {"devices": {"results": [_result(r) for r in results]}, "nodeSelector": node_selector(node)}
+
+
 class ClaimWriter:
     """The bind side: writes a pod's claims before its Binding (see the module doc)."""
 
@@ -187,9 +199,7 @@ class ClaimWriter:
             stale = self._stale_slice(w)
             if stale:
                 raise ClaimError("stale-slice", stale)
-            status["allocation"] = {
-                "devices": {"results": [_result(r) for r in w.results]},
-                "nodeSelector": node_selector(node)}
+            status["allocation"] = new_allocation(w.results, node)
         elif not _allocated_on(status["allocation"], node):
             raise ClaimError("claim-conflict", f"claim {ns}/{claim['metadata']['name']} is allocated elsewhere")
         if not any(r.get("uid") == uid for r in reserved):
@@ -203,6 +213,58 @@ class ClaimWriter:
             if exc.status == 409:
                 raise ClaimError("claim-conflict", f"claim {ns}/{claim['metadata']['name']} changed meanwhile") from exc
             raise
+
+    def allocation_entry(self, ns: str, pod_name: str, uid: str, node: str, w: ClaimWrite) -> dict[str, Any]:
+        """binder: kai: the claim's entry of the pod's BindRequest (`resourceClaimAllocations[]`, KAI's
+        `ResourceClaimAllocation`): the pod's claim entry name and the allocation KAI's binder writes if the claim
+        has none (it then adds the pod to reservedFor). The claim must exist and be named in the pod's status
+        (KAI's binder looks it up there): a template's is made first. The same checks as `prepare`: allocated
+        elsewhere, lost its allocation, a stale slice generation raise ClaimError."""
+        name = w.name or self._own_claim(ns, pod_name, uid, w)
+        claim = request(self.api, "GET", _claims_path(ns, name), timeout=self.timeout)
+        allocation = (claim.get("status") or {}).get("allocation")
+        if allocation is not None:
+            if not _allocated_on(allocation, node):
+                raise ClaimError("claim-conflict", f"claim {ns}/{name} is allocated elsewhere")
+        elif w.results is None:
+            raise ClaimError("claim-conflict", f"claim {ns}/{name} lost its allocation")
+        else:
+            stale = self._stale_slice(w)
+            if stale:
+                raise ClaimError("stale-slice", stale)
+            allocation = new_allocation(w.results, node)
+        entry = w.pod_claim or self._pod_claim_entry(ns, pod_name, name)
+        return {"name": entry, "allocation": allocation}
+
+    def _pod_claim_entry(self, ns: str, pod_name: str, claim_name: str) -> str:
+        """The name of the pod's `spec.resourceClaims` entry that resolves to `claim_name` (directly, or through
+        the claim its template produced, as the pod's status records it)."""
+        pod = self.cache.pod(ns, pod_name) or request(self.api, "GET", object_path("v1", "pods", ns, pod_name),
+                                                       timeout=self.timeout)
+        for e in (pod.get("spec") or {}).get("resourceClaims") or []:
+            if e.get("resourceClaimName") == claim_name:
+                return str(e.get("name"))
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            if s.get("resourceClaimName") == claim_name:
+                return str(s.get("name"))
+        raise ClaimError("claim-conflict", f"pod {ns}/{pod_name} no longer names claim {claim_name}")
+
+    def release_pod(self, ns: str, pod_name: str, uid: str) -> None:
+        """binder: kai, a bind that failed: the claims reserved for the pod let it go (and lose their allocation
+        when nobody is left), as `rollback` does for kai-opt's own binder; nothing while the pod is bound."""
+        pod = self.cache.pod(ns, pod_name)
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid or (pod.get("spec") or {}).get("nodeName"):
+            return
+        for claim in self.cache.list("ResourceClaim", API_VERSION):
+            meta = claim.get("metadata") or {}
+            if (meta.get("namespace") or "default") != ns or not any(
+                    r.get("uid") == uid for r in (claim.get("status") or {}).get("reservedFor") or []):
+                continue
+            try:
+                fresh = request(self.api, "GET", _claims_path(ns, meta.get("name")), timeout=self.timeout)
+                _release_one(self.api, fresh, {pod_name}, self.timeout)
+            except Exception as exc:  # the release sweep finishes the job
+                log.warning("claim %s/%s: release after a failed bind failed: %s", ns, meta.get("name"), exc)
 
     def _own_claim(self, ns: str, pod_name: str, uid: str, w: ClaimWrite) -> str:
         """The pod's claim of a template: the one its status names, else a new one made from the template."""

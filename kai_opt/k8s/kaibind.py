@@ -4,15 +4,22 @@ binder.
 
 One BindRequest per pod, named and namespaced like the pod and owned by it (KAI's scheduler does the same): the
 selected node, `receivedResourceType` (`Fraction` for a pod sharing a GPU, else `Regular`), `receivedGPU` (devices
-and the portion of each), the GPU groups of a sharing pod, no ResourceClaim allocations (kai-opt places no DRA
-claims), `backoffLimit`. KAI's binder then binds the pod and, for a sharing pod, creates the group's reservation
-pod and the pod's shared-GPU ConfigMaps; kai-opt's own GPU-sharing binder (kai_opt/k8s/sharing.py) is not used.
+and the portion of each), the GPU groups of a sharing pod, the allocations of its DRA claims, `backoffLimit`.
+KAI's binder then binds the pod and, for a sharing pod, creates the group's reservation pod and the pod's
+shared-GPU ConfigMaps; kai-opt's own GPU-sharing binder (kai_opt/k8s/sharing.py) is not used.
 
 Rules:
 - Before the BindRequest, one patch of the pod records kai-opt's device indexes (`kai-opt.io/gpu-devices`, as its
   own Binding would) and, for a sharing pod without one, the ConfigMap prefix KAI's binder needs
   (`runai/shared-gpu-configmap`, normally written by the admission webhook). The BindRequest carries the devices
   in the same annotation, aligned with `selectedGPUGroups`.
+- DRA claims (`resourceClaimAllocations`, KAI's `ResourceClaimAllocation`): one entry per claim of the bind,
+  named by the pod's `spec.resourceClaims` entry, with the claim's allocation (the one it has, or the devices the
+  cycle chose, as kai-opt's own binder would write it: kai_opt.k8s.dra.ClaimWriter.allocation_entry). KAI's binder
+  finds the claim through the pod (a template's claim must exist and be in the pod's status: kai-opt makes it
+  first), writes the allocation if the claim has none and adds the pod to reservedFor. A failed bind lets the
+  pod's claims go again (ClaimWriter.release_pod); pods gone or finished are released by the same sweep as with
+  kai-opt's own binder (kai_opt.k8s.dra.release).
 - A device (node, index) maps to one GPU group: the group of a pod on it (bound, or with a pending BindRequest),
   else a group handed out for it within SETTLE_S (the watch may lag), else a new one.
 - State, KAI's rule: Failed once the phase is Failed and failedAttempts >= backoffLimit (no limit: at once).
@@ -39,6 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION
 from kai_opt.config import KaiBinder
 from kai_opt.k8s.client import MERGE_PATCH, object_path, request
+from kai_opt.k8s.dra import ClaimWrite, ClaimWriter
 from kai_opt.k8s.kinds import BINDREQUEST_API_VERSION, BINDREQUEST_KIND, BINDREQUEST_PLURAL
 from kai_opt.k8s.sharing import (
     CONFIGMAP_ANNOTATION,
@@ -77,6 +85,7 @@ class Request(Protocol):
     uid: str
     node: str
     devices: tuple[int, ...]
+    claims: tuple[ClaimWrite, ...]
 
 
 # -- the object ---------------------------------------------------------------------------------------------------
@@ -106,13 +115,16 @@ def received_gpu(pod: dict[str, Any], node: dict[str, Any] | None, devices: tupl
 
 def bind_request_body(pod: dict[str, Any], node: str, devices: tuple[int, ...], *, groups: list[str],
                       node_obj: dict[str, Any] | None, backoff_limit: int,
-                      labels: dict[str, str] | None = None) -> dict[str, Any]:
+                      labels: dict[str, str] | None = None,
+                      claims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The BindRequest of `pod` placed on `node` on `devices` (GPU `groups` aligned with devices, sharing pods);
-    `labels`: a scheduling shard's partition label (kai_opt.k8s.shard, as KAI labels its BindRequests)."""
+    `labels`: a scheduling shard's partition label (kai_opt.k8s.shard, as KAI labels its BindRequests); `claims`:
+    the `resourceClaimAllocations` entries (ClaimWriter.allocation_entry)."""
     meta = _meta(pod)
     rtype, gpu = received_gpu(pod, node_obj, devices)
     spec: dict[str, Any] = {"podName": meta.get("name"), "selectedNode": node, "receivedResourceType": rtype,
-                            "receivedGPU": gpu, "resourceClaimAllocations": [], "backoffLimit": backoff_limit}
+                            "receivedGPU": gpu, "resourceClaimAllocations": list(claims or []),
+                            "backoffLimit": backoff_limit}
     if rtype == FRACTION:
         spec["selectedGPUGroups"] = list(groups)
     return {
@@ -165,6 +177,21 @@ def groups_by_device(obj: dict[str, Any] | None) -> dict[int, str]:
     return {d: str(g) for d, g in zip(devices, groups, strict=False) if g}
 
 
+def held_claims(obj: dict[str, Any], pod: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """(claim name, allocation) of a BindRequest's `resourceClaimAllocations`, each entry resolved through the pod
+    as KAI's binder does (a claim name, or the claim its template produced in the pod's status)."""
+    entries = (obj.get("spec") or {}).get("resourceClaimAllocations") or []
+    if not entries:
+        return ()
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    names = {e.get("name"): e.get("resourceClaimName") or (made.get(e.get("name"))
+                                                          if e.get("resourceClaimTemplateName") else None)
+             for e in (pod.get("spec") or {}).get("resourceClaims") or []}
+    return tuple((str(names[e.get("name")]), e["allocation"]) for e in entries
+                 if names.get(e.get("name")) and e.get("allocation"))
+
+
 def _finished(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
@@ -184,7 +211,8 @@ class KaiBindRequests:
     the binder's request for a pending BindRequest met after a restart."""
 
     def __init__(self, api: client.ApiClient, cache: Any, cfg: KaiBinder, *, write: Callable[[], None],
-                 done: Callable[..., None], make_request: Callable[..., Any], timeout: Any = (5.0, 10.0)) -> None:
+                 done: Callable[..., None], make_request: Callable[..., Any], timeout: Any = (5.0, 10.0),
+                 claims: ClaimWriter | None = None) -> None:
         self.api = api
         self.cache = cache
         self.cfg = cfg
@@ -192,6 +220,7 @@ class KaiBindRequests:
         self.done = done
         self.make_request = make_request
         self.timeout = timeout
+        self.claims = claims  # DRA: the allocations the BindRequest carries
         self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}  # pod uid -> its pending hand-off
         self._recent: dict[tuple[str, int], tuple[str, float]] = {}  # (node, device) -> (group, when handed out)
@@ -214,12 +243,18 @@ class KaiBindRequests:
         shared = shares_gpu(pod)
         if shared and not req.devices:
             raise SharingError("invalid", "a shared-GPU pod was placed without a GPU device")
+        claims = []
+        if req.claims:
+            if self.claims is None:
+                raise SharingError("invalid", "a pod with DRA claims and no claim writer")
+            claims = [self.claims.allocation_entry(req.namespace, req.name, req.uid, req.node, w)
+                      for w in req.claims]
         groups = self._groups(req.node, req.devices) if shared else []
         self._annotate(pod, req.devices, shared)
         body = bind_request_body(pod, req.node, req.devices, groups=groups,
                                  node_obj=self.cache.get("v1", "Node", None, req.node),
                                  backoff_limit=self.cfg.backoff_limit,
-                                 labels=self.shard.labels() if self.shard is not None else None)
+                                 labels=self.shard.labels() if self.shard is not None else None, claims=claims)
         self._create(body, req)
         now = time.monotonic()
         with self._lock:
@@ -369,8 +404,9 @@ class KaiBindRequests:
             self._finish(uid, False, "bind-request-timeout", f"KAI's binder did not bind the pod within "
                          f"{self.cfg.bind_timeout_s:g}s of its BindRequest; it was deleted")
             return
-        # pending, or succeeded and the pod watch shows it bound soon: it counts as bound there meanwhile
-        self.cache.hold_bound(uid, ns, pod_name, node, devices)
+        # pending, or succeeded and the pod watch shows it bound soon: it counts as bound there meanwhile, its
+        # claims allocated as the BindRequest says
+        self.cache.hold_bound(uid, ns, pod_name, node, devices, held_claims(obj, pod))
 
     def _finish(self, uid: str, ok: bool, reason: str = "", message: str = "") -> None:
         with self._lock:

@@ -127,8 +127,8 @@ def cluster_rules(binder: BinderKind | Cond = BinderKind.kai_opt) -> list[Any]:
         {"apiGroups": [KAI_GROUP], "resources": [TOPOLOGY.plural], "verbs": READ},
         {"apiGroups": [KAI_GROUP], "resources": ["schedulingshards"], "verbs": ["get"]},  # a shard's own (shard.py)
         # DRA: devices are read, claims allocated and reserved (status), a template's claim made for its pod
-        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses", "resourceslices", "resourceclaimtemplates"],
-         "verbs": READ},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses", "resourceslices", "resourceclaimtemplates",
+                                                         "devicetaintrules"], "verbs": READ},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": [*READ, "create"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["update", "patch"]},
     ]

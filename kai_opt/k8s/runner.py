@@ -378,6 +378,8 @@ class Runner:
         self.evictor.submit(evictions)
         binds = []
         now = time.time()
+        if state.dra is not None:
+            self.claim_devices.seen(state.dra)  # every cycle: writes the watch shows stop counting as in flight
         for p in plan.binds:
             pod = state.pods[p.pod]
             if not pod.meta.uid:

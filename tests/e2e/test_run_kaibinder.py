@@ -2,8 +2,10 @@
 (tests/e2e/kaipeer.py) with KAI's BindRequest CRD: kai-opt writes BindRequests carrying what KAI's binder needs, and
 KAI's binder binds the pods from them: whole-GPU and CPU pods, and GPU-sharing pods (`--fake-gpu-nodes`; KAI's
 reservation pod, reported by the `gpu_node` helper playing the device plugin, and the pods' shared-GPU ConfigMaps
-are KAI's). A BindRequest that fails (KAI's binder timing out on a reservation, or a status the test sets to
-Failed) is a failed bind: kai-opt deletes it, reports it, places the pod again, and the pod is bound in the end."""
+are KAI's), and pods with DRA claims (KAI's binder writes the allocations the BindRequest carries and reserves the
+claims; kai-opt releases them when the pod goes). A BindRequest that fails (KAI's binder timing out on a
+reservation, or a status the test sets to Failed) is a failed bind: kai-opt deletes it, reports it, places the pod
+again, and the pod is bound in the end."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from .schedharness import (
     pods,
     queue,
     scheduler,
+    served,
     wait_for,
 )
 from .testcluster import LocalCluster, delete_cluster_rbac, ensure_namespace
@@ -227,3 +230,93 @@ def test_the_existing_kai_manifests_rbac_lets_kai_opt_hand_off_and_clean_up(
             assert pods(api)["w"]["metadata"]["annotations"]["kai-opt.io/gpu-devices"] == "0"
         finally:
             delete_cluster_rbac(api, NAME)
+
+
+def test_kais_binder_allocates_and_reserves_the_dra_claims_kai_opt_hands_it(
+        kai_cluster: LocalCluster, peer: KaiPeer) -> None:
+    """DRA through KAI's binder: a template claim (2 A100s; kai-opt makes the claim, KAI's binder finds it through
+    the pod's status), one claim shared by two pods, and two 20 GiB shares of an 80 GiB device: each pod's
+    BindRequest carries its claims' allocations, KAI's binder writes them and reserves the claims for the pods and
+    binds them; a deleted pod's claim is released by kai-opt as with its own binder."""
+    from .test_run_dra import (
+        PRODUCTS,
+        V,
+        allocated_devices,
+        claim,
+        claim_of,
+        claims,
+        device_class,
+        dra_pod,
+        post,
+        rslice,
+        template,
+    )
+    from .test_run_dra import _clear as clear_dra
+
+    shared_dev = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
+                  "spec": {"driver": "mem.example.com", "nodeName": "n0",
+                           "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
+                           "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
+                                        "capacity": {"memory": {"value": "80Gi"}}}]}}
+    mem_class = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+                 "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+    mem20 = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem20", "namespace": NS},
+             "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                 "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "20Gi"}}}}]}}}}
+    with kai_cluster.api_client() as api, kai_cluster.kwok():
+        if not served(api, V):
+            pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
+        clear_dra(api)
+        try:
+            create(api, [namespace(), queue("team"), *[node(n, 0) for n in PRODUCTS]])
+            for obj, plural in [(device_class(), "deviceclasses"), (mem_class, "deviceclasses"),
+                                (shared_dev, "resourceslices"), *[(rslice(n, prod), "resourceslices")
+                                                                  for n, prod in PRODUCTS.items()]]:
+                request(api, "POST", object_path(V, plural, None), body=obj)
+            capacity = bool(request(api, "GET", object_path(V, "resourceslices", None, "n0-shared"))
+                            ["spec"]["devices"][0].get("allowMultipleAllocations"))
+            objs = [template("a100x2", 2, "A100"), claim("shared", 1, "H100"),
+                    dra_pod("p", "", template_name="a100x2"), dra_pod("pa", "", claim_name="shared"),
+                    dra_pod("pb", "", claim_name="shared")]
+            if capacity:  # (DRAConsumableCapacity on: the apiserver keeps allowMultipleAllocations)
+                objs += [mem20, dra_pod("m0", "", template_name="mem20"), dra_pod("m1", "", template_name="mem20")]
+            post(api, objs)
+            names = {o["metadata"]["name"] for o in objs if o["kind"] == "Pod"}
+            with kai_binder(kai_cluster, peer) as binder, scheduler(kai_cluster, config()):
+                wait_for("every DRA pod bound by KAI's binder",
+                         lambda: {n for n, p in pods(api).items() if bound_by_kai(p)} == names, timeout=90)
+                all_pods, brs, cs = pods(api), bindrequests(api), claims(api)
+                # the template's claim: made by kai-opt, allocated and reserved by KAI's binder
+                c = claim_of(api, "p")
+                assert c is not None and c["metadata"]["name"].startswith("p-gpus-")
+                where = all_pods["p"]["spec"]["nodeName"]
+                assert PRODUCTS[where] == "A100"
+                devs = allocated_devices(c)
+                assert len(devs) == 2 and {pool for pool, _ in devs} == {where} and len(set(devs)) == 2
+                assert c["status"]["reservedFor"] == [{"resource": "pods", "name": "p",
+                                                       "uid": all_pods["p"]["metadata"]["uid"]}]
+                [entry] = brs["p"]["spec"]["resourceClaimAllocations"]
+                assert entry["name"] == "gpus" and entry["allocation"] == c["status"]["allocation"]
+                # the shared claim: allocated once, both pods on its node and in its reservedFor
+                shared = cs["shared"]
+                assert len(allocated_devices(shared)) == 1
+                assert all_pods["pa"]["spec"]["nodeName"] == all_pods["pb"]["spec"]["nodeName"]
+                assert PRODUCTS[all_pods["pa"]["spec"]["nodeName"]] == "H100"
+                assert sorted(r["name"] for r in shared["status"]["reservedFor"]) == ["pa", "pb"]
+                for n in ("pa", "pb"):
+                    assert [e["name"] for e in brs[n]["spec"]["resourceClaimAllocations"]] == ["gpus"]
+                if capacity:  # two shares of one device, each with its consumed capacity and own shareID
+                    results = [r for n in ("m0", "m1") for r in
+                               (claim_of(api, n) or {})["status"]["allocation"]["devices"]["results"]]
+                    assert [(r["pool"], r["device"]) for r in results] == [("n0-shared", "shared-0")] * 2
+                    assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"20Gi"},
+                                                                                        {str(20 * 2**30)})
+                    assert len({r["shareID"] for r in results}) == 2
+                # released as with kai-opt's own binder: the pod goes, its claim lets it go and loses its devices
+                request(api, "DELETE", object_path("v1", "pods", NS, "p"), query={"gracePeriodSeconds": 0})
+                name = c["metadata"]["name"]
+                wait_for("p's claim released", lambda: not (claims(api)[name].get("status") or {}).get(
+                    "reservedFor") and not allocated_devices(claims(api)[name]))
+                assert binder.running(), binder.log_tail()
+        finally:
+            clear_dra(api)

@@ -183,8 +183,9 @@ class LocalCluster:
     the work directory (set KAI_OPT_KEEP_TESTCLUSTER=1 to keep it for the logs)."""
 
     def __init__(self, bin_dir: Path, *, identities: Sequence[str] = DEFAULT_IDENTITIES,
-                 workdir: Path | None = None) -> None:
+                 workdir: Path | None = None, apiserver_args: Sequence[str] = ()) -> None:
         self.bin_dir = bin_dir
+        self.apiserver_args = list(apiserver_args)  # more kube-apiserver flags (e.g. --runtime-config)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kai-opt-testcluster-"))
         self.admin_token = secrets.token_hex(16)
         self.tokens: dict[str, str] = {name: secrets.token_hex(16) for name in identities}
@@ -277,7 +278,7 @@ class LocalCluster:
             f"--service-account-signing-key-file={self._certs['sa_key']}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--allow-privileged=true", "--profiling=false", "--v=1",
+            "--allow-privileged=true", "--profiling=false", "--v=1", *self.apiserver_args,
         ])
         self._wait(apiserver, f"{self.host}/readyz", deadline, ok=lambda body: body.strip() == "ok")
 
