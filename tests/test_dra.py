@@ -361,7 +361,12 @@ def test_the_checker_never_fires_on_random_dra_and_mig_clusters(objs: list[RawOb
             assert st.node_alloc[pl.node, st.resources.index(MIG)] >= 1
 
 
-def checked_cycle(objs: list[RawObject], engine: Engine) -> tuple[ClusterState, Plan]:
+def placed(st: ClusterState, plan: Plan) -> dict[str, str]:
+    """Pod name -> node name of every placement of the plan."""
+    return {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+
+
+def checked_cycle(objs: list[RawObject], engine: Engine = Engine.greedy) -> tuple[ClusterState, Plan]:
     """One cycle of `engine` on the objects: its plan passes the checker, and a CP-SAT plan did not fail it
     (a fallback for that reason would hide a model bug behind the greedy plan)."""
     st = build_state(snapshot(objs))

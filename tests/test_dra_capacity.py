@@ -10,7 +10,7 @@ import pytest
 from builders import node, podgroup, queue, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
-from test_dra import CONFIG, CPSAT, DRIVER, V, checked_cycle, claim_pod, device_class
+from test_dra import CONFIG, DRIVER, V, checked_cycle, claim_pod, device_class, placed
 
 from kai_opt.api.dra import CapacityPolicy
 from kai_opt.checker import PlanViolation, check_plan
@@ -64,15 +64,7 @@ def mem_claim(name: str, mem: str, node_name: str, device: str = "gpu-0", reserv
                                        "spec": mem_spec(mem), "status": status})
 
 
-def cycle(objs: list[RawObject], engine: Engine = Engine.greedy) -> tuple[Any, Plan]:
-    st = build_state(snapshot(objs))
-    plan, fs = run_cycle(st, CPSAT if engine == Engine.cpsat else CONFIG, engine=engine)
-    check_plan(st, plan, fs, CONFIG)
-    return st, plan
-
-
-def placed(st: Any, plan: Plan) -> dict[str, str]:
-    return {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+cycle = checked_cycle  # (test_dra: the plan checked, no CP-SAT plan failing the checker)
 
 
 def pods_of(n: int, template_name: str, prefix: str = "p") -> list[RawObject]:

@@ -8,12 +8,9 @@ from typing import Any
 
 import pytest
 from builders import node, podgroup, queue, snapshot
-from test_dra import CONFIG, CPSAT, DRIVER, V, claim_pod, device_class, template
+from test_dra import DRIVER, V, checked_cycle, claim_pod, device_class, placed, template
 
-from kai_opt.checker import check_plan
 from kai_opt.config import Engine
-from kai_opt.engine import run_cycle
-from kai_opt.plan import Plan
 from kai_opt.snapshot import RawObject
 from kai_opt.state import build_state
 
@@ -36,15 +33,7 @@ RACK_A = {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [
     {"key": "rack", "operator": "In", "values": ["a"]}]}]}}
 
 
-def cycle(objs: list[RawObject], engine: Engine = Engine.greedy) -> tuple[Any, Plan]:
-    st = build_state(snapshot(objs))
-    plan, fs = run_cycle(st, CPSAT if engine == Engine.cpsat else CONFIG, engine=engine)
-    check_plan(st, plan, fs, CONFIG)
-    return st, plan
-
-
-def placed(st: Any, plan: Plan) -> dict[str, str]:
-    return {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+cycle = checked_cycle  # (test_dra: the plan checked, no CP-SAT plan failing the checker)
 
 
 @pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])

@@ -9,7 +9,7 @@ import pytest
 from builders import node, podgroup, queue, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
-from test_dra import CONFIG, CPSAT, DRIVER, V, checked_cycle, claim_pod, device_class, dra_clusters
+from test_dra import CONFIG, DRIVER, V, checked_cycle, claim_pod, device_class, dra_clusters, placed
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Engine
@@ -42,15 +42,7 @@ def tol_template(name: str, count: int, tolerations: list[dict[str, Any]] | None
 UNHEALTHY = {"key": "example.com/unhealthy", "value": "ecc", "effect": "NoSchedule"}
 
 
-def cycle(objs: list[RawObject], engine: Engine = Engine.greedy) -> tuple[Any, Plan]:
-    st = build_state(snapshot(objs))
-    plan, fs = run_cycle(st, CPSAT if engine == Engine.cpsat else CONFIG, engine=engine)
-    check_plan(st, plan, fs, CONFIG)
-    return st, plan
-
-
-def placed(st: Any, plan: Plan) -> dict[str, str]:
-    return {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+cycle = checked_cycle  # (test_dra: the plan checked, no CP-SAT plan failing the checker)
 
 
 def test_taints_and_tolerations_are_read() -> None:
