@@ -92,7 +92,7 @@ class SecondHint:
         """Apply keep_going's rule while the KAI-scored cycle still runs: once that cycle has run longer than
         budget / (SLOWDOWN - 1) (from `cycle_start`, a time.perf_counter() value) its end cannot pass the rule, so
         a plan not ready by then is stopped at that moment instead of competing for the cores until the cycle ends
-        (a 10,000-node cycle with a 1 s budget: ~1 s of it instead of the whole cycle)."""
+        (docs/DESIGN-NOTES.md, CP-SAT engine)."""
         if self._child is None:
             return
         limit = budget_s / (SLOWDOWN - 1.0)

@@ -74,9 +74,9 @@ def model_scope(state: ClusterState, fs: FairShare, config: Config, greedy: Plan
 def prepare_worker(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
                    second: SecondHint | None) -> Waiting | None:
     """The CP-SAT worker forked at the start of the cycle, waiting for the greedy plan (cpsat_plan `waiting`): the
-    fork and the copy-on-write faults of a large process (at 10,000 nodes ~0.1 s of fork and ~20% more CPU in a
-    worker forked after the greedy cycle) are paid while the greedy cycle runs, not inside the budget. None without
-    fork or when the fork fails (cpsat_plan then forks its worker itself)."""
+    fork and the copy-on-write faults of a large process are paid while the greedy cycle runs, not inside the
+    budget (measured in docs/DESIGN-NOTES.md, CP-SAT engine). None without fork or when the fork fails (cpsat_plan
+    then forks its worker itself)."""
     if not can_fork():
         return None
     try:  # not daemonic: it forks the solver worker itself
