@@ -40,8 +40,7 @@ def wait_for(what: str, check: Any, timeout: float = 40.0) -> Any:
 @pytest.fixture
 def dra(fresh: LocalCluster) -> Iterator[LocalCluster]:
     with fresh.api_client() as api:
-        if not served(api, V):
-            pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
+        assert served(api, V), "the test apiserver (1.36) must serve resource.k8s.io/v1 (GA since 1.35)"
         _clear(api)
         create(api, [namespace(), queue("team"), *[node(n, 0) for n in PRODUCTS]])
         request(api, "POST", object_path(V, "deviceclasses", None), body=device_class())
@@ -233,8 +232,8 @@ def test_consumable_capacity_four_claims_of_20gi_share_one_80gi_device_and_a_fif
         request(api, "POST", object_path(V, "resourceslices", None), body=shared)
         request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
         back = request(api, "GET", object_path(V, "resourceslices", None, "n0-shared"))
-        if not back["spec"]["devices"][0].get("allowMultipleAllocations"):
-            pytest.skip("the test apiserver drops allowMultipleAllocations (DRAConsumableCapacity off)")
+        assert back["spec"]["devices"][0].get("allowMultipleAllocations"), \
+            "the test apiserver dropped allowMultipleAllocations (DRAConsumableCapacity, beta and on in 1.36)"
         post(api, [tmpl] + [x for i in range(5) for x in (podgroup(f"m{i}", 1, "team"),
                                                          dra_pod(f"m{i}", f"m{i}", template_name="mem20"))])
         with scheduler(dra):
