@@ -534,8 +534,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
             for r in range(3):
                 key = (q, r)
                 start = done.get(key, 0)
-                prev, terms, most = running.get(key, (None, [], 0))  # terms: (shape, coefficient)
-                terms = list(terms)
+                prev, terms, most = running.get(key, (None, [], 0))  # terms: (shape, coefficient), extended here
                 for i in range(start, j + 1):
                     if q in anc[groups[i].queue]:
                         for sh, qr, k in placed_g[i]:
