@@ -65,10 +65,16 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         check_plan(state, plan, fs, config)
         if engine == Engine.cpsat:
             say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
-            from kai_opt.formulation.solve import cpsat_plan
+            from kai_opt.formulation.solve import cpsat_plan, unbeatable_note
 
             try:
-                plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second, waiting=worker)
+                unbeatable = unbeatable_note(state, plan)
+                if unbeatable:  # the model and the second hint could only tie; both are stopped (finally)
+                    plan.engine = "cpsat"
+                    plan.solver = SolverInfo(status="GREEDY_KEPT", hint="kai", note=unbeatable)
+                else:
+                    plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second,
+                                      waiting=worker)
             except Exception as exc:  # an optional stage never loses the cycle (cpsat_plan names what it knows
                 # of; this is the net for the rest): the greedy plan, checked above, stays
                 log.exception("the CP-SAT stage raised; the cycle goes on with the greedy plan")

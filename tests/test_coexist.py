@@ -292,3 +292,73 @@ def test_a_gpu_reservation_pod_is_counted_by_the_pods_sharing_its_device() -> No
     assert misfit is not None and misfit.resource == GPU_DEVICE
     c.reservation_app = None  # counted as a pod of its own, the device would look full for the second half
     assert check.check("default", "me", "uid-Pod-default-me", "n1", (0,)) is not None
+
+
+def test_podgroups_in_sync_are_skipped_only_while_their_objects_and_reasons_stay_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer remembers which PodGroups were in sync; its writes over cycles where objects change (a write
+    lands, a pod finishes) are exactly those of a writer that computes every PodGroup afresh."""
+    written: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def fake_status(api: Any, method: str, path: str, **kw: Any) -> None:
+        import json
+        with lock:
+            written.append((path, json.dumps(kw.get("body"), sort_keys=True)))
+
+    monkeypatch.setattr(status_mod, "request", fake_status)
+    monkeypatch.setattr(events_mod, "request", lambda *a, **k: None)
+    cache = _load(_cluster())
+    pg_store = next(s for (av, kind), s in cache._stores.items() if kind == "PodGroup")
+    pod_store = next(s for (av, kind), s in cache._stores.items() if kind == "Pod")
+    calls = [0]
+    real = status_mod.podgroup_status
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(status_mod, "podgroup_status", counted)
+
+    def writes(w: status_mod.StatusWriter, pool: WorkPool) -> list[tuple[str, str]]:
+        snap = cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW)
+        state = build_state(snap, now=snap.now)
+        plan, fs = run_cycle(state, parse_config({"engine": "greedy"}))
+        written.clear()
+        calls[0] = 0
+        w.update(snap, state, plan, fs)
+        assert pool.wait_idle(30)
+        return sorted(p for p in written if "/podgroups/" in p[0] and p[0].endswith("/status"))
+
+    def land(patches: list[tuple[str, str]]) -> None:  # the written status shows up in the watch
+        import json
+        for path, body in patches:
+            name = path.split("/podgroups/")[1].removesuffix("/status")
+            key = next(k for k in pg_store.items if k.endswith("/" + name))
+            obj = pg_store.items[key]
+            status = {**(obj.get("status") or {}), **json.loads(body)["status"]}
+            cache._apply(pg_store.res, "MODIFIED", {**obj, "status": status})
+
+    pool = WorkPool("status-test", 1)
+    recorder = EventRecorder(None, pool)  # type: ignore[arg-type]
+    memo = status_mod.StatusWriter(None, cache, pool, TokenBucket(1000, 1000), recorder,  # type: ignore[arg-type]
+                                   resend_s=0.0)
+
+    def fresh() -> status_mod.StatusWriter:
+        return status_mod.StatusWriter(None, cache, pool, TokenBucket(1000, 1000), recorder,  # type: ignore[arg-type]
+                                       resend_s=0.0)
+
+    first = writes(memo, pool)
+    assert first == writes(fresh(), pool) and first, "the first cycle computes everything"
+    land(first)
+    assert writes(memo, pool) == writes(fresh(), pool) == [], "written and shown: in sync"
+    computed = calls[0]
+    assert writes(memo, pool) == [] and calls[0] == 0, "the same objects again: nothing computed"
+    key = next(k for k, o in pod_store.items.items() if o["metadata"]["name"] == "o-0")
+    done = {**pod_store.items[key], "status": {"phase": "Succeeded"}}
+    done["metadata"] = {**done["metadata"], "resourceVersion": "2"}
+    cache._apply(pod_store.res, "MODIFIED", done)
+    changed = writes(memo, pool)
+    assert calls[0] >= 1 and calls[0] < computed + 1
+    assert changed == writes(fresh(), pool), "a changed pod: its group computed again, as a fresh writer does"
+    pool.stop()

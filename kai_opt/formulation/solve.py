@@ -10,6 +10,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+import numpy as np
+
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
@@ -33,7 +35,7 @@ from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo, failure_note
-from kai_opt.state import ClusterState
+from kai_opt.state import ClusterState, PodStatus
 
 log = logging.getLogger("kai_opt.solver")
 
@@ -205,6 +207,21 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: P
     alt.engine = "cpsat"
     alt.phases = plan.phases  # the cycle's own phases (the KAI-scored greedy's); this plan was computed beside
     return alt
+
+
+def unbeatable_note(state: ClusterState, plan: Plan) -> str:
+    """Why no plan of the cycle can beat `plan` on the primary objective ('' when one might): it places every
+    pending pod of ours that a plan could place (tier 1 at its maximum) and evicts nothing (tier 2 at its minimum).
+    The model and the second hint could only tie, and a tie keeps the greedy plan, so neither is worth running."""
+    if plan.evictions:
+        return ""
+    placeable = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
+    placed = np.zeros(state.n_pods, dtype=bool)
+    placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
+    if (placeable & ~placed).any():
+        return ""
+    return (f"greedy plan kept: it places all {int(placeable.sum())} pending pods without evictions, so no plan "
+            "scores higher (the model was not run)")
 
 
 def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:

@@ -150,6 +150,13 @@ def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] 
     return {"phase": podgroup_phase(counts, min_member), **counts, "schedulingConditions": conds}
 
 
+def _same_inputs(a: tuple[Any, tuple[Pod, ...], Any], b: tuple[Any, tuple[Pod, ...], Any]) -> bool:
+    """The same PodGroup object, the same member Pod models (identity: the snapshot reuses the model of an
+    unchanged pod) and equal reasons."""
+    return (a[0] is b[0] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1], strict=True))
+            and a[2] == b[2])
+
+
 def _changed(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """The desired fields that differ from `current` (an empty list equals a missing field)."""
     out = {}
@@ -236,6 +243,10 @@ class StatusWriter:
         self._sent_lock = threading.Lock()
         self._pruned = clock()
         self.failures = 0
+        # PodGroup key -> (object, member Pod models, reasons) of the last cycle that found its status in sync:
+        # the same objects (the watch replaces a changed object, the snapshot re-parses only changed pods) and
+        # the same reasons give the same desired status, so it is in sync again (status compute thread only)
+        self._in_sync: dict[str, tuple[dict[str, Any], tuple[Pod, ...], tuple[tuple[str, str], ...]]] = {}
 
     def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None,
                positions: dict[int, Position] | None = None) -> dict[str, int]:
@@ -262,6 +273,7 @@ class StatusWriter:
             if p.podgroup and snap.is_ours(p):
                 members.setdefault(f"{p.namespace}/{p.podgroup}", []).append(p)
         n = 0
+        in_sync, before = {}, self._in_sync
         for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
             meta = obj.get("metadata") or {}
             key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -273,12 +285,21 @@ class StatusWriter:
             else:
                 g = state.pg_index.get(key)
                 reasons = plan.pending.get(g) if g is not None else None
-            desired = podgroup_status(obj, members.get(key, []), reasons, now)
+            pods = tuple(members.get(key, ()))
+            inputs = (obj, pods, tuple((r.code, r.message) for r in reasons or ()))
+            last = before.get(key)
+            if last is not None and _same_inputs(last, inputs):
+                in_sync[key] = last
+                continue
+            desired = podgroup_status(obj, list(pods), reasons, now)
             patch = _changed(obj.get("status") or {}, desired)
-            if patch and self._submit(f"podgroup/{key}", object_path(
+            if not patch:
+                in_sync[key] = inputs
+            elif self._submit(f"podgroup/{key}", object_path(
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")) + "/status",
                     patch):
                 n += 1
+        self._in_sync = in_sync
         return n
 
     def _annotations(self, state: ClusterState, plan: Plan, owned: set[str],
