@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, Literal
+from functools import cached_property, lru_cache
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -157,6 +157,30 @@ class ObjectMeta(BaseModel):
 
 
 SelectorOp = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+
+
+class NamespacedModel(BaseModel):
+    """A namespaced object's model: `namespace` and `key` are read for every object every cycle, so they are
+    computed once per (immutable) model; a copy that changes `meta` computes them again."""
+
+    model_config = MODEL
+    meta: ObjectMeta
+
+    @cached_property
+    def namespace(self) -> str:
+        return self.meta.namespace or "default"
+
+    @cached_property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.meta.name}"
+
+    def model_copy(self, *, update: Any = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        if update and "meta" in update:
+            copied.__dict__.pop("namespace", None)
+            copied.__dict__.pop("key", None)
+        return copied
+
 
 
 class SelectorRequirement(BaseModel):

@@ -12,6 +12,7 @@ from kai_opt.api.dra import PodClaim, parse_pod_claims
 from kai_opt.api.meta import (
     MODEL,
     LabelSelector,
+    NamespacedModel,
     NodeSelectorTerm,
     ObjectMeta,
     PodAffinityTerm,
@@ -56,8 +57,7 @@ class PreferredTerm(BaseModel):
     term: NodeSelectorTerm
 
 
-class Pod(BaseModel):
-    model_config = MODEL
+class Pod(NamespacedModel, BaseModel):
     meta: ObjectMeta
     scheduler_name: str = "default-scheduler"
     phase: PodPhase = PodPhase.PENDING
@@ -120,13 +120,6 @@ class Pod(BaseModel):
     def name(self) -> str:
         return self.meta.name
 
-    @property
-    def namespace(self) -> str:
-        return self.meta.namespace or "default"
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.meta.name}"
 
     @property
     def labels(self) -> dict[str, str]:

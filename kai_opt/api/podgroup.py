@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, field_validator, model_validator
 
-from kai_opt.api.meta import MODEL, ObjectMeta, as_dict, as_list, ident, parse_time
+from kai_opt.api.meta import MODEL, NamespacedModel, ObjectMeta, as_dict, as_list, ident, parse_time
 from kai_opt.api.trusted import is_opt_str, trusted
 from kai_opt.errors import InputError
 from kai_opt.limits import INT32_MAX, number
@@ -52,8 +52,7 @@ class SubGroup(BaseModel):
         return v
 
 
-class PodGroup(BaseModel):
-    model_config = MODEL
+class PodGroup(NamespacedModel, BaseModel):
     meta: ObjectMeta
     min_member: int = 1
     queue: str | None = None
@@ -94,13 +93,6 @@ class PodGroup(BaseModel):
     def name(self) -> str:
         return self.meta.name
 
-    @property
-    def namespace(self) -> str:
-        return self.meta.namespace or "default"
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.meta.name}"
 
     @classmethod
     def from_k8s(cls, obj: dict[str, Any]) -> PodGroup:
