@@ -25,7 +25,7 @@ from kai_opt.k8s.coexist import KaiDetector, kubelet_rejection, owned_podgroups,
 from kai_opt.k8s.events import EventRecorder
 from kai_opt.k8s.recheck import GPU_DEVICE, NODE_GONE, PreBindCheck, check_fit
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool
-from kai_opt.state import build_state
+from kai_opt.state import R_GPU, build_state
 
 
 class Clock:
@@ -362,3 +362,24 @@ def test_podgroups_in_sync_are_skipped_only_while_their_objects_and_reasons_stay
     assert calls[0] >= 1 and calls[0] < computed + 1
     assert changed == writes(fresh(), pool), "a changed pod: its group computed again, as a fresh writer does"
     pool.stop()
+
+
+def test_the_state_build_reads_node_arrays_again_only_when_a_node_changed() -> None:
+    """The in-cluster cache hands the same Node models while nodes do not change: their arrays are shared
+    (read-only, so no state can change another's); a changed node gives new arrays with its new values."""
+    cache = _load(_cluster())
+    first = build_state(cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW))
+    again = build_state(cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW))
+    assert again.node_alloc is first.node_alloc and not first.node_alloc.flags.writeable
+    with pytest.raises(ValueError):
+        first.node_alloc[0, 0] = 1
+    store = next(s for (av, kind), s in cache._stores.items() if kind == "Node")
+    key = next(iter(store.items))
+    node = store.items[key]
+    status = {**node["status"], "allocatable": {**node["status"]["allocatable"], "nvidia.com/gpu": "2"}}
+    cache._apply(store.res, "MODIFIED", {**node, "metadata": {**node["metadata"], "resourceVersion": "2"},
+                                         "status": status})
+    changed = build_state(cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW))
+    assert changed.node_alloc is not first.node_alloc
+    n = changed.node_names.index(node["metadata"]["name"])
+    assert changed.node_alloc[n, R_GPU] == 2000 and first.node_alloc[n, R_GPU] != 2000

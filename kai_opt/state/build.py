@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kai_opt.api import DEFAULT_PRIORITY_CLASSES, Pod, PodGroup, TopologyConstraint
+from kai_opt.api import DEFAULT_PRIORITY_CLASSES, Node, Pod, PodGroup, TopologyConstraint
 from kai_opt.api.priorityclass import NON_PREEMPTIBLE_PRIORITY
 from kai_opt.api.queue import QUEUE_RESOURCES
 from kai_opt.dra.prepare import has_dra
@@ -133,8 +133,27 @@ class _Nodes:
     capacity_total: np.ndarray  # float64[3] queue units: every node's status.capacity (allocatable without one)
 
 
+# the last build's node arrays and what they were read from: the in-cluster cache hands the same Node models every
+# cycle while the nodes do not change, so the arrays are read once (read-only: every state shares them)
+_last_nodes: list[tuple[tuple[Node, ...], tuple[tuple[str, int], ...], _Nodes]] = []
+
+
 def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
-    """Per-node arrays read from the nodes; a node's devices are its allocatable GPUs."""
+    """Per-node arrays read from the nodes; a node's devices are its allocatable GPUs. The same Node models (by
+    identity) and resource columns as the last build give its arrays."""
+    nodes, key = tuple(snapshot.nodes), tuple(col.items())
+    last = _last_nodes[0] if _last_nodes else None
+    if last is not None and last[1] == key and len(last[0]) == len(nodes) and all(
+            a is b for a, b in zip(last[0], nodes, strict=True)):
+        return last[2]
+    out = _read_node_arrays(snapshot, col)
+    for f in dataclasses.fields(out):
+        getattr(out, f.name).setflags(write=False)
+    _last_nodes[:] = [(nodes, key, out)]
+    return out
+
+
+def _read_node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
     N = len(snapshot.nodes)
     alloc = np.zeros((N, len(col)), dtype=np.int64)
     cap = np.zeros(len(col), dtype=np.float64)
