@@ -221,7 +221,7 @@ class Snapshot:
                 self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
                                            f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
         for p in self.pods:
-            dangling = p.podgroup and f"{p.namespace}/{p.podgroup}" not in groups
+            dangling = p.group_key is not None and p.group_key not in groups
             if dangling and self.is_ours(p) and p.node_name is None and not p.finished:
                 self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
                                            f"podgroup {p.podgroup!r} does not exist; the pod is not scheduled"))

@@ -188,6 +188,8 @@ def test_a_copy_with_other_metadata_computes_its_own_key() -> None:
     moved = pod.model_copy(update={"meta": pod.meta.model_copy(update={"name": "b", "namespace": "other"})})
     assert (moved.key, moved.namespace) == ("other/b", "other")
     assert pod.model_copy(update={"node_name": "n1"}).key == "ns/a"
+    assert pod.group_key is None
+    assert pod.model_copy(update={"podgroup": "pg"}).group_key == "ns/pg"
     group = PodGroup.from_k8s({"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
                                "metadata": {"name": "g"}, "spec": {"minMember": 1}})
     assert group.key == "default/g"

@@ -159,6 +159,9 @@ class ObjectMeta(BaseModel):
 SelectorOp = Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
 
 
+CACHED_PROPERTIES = ("namespace", "key", "group_key")  # of NamespacedModel and its kinds
+
+
 class NamespacedModel(BaseModel):
     """A namespaced object's model: `namespace` and `key` are read for every object every cycle, so they are
     computed once per (immutable) model; a copy that changes `meta` computes them again."""
@@ -176,9 +179,9 @@ class NamespacedModel(BaseModel):
 
     def model_copy(self, *, update: Any = None, deep: bool = False) -> Self:
         copied = super().model_copy(update=update, deep=deep)
-        if update and "meta" in update:
-            copied.__dict__.pop("namespace", None)
-            copied.__dict__.pop("key", None)
+        if update:  # what the cached properties are computed from may have changed
+            for name in CACHED_PROPERTIES:
+                copied.__dict__.pop(name, None)
         return copied
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from pydantic import BaseModel, field_validator, model_validator
@@ -120,6 +120,11 @@ class Pod(NamespacedModel, BaseModel):
     def name(self) -> str:
         return self.meta.name
 
+
+    @cached_property
+    def group_key(self) -> str | None:
+        """`namespace/name` of the PodGroup the pod names (None: none)."""
+        return f"{self.namespace}/{self.podgroup}" if self.podgroup else None
 
     @property
     def labels(self) -> dict[str, str]:

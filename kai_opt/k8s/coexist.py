@@ -34,7 +34,7 @@ ADMISSION_ERROR = "UnexpectedAdmissionError"
 def owned_podgroups(pods: Iterable[Pod], scheduler_names: Collection[str]) -> set[str]:
     """`namespace/name` of the PodGroups kai-opt owns: named by at least one pod with one of `scheduler_names`."""
     ours = set(scheduler_names)
-    return {f"{p.namespace}/{p.podgroup}" for p in pods if p.podgroup and p.scheduler_name in ours}
+    return {p.group_key for p in pods if p.group_key and p.scheduler_name in ours}
 
 
 def pod_is_ours(pod: dict[str, Any] | None, scheduler_names: Collection[str]) -> bool:

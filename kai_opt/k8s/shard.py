@@ -112,7 +112,7 @@ def filter_snapshot(snap: Snapshot, shard: ShardFilter | None) -> Snapshot:
             if p.node_name in node_names:
                 pods.append(p)
             continue
-        group = f"{p.namespace}/{p.podgroup}" if p.podgroup else None
+        group = p.group_key
         mine = group in group_keys if group is not None and group in all_groups else shard.matches(p.labels)
         if not mine:
             continue

@@ -271,7 +271,7 @@ class StatusWriter:
         members: dict[str, list[Pod]] = {}
         for p in snap.pods:
             if p.podgroup and snap.is_ours(p):
-                members.setdefault(f"{p.namespace}/{p.podgroup}", []).append(p)
+                members.setdefault(p.group_key, []).append(p)
         n = 0
         in_sync, before = {}, self._in_sync
         for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
