@@ -102,12 +102,70 @@ class Taken:
         self.by_parent: dict[int, set[int]] = {}
 
     def take(self, ledger: QueueLedger, victim_q: int, chunk: np.ndarray) -> None:
+        freed = chunk > 0
         for q in ledger.ancestors[victim_q]:
-            if q not in self.remaining:
-                self.remaining[q] = ledger.allocated[q].copy()
-            self.remaining[q] = self.remaining[q] - chunk
-            self.involved[q] = self.involved.get(q, np.zeros(len(chunk), dtype=bool)) | (chunk > 0)
-            self.by_parent.setdefault(_parent(ledger, q), set()).add(q)
+            left = self.remaining.get(q)  # (reclaimable sets the victim side's queue before its first chunk)
+            if left is None:
+                self.remaining[q] = ledger.allocated[q] - chunk
+            else:
+                left -= chunk
+            inv = self.involved.get(q)
+            if inv is None:
+                self.involved[q] = freed.copy()
+                self.by_parent.setdefault(_parent(ledger, q), set()).add(q)
+            else:
+                inv |= freed
+
+
+class ReclaimerSide:
+    """`reclaimer_side` kept up to date while victims are taken one chunk at a time (a search's worth_trying): a
+    chunk changes only the comparisons of the queues above it and of the sibling it levels to, so only those are
+    judged again; the answer is the one reclaimer_side gives for every chunk taken so far."""
+
+    def __init__(self, fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray, *,
+                 preemptible: bool, saturation_multiplier: float = 1.0) -> None:
+        self.fs, self.ledger, self.request, self.mult = fs, ledger, request, saturation_multiplier
+        self.path = ledger.ancestors[reclaimer]
+        self.parent = {q: _parent(ledger, q) for q in self.path}
+        self.asks = request > 0
+        self.taken = Taken()
+        self.failing: dict[int, set[int]] = {q: set() for q in self.path}  # queue -> siblings it fails against
+        self.over_quota = {q: not preemptible and not le(ledger.allocated_np[q] + request, fs.deserved[q])
+                           for q in self.path}  # (victims do not change it)
+
+    def take(self, victim_q: int, chunk: np.ndarray) -> str | None:
+        """Take one more chunk; reclaimer_side's answer with every chunk taken so far."""
+        ledger, taken = self.ledger, self.taken
+        taken.take(ledger, victim_q, chunk)
+        above = ledger.ancestors[victim_q]
+        at_level = {_parent(ledger, s): s for s in above}  # parent -> the chunk's queue under it
+        for q in self.path:
+            if q in above:  # its allocation dropped: every comparison of q again
+                for s in taken.by_parent.get(self.parent[q], ()):
+                    if s != q:
+                        self._judge(q, s)
+            else:  # the chunk's queue at q's level, if it is q's sibling
+                s = at_level.get(self.parent[q], q)
+                if s != q:
+                    self._judge(q, s)
+        return self.answer()
+
+    def _judge(self, q: int, s: int) -> None:
+        fs, taken = self.fs, self.taken
+        after = taken.remaining.get(q, self.ledger.allocated[q]) + self.request
+        if _less_saturated(after, fs.fair_share[q], taken.remaining[s], fs.fair_share[s],
+                           self.asks | taken.involved[s], self.mult):
+            self.failing[q].discard(s)
+        else:
+            self.failing[q].add(s)
+
+    def answer(self) -> str | None:
+        for q in self.path:  # reclaimer_side's order: per level, the comparisons, then the quota
+            if self.failing[q]:
+                return "ReclaimerOverFairShare"
+            if self.over_quota[q]:
+                return "NonPreemptibleOverQuota"
+        return None
 
 
 def _parent(ledger: QueueLedger, q: int) -> int:

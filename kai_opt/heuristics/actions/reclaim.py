@@ -9,11 +9,10 @@ import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import (
-    Taken,
+    ReclaimerSide,
     can_reclaim,
     reclaim_headroom,
     reclaimable,
-    reclaimer_side,
     reclaimer_side_after,
 )
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
@@ -34,18 +33,17 @@ class ReclaimRules(MoveVictims):
         sess = ctx.sess
         self.q, self.req, self.preemptible = q, req, preemptible
         self.mult = sess.cfg.reclaim_saturation_multiplier
-        self._ledger = sess.ledger.copy()
-        self._taken = Taken()  # every victim taken so far
+        # every victim taken so far, judged incrementally (the ledger as the search started)
+        self._side = ReclaimerSide(sess.fs, sess.ledger.copy(), q, req, preemptible=preemptible,
+                                   saturation_multiplier=self.mult)
 
     def worth_trying(self, chunk: list[int]) -> bool:
         """Whether, with every victim taken so far gone, the reclaimer's side of the reclaim rules holds (not
         monotone: a victim from a new sibling queue adds a comparison, one from under the reclaimer's ancestor
-        lowers its saturation, so it is judged again per chunk)."""
-        sess, st, ledger = self.ctx.sess, self.ctx.sess.state, self._ledger
+        lowers its saturation, so it is judged again per chunk, on the comparisons the chunk changes)."""
+        sess, st = self.ctx.sess, self.ctx.sess.state
         drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
-        self._taken.take(ledger, int(st.pg_queue[int(st.pod_pg[chunk[0]])]), drop)
-        return reclaimer_side(sess.fs, ledger, self.q, self.req, self._taken, preemptible=self.preemptible,
-                              saturation_multiplier=self.mult) is None
+        return self._side.take(int(st.pg_queue[int(st.pod_pg[chunk[0]])]), drop) is None
 
     def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
         return reclaimer_side_after(sess.fs, ledger, self.q, self.req, self._chunks(victims),
