@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # appended: in a child, the side's tree (inserted first) must stay first
+    sys.path.append(str(ROOT))
 
 
 def _instances(scale_sizes: list[int], families: bool = True) -> list[str]:

@@ -104,3 +104,19 @@ def run_cli(capsys: Any, *args: str) -> tuple[int, str, str]:
         code = exc.code
     cap = capsys.readouterr()
     return (0 if code is None else int(code)), cap.out, cap.err
+
+
+def departments(d2_running: int, d3_running: int = 4) -> ClusterState:
+    """KAI case reclaim/009: 16 GPUs, departments d1-d4 deserving 4 each; d1's project p2 (deserved 1) runs 4, d2
+    runs `d2_running`, d3 `d3_running`, d4 waits for 5; d1's project p1 (deserved 3) wants 1 GPU of inference."""
+    objs = [node("n0", gpus=16)]
+    for d in ("d1", "d2", "d3", "d4"):
+        objs.append(queue(d, gpu=(4, 4, -1)))
+    objs += [queue("d1_p1", parent="d1", gpu=(3, 3, -1)), queue("d1_p2", parent="d1", gpu=(1, 1, -1))]
+    objs += [queue(f"{d}_p1", parent=d, gpu=(4, 4, -1)) for d in ("d2", "d3", "d4")]
+    for q, n in (("d1_p2", 4), ("d2_p1", d2_running), ("d3_p1", d3_running)):
+        for i in range(n):
+            objs += [podgroup(f"{q}-{i}", q), pod(f"{q}-{i}", group=f"{q}-{i}", gpus=1, node_name="n0")]
+    objs += [podgroup("d4", "d4_p1"), pod("d4-0", group="d4", gpus=5)]
+    objs += [podgroup("inf", "d1_p1", priority_class="inference"), pod("inf-0", group="inf", gpus=1)]
+    return state(objs)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builders import node, pod, podgroup, queue, state
+from builders import departments, node, pod, podgroup, queue, state
 
+from kai_opt.config import Config, Engine
+from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.capacity import capacity_violation, non_preemptible_over_quota, over_limit
 from kai_opt.fairshare.division import QueueShare, divide
@@ -203,3 +205,29 @@ def test_victim_chunks_split_elastic_pods_from_the_core() -> None:
 @pytest.mark.parametrize("total", [0, 1, 7])
 def test_nothing_negative(total: float) -> None:
     assert all(x >= 0 for x in shares(total, [(2, -1, 1, 100, 5), (0, 4, 3, 50, 9)]))
+
+
+def test_a_department_may_go_over_its_fair_share_reclaiming_from_a_more_saturated_sibling() -> None:
+    """d1 ends at 5 of fair share 4 (1.25), d2 at 7 of 4 (1.75): KAI's boundary rule allows it (the reclaimer's
+    side needs to stay less saturated than each sibling it takes from, not within its fair share)."""
+    st = departments(8)
+    fs = compute_fair_share(st)
+    ledger = QueueLedger.start(st, fs)
+    d1, d2 = st.q_index["d1"], st.q_index["d2"]
+    assert fs.fair_share[d1, 0] == 4 and fs.fair_share[d2, 0] == 4
+    one = np.array([1.0, 1000, 2**30])
+    assert reclaimable(fs, ledger, st.q_index["d1_p1"], one, [(st.q_index["d2_p1"], one)],
+                       preemptible=False) is None
+    plan, _ = run_cycle(st, Config(engine=Engine.greedy))
+    assert [st.pods[e.pod].name.split("-")[0] for e in plan.evictions] == ["d2_p1"]  # the most saturated
+    assert [st.pods[p.pod].name for p in plan.placements] == ["inf-0"]
+
+
+def test_reclaim_refused_when_the_reclaimer_side_ends_as_saturated_as_the_sibling() -> None:
+    """d2 runs 5: after one victim it is at 4 of 4 (1.0) while d1 would be at 5 of 4 (1.25): refused."""
+    st = departments(5)
+    fs = compute_fair_share(st)
+    ledger = QueueLedger.start(st, fs)
+    one = np.array([1.0, 1000, 2**30])
+    assert reclaimable(fs, ledger, st.q_index["d1_p1"], one, [(st.q_index["d2_p1"], one)],
+                       preemptible=False) == "ReclaimerOverFairShare"

@@ -137,3 +137,47 @@ def test_more_capacity_never_lowers_a_share_by_more_than_one_unit(t: dict, extra
     before = run(t)
     after = run(t, t["total"] + extra)
     assert np.all(after >= before - 1 - EPS), (before, after)
+
+
+@st.composite
+def reclaim_walks(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+    """A three-level queue tree (2 departments x 2 teams x 2 projects) with random allocations and fair shares
+    (some 0 or unlimited), a reclaiming leaf, and a sequence of victim chunks from other leaves."""
+    from types import SimpleNamespace
+
+    parents = [-1, -1, 0, 0, 1, 1] + [2 + i // 2 for i in range(8)]  # 0-1 depts, 2-5 teams, 6-13 projects
+    n = len(parents)
+    ancestors = []
+    for q in range(n):
+        path = [q]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        ancestors.append(path)
+    amounts = st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0])
+    allocated = np.array([[draw(amounts) for _ in range(3)] for _ in range(n)])
+    fair = np.array([[draw(st.sampled_from([-1.0, 0.0, 1.0, 2.0, 4.0, 5.0])) for _ in range(3)] for _ in range(n)])
+    ledger = SimpleNamespace(ancestors=ancestors, allocated=allocated, allocated_np=allocated / 2)
+    fs = SimpleNamespace(fair_share=fair, deserved=np.full((n, 3), 3.0))
+    leaves = list(range(6, n))
+    reclaimer = draw(st.sampled_from(leaves))
+    chunks = draw(st.lists(st.tuples(st.sampled_from([q for q in leaves if q != reclaimer]),
+                                     st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=3, max_size=3)),
+                           max_size=8))
+    request = np.array(draw(st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=3, max_size=3)))
+    return fs, ledger, reclaimer, request, [(q, np.array(c)) for q, c in chunks], draw(st.booleans()), \
+        draw(st.sampled_from([1.0, 1.2, 2.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(reclaim_walks())
+def test_the_incremental_reclaimer_side_agrees_with_the_rule_after_every_chunk(walk) -> None:  # type: ignore[no-untyped-def]
+    """ReclaimerSide (a search's worth_trying) judges only the comparisons a chunk changes: after every chunk
+    its answer is reclaimer_side's on all the chunks so far (KAI's boundary rule, fairshare/reclaim.py)."""
+    from kai_opt.fairshare.reclaim import ReclaimerSide, reclaimer_side_after
+
+    fs, ledger, reclaimer, request, chunks, preemptible, mult = walk
+    side = ReclaimerSide(fs, ledger, reclaimer, request, preemptible=preemptible, saturation_multiplier=mult)
+    for k in range(len(chunks)):
+        got = side.take(*chunks[k])
+        assert got == reclaimer_side_after(fs, ledger, reclaimer, request, chunks[:k + 1], preemptible=preemptible,
+                                           saturation_multiplier=mult)

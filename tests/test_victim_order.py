@@ -4,12 +4,13 @@ order, and a session rolled back is in the same state (same state_id, the queue 
 from __future__ import annotations
 
 import numpy as np
-from builders import snapshot
+from builders import node, pod, podgroup, queue, snapshot, state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
 
-from kai_opt.config import Config
+from kai_opt.config import Config, Engine
+from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.heuristics.session import Session
 from kai_opt.heuristics.victims import _chunk_order, active_group_mask, victim_chunk_order
@@ -94,3 +95,22 @@ def test_evict_many_equals_evicting_one_by_one(objs: list, rnd) -> None:
                for a, b in zip(one.log, many.log, strict=True))
     many.rollback(cp)
     assert not many.evictions and many.state_id == 0
+
+
+def test_a_gang_whose_pods_were_moved_keeps_its_minimum_counting_them() -> None:
+    """Consolidation moves v's elastic pod v-2 (to make room for p1 on n2); a moved pod keeps its releasing status
+    where it was, yet it runs on where it went, so preempt for p2 may not take v's two bound pods as its core:
+    that would leave v with one pod of its minimum two (found at 10,000 nodes once KAI's boundary rule changed the
+    reclaims before)."""
+    objs = [node("n1", gpus=2, labels={"slot": "one"}), node("n2", gpus=1, labels={"slot": "two"}),
+            node("n3", gpus=1), queue("a", gpu=(4, 1, -1)),
+            podgroup("v", "a", min_member=2), pod("v-0", "v", gpus=1, node_name="n1"),
+            pod("v-1", "v", gpus=1, node_name="n1"), pod("v-2", "v", gpus=1, node_name="n2"),
+            podgroup("p1", "a", priority_class="build-preemptible", created_min=1),
+            pod("p1-0", "p1", gpus=1, nodeSelector={"slot": "two"}),
+            podgroup("p2", "a", priority_class="build-preemptible", created_min=2),
+            pod("p2-0", "p2", gpus=2, nodeSelector={"slot": "one"})]
+    st_ = state(objs)
+    plan, _ = run_cycle(st_, Config(engine=Engine.greedy))  # the checker holds
+    assert sorted((st_.pods[e.pod].name, e.reason) for e in plan.evictions) == [("v-2", "consolidate")]
+    assert sorted(st_.pods[p.pod].name for p in plan.placements) == ["p1-0", "v-2"]

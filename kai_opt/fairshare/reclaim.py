@@ -4,13 +4,16 @@ A reclaimer queue may take resources from other queues only while it stays withi
 non-preemptible work, within its deserved quota). Each victim chunk (an elastic pod, or a gang's core) is allowed
 if, compared at the level where the two queue paths diverge, the victim side is above its allocatable share
 (maintain fair share), or the reclaimer side stays within deserved while the victim side is above deserved
-(guarantee deserved quota). After the victims are taken, every ancestor of the reclaimer must stay within
-fair share, its allocated being scaled up by the saturation multiplier (>= 1) first; a lone top-level queue is
-exempt.
+(guarantee deserved quota). After the victims are taken, at every level of the reclaimer's path its queue,
+when over its fair share, must stay strictly less saturated (allocated / fair share, times the saturation
+multiplier >= 1) than each sibling queue victims are taken from, on the resources the reclaim involves (KAI's
+reclaimingQueuesRemainWithinBoundaries): a queue may go over its fair share by reclaiming from a sibling that is
+further over its own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,8 +21,10 @@ import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le
-from kai_opt.fairshare.share import FairShare
+from kai_opt.fairshare.share import UNLIMITED, FairShare
 from kai_opt.state.resources import QR
+
+EPS = 1e-9  # ratio comparisons of float shares
 
 
 def can_reclaim(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndarray, *, preemptible: bool) -> bool:
@@ -73,57 +78,149 @@ def reclaimable(
     *,
     preemptible: bool,
     saturation_multiplier: float = 1.0,
-    n_top_queues: int | None = None,
 ) -> str | None:
     """None when the reclaim is allowed; otherwise the rule it breaks, as a short machine-readable reason."""
-    remaining: dict[int, np.ndarray] = {}
+    taken = Taken()
     for victim_q, chunk in victims:
         rq, vq = leveled(ledger, reclaimer, victim_q)
-        if vq not in remaining:
-            remaining[vq] = ledger.allocated[vq].copy()
-        if not fits_strategy(fs, ledger, request, rq, vq, remaining[vq]):
+        if vq not in taken.remaining:
+            taken.remaining[vq] = ledger.allocated[vq].copy()
+        if not fits_strategy(fs, ledger, request, rq, vq, taken.remaining[vq]):
             return "VictimQueueBelowFairShare"
-        _take(ledger, remaining, victim_q, chunk)
-    return reclaimer_side(fs, ledger, reclaimer, request, remaining, preemptible=preemptible,
-                          saturation_multiplier=saturation_multiplier, n_top_queues=n_top_queues)
+        taken.take(ledger, victim_q, chunk)
+    return reclaimer_side(fs, ledger, reclaimer, request, taken, preemptible=preemptible,
+                          saturation_multiplier=saturation_multiplier)
 
 
-def _take(ledger: QueueLedger, remaining: dict[int, np.ndarray], victim_q: int, chunk: np.ndarray) -> None:
-    for q in ledger.ancestors[victim_q]:
-        if q not in remaining:
-            remaining[q] = ledger.allocated[q].copy()
-        remaining[q] -= chunk
+class Taken:
+    """What victims take from each queue on their paths: the allocation left (`remaining`), and which
+    resources were taken from under it (`involved`, what the saturation comparison looks at)."""
+
+    def __init__(self) -> None:
+        self.remaining: dict[int, np.ndarray] = {}
+        self.involved: dict[int, np.ndarray] = {}
+        self.by_parent: dict[int, set[int]] = {}
+
+    def take(self, ledger: QueueLedger, victim_q: int, chunk: np.ndarray) -> None:
+        freed = chunk > 0
+        for q in ledger.ancestors[victim_q]:
+            left = self.remaining.get(q)  # (reclaimable sets the victim side's queue before its first chunk)
+            if left is None:
+                self.remaining[q] = ledger.allocated[q] - chunk
+            else:
+                left -= chunk
+            inv = self.involved.get(q)
+            if inv is None:
+                self.involved[q] = freed.copy()
+                self.by_parent.setdefault(_parent(ledger, q), set()).add(q)
+            else:
+                inv |= freed
+
+
+class ReclaimerSide:
+    """`reclaimer_side` kept up to date while victims are taken one chunk at a time (a search's worth_trying): a
+    chunk changes only the comparisons of the queues above it and of the sibling it levels to, so only those are
+    judged again; the answer is the one reclaimer_side gives for every chunk taken so far."""
+
+    def __init__(self, fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray, *,
+                 preemptible: bool, saturation_multiplier: float = 1.0) -> None:
+        self.fs, self.ledger, self.request, self.mult = fs, ledger, request, saturation_multiplier
+        self.path = ledger.ancestors[reclaimer]
+        self.parent = {q: _parent(ledger, q) for q in self.path}
+        self.asks = request > 0
+        self.taken = Taken()
+        self.failing: dict[int, set[int]] = {q: set() for q in self.path}  # queue -> siblings it fails against
+        self.over_quota = {q: not preemptible and not le(ledger.allocated_np[q] + request, fs.deserved[q])
+                           for q in self.path}  # (victims do not change it)
+
+    def take(self, victim_q: int, chunk: np.ndarray) -> str | None:
+        """Take one more chunk; reclaimer_side's answer with every chunk taken so far."""
+        ledger, taken = self.ledger, self.taken
+        taken.take(ledger, victim_q, chunk)
+        above = ledger.ancestors[victim_q]
+        at_level = {_parent(ledger, s): s for s in above}  # parent -> the chunk's queue under it
+        for q in self.path:
+            if q in above:  # its allocation dropped: every comparison of q again
+                for s in taken.by_parent.get(self.parent[q], ()):
+                    if s != q:
+                        self._judge(q, s)
+            else:  # the chunk's queue at q's level, if it is q's sibling
+                s = at_level.get(self.parent[q], q)
+                if s != q:
+                    self._judge(q, s)
+        return self.answer()
+
+    def _judge(self, q: int, s: int) -> None:
+        fs, taken = self.fs, self.taken
+        after = taken.remaining.get(q, self.ledger.allocated[q]) + self.request
+        if _less_saturated(after, fs.fair_share[q], taken.remaining[s], fs.fair_share[s],
+                           self.asks | taken.involved[s], self.mult):
+            self.failing[q].discard(s)
+        else:
+            self.failing[q].add(s)
+
+    def answer(self) -> str | None:
+        for q in self.path:  # reclaimer_side's order: per level, the comparisons, then the quota
+            if self.failing[q]:
+                return "ReclaimerOverFairShare"
+            if self.over_quota[q]:
+                return "NonPreemptibleOverQuota"
+        return None
+
+
+def _parent(ledger: QueueLedger, q: int) -> int:
+    path = ledger.ancestors[q]
+    return path[1] if len(path) > 1 else -1
 
 
 def reclaimer_side_after(fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray,
                          victims: Sequence[tuple[int, np.ndarray]], *, preemptible: bool,
-                         saturation_multiplier: float = 1.0, n_top_queues: int | None = None) -> str | None:
-    """reclaimer_side once these victims are gone: when it fails, `reclaimable` fails for them and for any
-    subset of them (fewer victims leave more allocated on the reclaimer's side)."""
-    remaining: dict[int, np.ndarray] = {}
+                         saturation_multiplier: float = 1.0) -> str | None:
+    """reclaimer_side once these victims are gone (the victim side's strategies not checked)."""
+    taken = Taken()
     for victim_q, chunk in victims:
-        _take(ledger, remaining, victim_q, chunk)
-    return reclaimer_side(fs, ledger, reclaimer, request, remaining, preemptible=preemptible,
-                          saturation_multiplier=saturation_multiplier, n_top_queues=n_top_queues)
+        taken.take(ledger, victim_q, chunk)
+    return reclaimer_side(fs, ledger, reclaimer, request, taken, preemptible=preemptible,
+                          saturation_multiplier=saturation_multiplier)
 
 
-def reclaimer_side(fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray,
-                   remaining: dict[int, np.ndarray], *, preemptible: bool, saturation_multiplier: float = 1.0,
-                   n_top_queues: int | None = None) -> str | None:
-    """The reclaimer's side of `reclaimable`, given each queue's allocation once the victims are gone
-    (`remaining`, queues not in it keep theirs). More victims only lower `remaining`, so when this fails with
-    every victim taken so far, it fails for any subset of them too."""
-    tops = n_top_queues if n_top_queues is not None else sum(1 for a in ledger.ancestors if len(a) == 1)
+def reclaimer_side(fs: FairShare, ledger: QueueLedger, reclaimer: int, request: np.ndarray, taken: Taken, *,
+                   preemptible: bool, saturation_multiplier: float = 1.0) -> str | None:
+    """The reclaimer's side of `reclaimable`, given what the victims took (`taken`; queues not in it keep their
+    allocation): at each level of the reclaimer's path, its queue against each sibling victims were taken from;
+    non-preemptible work also within deserved."""
+    asks = request > 0
     for q in ledger.ancestors[reclaimer]:
-        after = remaining.get(q, ledger.allocated[q]) + request
-        is_top = len(ledger.ancestors[q]) == 1
-        # saturation: the reclaimer side's allocated / fair share, times the multiplier (>= 1, more conservative
-        # when larger), must stay within 1
-        if (not is_top or tops > 1) and not le(after * saturation_multiplier, fs.fair_share[q]):
-            return "ReclaimerOverFairShare"
+        after = taken.remaining.get(q, ledger.allocated[q]) + request
+        for s in taken.by_parent.get(_parent(ledger, q), ()):
+            if s != q and not _less_saturated(after, fs.fair_share[q], taken.remaining[s], fs.fair_share[s],
+                                              asks | taken.involved[s], saturation_multiplier):
+                return "ReclaimerOverFairShare"
         if not preemptible and not le(ledger.allocated_np[q] + request, fs.deserved[q]):
             return "NonPreemptibleOverQuota"
     return None
+
+
+def _saturation(allocated: float, fair: float) -> float:
+    if fair == UNLIMITED:
+        return 0.0
+    if fair == 0:
+        return math.inf if allocated > 0 else 0.0
+    return allocated / fair
+
+
+def _less_saturated(mine: np.ndarray, my_fair: np.ndarray, sibling: np.ndarray, sibling_fair: np.ndarray,
+                    resources: np.ndarray, multiplier: float) -> bool:
+    """Per involved resource: the reclaimer side is within its fair share, or the sibling has none, or the
+    reclaimer side's saturation times the multiplier stays strictly below the sibling's."""
+    for r in np.flatnonzero(resources).tolist():
+        if my_fair[r] == UNLIMITED and sibling_fair[r] == UNLIMITED:
+            continue
+        ratio = _saturation(float(mine[r]), float(my_fair[r]))
+        if ratio > 1 + EPS and sibling_fair[r] > 0 and \
+                ratio * multiplier >= _saturation(float(sibling[r]), float(sibling_fair[r])) - EPS:
+            return False
+    return True
 
 
 def victim_chunks(pod_requests: np.ndarray, min_member: int) -> list[np.ndarray]:

@@ -58,6 +58,9 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
             continue
         reason = "preempt" if pre else "reclaim"
         bens = [j for j in victim.beneficiaries if victim.reason_for[j] == reason and j in placed_groups]
+        if rec:  # the reclaimers that take it (the boundary rule was judged for them)
+            takes, take_of = built.reclaim_rows.takes, built.reclaim_rows.take_of
+            bens = [j for j in bens if (vi, j) in take_of and val(takes[(j, take_of[(vi, j)])])] or bens
         if not bens:
             raise DecodeError(f"eviction of {st.pods[victim.pods[0]].key} has no placed beneficiary")
         b = nearest(bens, {int(sess.node[p]) for p in victim.pods})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from ortools.sat.python import cp_model
+from ortools.sat.python import cp_model, cp_model_helper
 
 from kai_opt.formulation.model import Built, share_size
 from kai_opt.formulation.scope import Scope
@@ -67,6 +67,7 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     reclaimers = {e.beneficiary for e in greedy.evictions if e.reason == "reclaim"}
     for i, var in built.reclaims.items():
         _set(hint, var, int(scope.groups[i].group in reclaimers))
+    _reclaim_rule_hint(built, scope, hint)
     doms: defaultdict[int, set[int]] = defaultdict(set)  # group -> nodes the greedy plan placed it on
     for pl in greedy.placements:
         doms[int(st.pod_pg[pl.pod])].add(pl.node)
@@ -77,6 +78,28 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     sol = built.model.proto.solution_hint
     sol.vars.extend(hint.keys())
     sol.values.extend(hint.values())
+
+
+def _reclaim_rule_hint(built: Built, scope: Scope, hint: dict[int, int]) -> None:
+    """The reclaimer-side rule's variables: a group takes under the sibling queues of the units the greedy evicted
+    for it, the dated eviction sums and the within-fair-share literals as the hinted amounts make them."""
+    rows = built.reclaim_rows
+    took = {(v.greedy_for, rows.take_of[(vi, v.greedy_for)]) for vi, v in enumerate(scope.victims)
+            if hint.get(built.evict_rec[vi].index) and (vi, v.greedy_for) in rows.take_of}
+    for key, var in rows.takes.items():
+        _set(hint, var, int(key in took))
+    for var, expr in rows.defined:
+        _set(hint, var, _value(hint, expr))
+    for var, expr, cap in rows.within:
+        _set(hint, var, int(_value(hint, expr) <= cap))
+
+
+def _value(hint: dict[int, int], expr: Any) -> int:
+    """A linear expression's value under the hint (its variables hinted already)."""
+    if isinstance(expr, int):
+        return expr
+    flat = cp_model_helper.FlatIntExpr(expr)
+    return int(flat.offset) + sum(int(c) * hint[v.index] for v, c in zip(flat.vars, flat.coeffs, strict=True))
 
 
 def _set(hint: dict[int, int], var: cp_model.IntVar, value: int) -> None:

@@ -10,8 +10,11 @@ Variables
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
   domain[i, d]    group i inside domain d of its required topology level
   evict_pre[v], evict_rec[v]   victim unit v evicted for a preemptor (same queue) / a reclaimer (other queue)
-  reclaims[i]     group i takes resources from other queues (then its queue stays within its fair share)
+  reclaims[i]     group i takes resources from other queues
+  takes[i, s]     group i takes victims under sibling queue s (then KAI's boundary rule against s holds)
+  within[q, r, i] queue q (group i's side) within its fair share on resource r at i's turn
   ranked_work[q, r, i]  queue q's resource r placed by the groups ranked up to i (a running sum)
+  evicted_by[q, r, t]   queue q's resource r freed by the evictions the greedy dated up to turn t
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from kai_opt.formulation.objective import Objective
+from kai_opt.formulation.reclaim_rows import QueueTerms, ReclaimRows, reclaim_rows
 from kai_opt.formulation.scope import Mover, Scope, Victim
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_GPU, ClusterState
@@ -73,6 +77,7 @@ class Built:
     evict_pre: list[cp_model.IntVar] = field(default_factory=list)
     evict_rec: list[cp_model.IntVar] = field(default_factory=list)
     reclaims: dict[int, cp_model.IntVar] = field(default_factory=dict)  # scope group -> placed by reclaiming
+    reclaim_rows: ReclaimRows = field(default_factory=ReclaimRows)  # the reclaimer-side rule's variables
     # (sum var, previous sum var | None, [(shape, coef)])
     derived: list[tuple[cp_model.IntVar, cp_model.IntVar | None, list[tuple[int, int]]]] = field(default_factory=list)
     # (sum var, [(victim unit, coef)]): freed per queue
@@ -427,23 +432,6 @@ def share_size(st: ClusterState, p: int, n: int) -> tuple[int, int]:
     return int(st.pod_gpu_per_device(p, n)), int(st.pod_gpu_ndev[p])
 
 
-def _late_work(st: ClusterState, scope: Scope, wanted: set[tuple[int, int]],
-               scale: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-    """(queue, turn) -> what the excluded groups' fixed decisions of later turns added to the queue's allocation
-    (scaled like the model's queue rows): the session holds it, the greedy's check at that turn did not."""
-    anc = st.q_ancestors
-    out = {k: np.zeros(3) for k in wanted}
-    by_queue: dict[int, list[tuple[int, np.ndarray]]] = defaultdict(list)
-    for (q, turn), acc in out.items():
-        by_queue[q].append((turn, acc))
-    for t, leaf, amount in scope.late_work:
-        for q in anc[leaf]:
-            for turn, acc in by_queue.get(q, ()):
-                if t > turn:
-                    acc += amount
-    return {k: np.round(v * scale).astype(np.int64) for k, v in out.items()}
-
-
 def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, Expr], evicted: list[Expr]) -> None:
     st, fs, m = sess.state, sess.fs, b.model
     groups, shapes, victims = scope.groups, scope.shapes, scope.victims
@@ -460,9 +448,11 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
                 if not g.preemptible:
                     placed_np_q[q].append((totals[s], qr, len(shapes[s].pods)))
     evicted_q: dict[int, list[tuple[int, np.ndarray]]] = defaultdict(list)  # queue -> [(victim unit, amount it frees)]
+    unit_amounts: list[np.ndarray] = []
     for vi, v in enumerate(victims):
         qv = int(st.pg_queue[v.group])
         amt = _down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
+        unit_amounts.append(amt)
         for q in anc[qv]:
             evicted_q[q].append((vi, amt))
     evicted_sum: dict[tuple[int, int], Expr] = {}
@@ -500,61 +490,12 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
                       <= bound - int(alloc_np[q, r]))
     # reclaim, victim side (KAI checks each chunk against the victim queue's allocation at that point): the model
     # evicts only units the greedy evicted for the same rule (build_scope), so any subset of them leaves every
-    # victim queue at least as high as the greedy's checks saw it; no aggregate constraint is needed here
-    tops = sum(1 for a in anc if len(a) == 1)
-    # a reclaiming group's queue (and every ancestor but a lone top queue) stays within its fair share, counted as
-    # the greedy's reclaim action does: the work of the groups ranked before it (and its own) placed, less the
-    # queue's evictions (KAI checks it when that job reclaims; work placed later, e.g. by preempt, is not counted)
-    rec_groups = sorted({j for v in victims for j in v.beneficiaries if v.reason_for[j] == "reclaim"})
-    if not rec_groups:
-        for e in b.evict_rec:
-            m.add(e == 0)
-        return
-    uses = {j: m.new_bool_var(f"reclaims[{st.pg_keys[groups[j].group]}]") for j in rec_groups}
-    b.reclaims = uses
-    for j, u in uses.items():
-        m.add(u <= b.gang[j])
-    for vi, v in enumerate(victims):
-        js = [j for j in v.beneficiaries if v.reason_for[j] == "reclaim"]
-        if js:
-            m.add(b.evict_rec[vi] <= lsum([uses[j] for j in js]))
-    mult = sess.cfg.reclaim_saturation_multiplier
-    placed_g: dict[int, list[tuple[int, np.ndarray, int]]] = defaultdict(list)  # group -> [(shape, qreq, most pods)]
-    for i, g in enumerate(groups):
-        for s in g.shapes:
-            placed_g[i].append((s, qreqs[s], len(shapes[s].pods)))
-    late = _late_work(st, scope, {(q, scope.turn[j]) for j in rec_groups for q in anc[groups[j].queue]}, scale)
-    done: dict[tuple[int, int], int] = {}  # (queue, resource) -> groups (rank order) already in its running sum
-    # (queue, r) -> (the last sum variable, the terms since it not yet in a variable, the most the sum can reach)
-    running: dict[tuple[int, int], tuple[cp_model.IntVar | None, list[tuple[int, int]], int]] = {}
-    for j in rec_groups:
-        for q in anc[groups[j].queue]:
-            if len(anc[q]) == 1 and tops == 1:
-                continue
-            for r in range(3):
-                key = (q, r)
-                start = done.get(key, 0)
-                prev, terms, most = running.get(key, (None, [], 0))  # terms: (shape, coefficient), extended here
-                for i in range(start, j + 1):
-                    if q in anc[groups[i].queue]:
-                        for sh, qr, k in placed_g[i]:
-                            if int(qr[r]):
-                                terms.append((sh, int(qr[r])))
-                                most += int(qr[r]) * k
-                done[key] = j + 1
-                cap = int(np.floor(fs.fair_share[q, r] * scale[r] / mult + EPS))
-                at_turn = int(alloc[q, r]) - int(late[(q, scope.turn[j])][r])
-                if at_turn + most <= cap:  # holds whatever is placed and evicted (evictions only lower it): the
-                    # row and its running sum are left out; the terms wait for the next row that can bind
-                    running[key] = (prev, terms, most)
-                    continue
-                if terms:
-                    acc = m.new_int_var(0, most, f"ranked_work[{st.q_names[q]},{r},{st.pg_keys[groups[j].group]}]")
-                    m.add(acc == (prev if prev is not None else 0) + wsum([totals[e] for e, _c in terms],
-                                                                          [c for _e, c in terms]))
-                    b.derived.append((acc, prev, terms))
-                    prev = acc
-                running[key] = (prev, [], most)
-                big = max(at_turn, 0) + most + 1
-                m.add(at_turn + (prev if prev is not None else 0) - evicted_amount(q, r)
-                      <= cap + big * (1 - uses[j]))
+    # victim queue at least as high as the greedy's checks saw it; no aggregate constraint is needed here.
+    # Reclaimer side: KAI's boundary rule against each sibling queue victims are taken from (reclaim_rows)
+    terms = QueueTerms(scale, alloc, qreqs, totals, evicted, unit_amounts, evicted_amount,
+                       lambda q, r: sum(int(v[r]) for _vi, v in evicted_q[q]))
+    rows = reclaim_rows(m, st, fs, sess.ledger, scope, terms, b.gang, b.evict_rec,
+                        sess.cfg.reclaim_saturation_multiplier)
+    b.reclaim_rows = rows
+    b.reclaims = rows.uses
+    b.derived.extend(rows.derived)

@@ -89,6 +89,7 @@ class Victim:
     beneficiaries: list[int]  # scope group indexes allowed to benefit (preempt: same queue, higher priority;
     # reclaim: other queues allowed to reclaim)
     reason_for: dict[int, str]  # beneficiary -> "preempt" | "reclaim"
+    greedy_for: int = -1  # the scope group the greedy plan evicted it for (its turn dates the eviction)
 
 
 @dataclass
@@ -218,9 +219,11 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
         for p in v.pods:
             e = evicted[p]
             j = scope_index.get(e.beneficiary)
-            if j is not None and e.reason in ("reclaim", "preempt") and j not in v.reason_for:
-                v.beneficiaries.append(j)
-                v.reason_for[j] = e.reason
+            if j is not None and e.reason in ("reclaim", "preempt"):
+                v.greedy_for = j
+                if j not in v.reason_for:
+                    v.beneficiaries.append(j)
+                    v.reason_for[j] = e.reason
     placed_count = placed_per_group(st, greedy)
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
             if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}

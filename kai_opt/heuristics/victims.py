@@ -194,8 +194,12 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     remaining: dict[int, list[int]] = {}  # the group's bound pods in task order, made when first needed
     gs = np.asarray(groups, dtype=np.int64)
     left_all = bound_c[start[1:]] - bound_c[start[:-1]]
-    # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims
+    # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims; so do
+    # its pods moved (re-placed) by consolidating victims, which keep their releasing status where they were
     newly_all = active_c[start[1:]] - active_c[start[:-1]] - left_all
+    if sess.moves:
+        moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
+        newly_all = newly_all + np.bincount(moved[moved >= 0], minlength=len(newly_all))
     left = left_all.copy()
     newly = newly_all
     rank = victim_rank(sess)

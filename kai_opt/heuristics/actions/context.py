@@ -27,7 +27,6 @@ class ActionContext:
         self.reasons: dict[int, list[Reason]] = {}
         # failed victim searches by what decides them, valid while the session is in the same state (sess.state_id)
         self._failed: dict[tuple[Any, ...], tuple[int, Reason | None]] = {}
-        self._tops: int | None = None
 
     # -- which groups take part ----------------------------------------------------------------------------------
     def pending_groups(self, *, preemptible_only: bool = False) -> list[int]:
@@ -107,12 +106,6 @@ class ActionContext:
     def remember_failure(self, key: tuple[Any, ...] | None, reason: Reason | None) -> None:
         if key is not None:
             self._failed[key] = (self.sess.state_id, reason)
-
-    def n_top_queues(self) -> int:
-        """Top-level queues (what reclaimer_side counts when not told; counted once)."""
-        if self._tops is None:
-            self._tops = sum(1 for a in self.sess.ledger.ancestors if len(a) == 1)
-        return self._tops
 
     # -- victims that move instead of going ----------------------------------------------------------------------
     def move_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:

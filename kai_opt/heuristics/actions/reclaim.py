@@ -9,10 +9,10 @@ import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import (
+    ReclaimerSide,
     can_reclaim,
     reclaim_headroom,
     reclaimable,
-    reclaimer_side,
     reclaimer_side_after,
 )
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
@@ -24,44 +24,34 @@ from kai_opt.plan import Reason
 
 
 class ReclaimRules(MoveVictims):
-    """KAI's reclaim rules for queue q reclaiming req: the reclaimer's side tracked per chunk taken (worth_trying)
-    and checked before moves (precheck, a necessary condition), the whole rule on what stays evicted (validate)."""
+    """KAI's reclaim rules for queue q reclaiming req: the reclaimer's side judged on every victim taken so far
+    (worth_trying, as KAI judges its accumulated scenario) and on the victims that may stay evicted before moves
+    (precheck), the whole rule on what stays evicted (validate)."""
 
-    def __init__(self, ctx: ActionContext, q: int, req: np.ndarray, preemptible: bool, n_top_queues: int) -> None:
+    def __init__(self, ctx: ActionContext, q: int, req: np.ndarray, preemptible: bool) -> None:
         super().__init__(ctx)
         sess = ctx.sess
-        self.q, self.req, self.preemptible, self.tops = q, req, preemptible, n_top_queues
+        self.q, self.req, self.preemptible = q, req, preemptible
         self.mult = sess.cfg.reclaim_saturation_multiplier
-        # with every victim taken so far gone: the allocation left in the reclaimer's ancestors
-        self._ledger = sess.ledger.copy()
-        self._remaining: dict[int, np.ndarray] = {}
-        self._mine = set(self._ledger.ancestors[q])
-        self._hopeful = False  # worth_trying held once: victims only accumulate, so it holds from then on
+        # every victim taken so far, judged incrementally (the ledger as the search started)
+        self._side = ReclaimerSide(sess.fs, sess.ledger.copy(), q, req, preemptible=preemptible,
+                                   saturation_multiplier=self.mult)
 
     def worth_trying(self, chunk: list[int]) -> bool:
-        """Whether, with every victim taken so far gone, the reclaimer's side of the reclaim rules holds (if not,
-        no subset of these victims can pass validation). Monotone: more victims only lower the reclaimer's side
-        (reclaimer_side), so once it holds it is not evaluated again."""
-        if self._hopeful:
-            return True
-        sess, st, ledger = self.ctx.sess, self.ctx.sess.state, self._ledger
+        """Whether, with every victim taken so far gone, the reclaimer's side of the reclaim rules holds (not
+        monotone: a victim from a new sibling queue adds a comparison, one from under the reclaimer's ancestor
+        lowers its saturation, so it is judged again per chunk, on the comparisons the chunk changes)."""
+        sess, st = self.ctx.sess, self.ctx.sess.state
         drop = sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0)
-        for a in ledger.ancestors[int(st.pg_queue[int(st.pod_pg[chunk[0]])])]:
-            if a in self._mine:
-                self._remaining[a] = self._remaining.get(a, ledger.allocated[a]) - drop
-        self._hopeful = reclaimer_side(sess.fs, ledger, self.q, self.req, self._remaining,
-                                       preemptible=self.preemptible, saturation_multiplier=self.mult,
-                                       n_top_queues=self.tops) is None
-        return self._hopeful
+        return self._side.take(int(st.pg_queue[int(st.pod_pg[chunk[0]])]), drop) is None
 
     def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
         return reclaimer_side_after(sess.fs, ledger, self.q, self.req, self._chunks(victims),
-                                    preemptible=self.preemptible, saturation_multiplier=self.mult,
-                                    n_top_queues=self.tops)
+                                    preemptible=self.preemptible, saturation_multiplier=self.mult)
 
     def validate(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
         return reclaimable(sess.fs, ledger, self.q, self.req, self._chunks(victims), preemptible=self.preemptible,
-                           saturation_multiplier=self.mult, n_top_queues=self.tops)
+                           saturation_multiplier=self.mult)
 
     def _chunks(self, victims: list[int]) -> list[tuple[int, np.ndarray]]:
         """Victim pods grouped per job into KAI's chunks (elastic pods one by one, the core together)."""
@@ -113,8 +103,7 @@ class Reclaim(VictimAction):
         candidates = every_queue[st.pg_queue[every_queue] != q]
         other = active_group_mask(sess) & (st.pg_queue != q)
         protected = protected_mask(sess, "reclaim")
-        rules = ReclaimRules(ctx, q, sess.queue_request(tasks).sum(axis=0), bool(st.pg_preemptible[g]),
-                             ctx.n_top_queues())
+        rules = ReclaimRules(ctx, q, sess.queue_request(tasks).sum(axis=0), bool(st.pg_preemptible[g]))
         return ReclaimSearch(candidates, rules, within=every_queue, other=other, protected=protected)
 
     def failure_reason(self, ctx: ActionContext, g: int, search: Search, out: Outcome) -> Reason | None:
