@@ -6,8 +6,8 @@ placer: kai_opt/heuristics/topology_score.py), GPU sharing (a share joins an alr
 (fits now rather than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest
 free) or spread (most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation
 against the session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a
-CPU-only pod bin-packs by CPU, a GPU pod takes the node-name order as FGD's simulator takes its node order), then
-node name.
+CPU-only pod takes the node with the fewest free GPUs, a GPU pod the node whose free CPU stays closest to its free
+GPUs times the workload's CPU per GPU), then node name.
 """
 
 from __future__ import annotations
