@@ -86,11 +86,12 @@ Actions: type[_ActionFlags] = create_model(  # type: ignore[call-overload]  # (f
 class Placement(_Model):
     gpu: Strategy = Field(Strategy.binpack, description="node and device placement of GPU pods: binpack (fewest "
                           "free GPUs), spread (most free) or fgd (least growth of GPU fragmentation against the "
-                          "cycle's pod shapes, FGD ATC '23; binpack breaks ties; pair it with cpu: fgd, or "
-                          "CPU-only pods bin-packed by CPU strand GPUs)")
+                          "cycle's pod shapes, FGD ATC '23; ties go to the node whose free CPU stays in "
+                          "proportion to its free GPUs; pair it with cpu: fgd, or CPU-only pods bin-packed by CPU "
+                          "strand GPUs)")
     cpu: Strategy = Field(Strategy.binpack, description="node placement of CPU-only pods: binpack (fewest free "
                           "CPUs), spread (most free) or fgd (least growth of GPU fragmentation: keeps CPU where GPU "
-                          "pods need it; binpack breaks ties)")
+                          "pods need it; ties go to the node with the fewest free GPUs)")
 
 
 class Objective(_Model):
@@ -122,9 +123,9 @@ class Solver(_Model):
                                      "priority-weighted GPUs")
     fgd_hint: bool = Field(True, description="cpsat: also compute the greedy plan with FGD scoring (placement gpu "
                            "and cpu: fgd), in a process beside the cycle (wall time; deterministic mode: before the "
-                           "model), and use it when it keeps every group the KAI-scored plan places, scores higher "
-                           "and evicts no more: as the model's start when ready in time, else as the plan if it beats "
-                           "the model's by the deadline")
+                           "model), and use it when it keeps every group the KAI-scored plan places, evicts no more "
+                           "and scores higher (or as high, with less fragmented GPU share left): as the model's start "
+                           "when ready in time, else as the plan if it beats the model's by the deadline")
     objective: Objective = Objective()
 
 

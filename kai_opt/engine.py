@@ -65,13 +65,13 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         check_plan(state, plan, fs, config)
         if engine == Engine.cpsat:
             say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
-            from kai_opt.formulation.solve import cpsat_plan, unbeatable_note
+            from kai_opt.formulation.solve import cpsat_plan, kept_unbeatable, unbeatable_note
 
             try:
                 unbeatable = unbeatable_note(state, plan)
-                if unbeatable:  # the model and the second hint could only tie; both are stopped (finally)
-                    plan.engine = "cpsat"
-                    plan.solver = SolverInfo(status="GREEDY_KEPT", hint="kai", note=unbeatable)
+                if unbeatable:  # the model could only tie: it is stopped (finally); the FGD-scored plan may
+                    # still win the tie on fragmentation
+                    plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable)
                 else:
                     plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second,
                                       waiting=worker)

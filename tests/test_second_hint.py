@@ -41,6 +41,7 @@ def test_the_fgd_plan_wins_at_the_end_when_the_model_finds_nothing(monkeypatch) 
     kai, fs = run_cycle(st, config, engine=Engine.greedy)
     # the worker (forked after these patches) neither takes the plan computed beside nor gets a solution
     monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)
+    monkeypatch.setattr(solve, "_inline_is_cheap", lambda *_a: False)  # nor computes it itself
     monkeypatch.setattr(solve, "run_with_watchdog", lambda *a, **k: None)
     plan, _ = run_cycle(st, config, engine=Engine.cpsat)
     check_plan(st, plan, fs, config)
@@ -77,6 +78,7 @@ def test_a_failing_second_hint_is_reported_and_the_cycle_goes_on(monkeypatch) ->
 
     monkeypatch.setattr(second_hint, "compute", broken)  # the process beside is forked after this
     monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)  # left for the end of the cycle
+    monkeypatch.setattr(solve, "_inline_is_cheap", lambda *_a: False)  # (not computed in the worker instead)
     plan, fs = run_cycle(st, config, engine=Engine.cpsat)
     check_plan(st, plan, fs, config)
     assert plan.solver.hint == "kai" and "second hint failed" in plan.solver.note

@@ -254,6 +254,7 @@ def test_weighing_the_second_hint_at_the_end_may_fail_too(state: ClusterState,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """In the cycle's process, after the worker: the worker's plan stays, the second hint's failure is counted."""
     monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)  # the worker leaves it to the end
+    monkeypatch.setattr(solve, "_inline_is_cheap", lambda *_a: False)  # (and does not compute it itself)
     monkeypatch.setattr(solve, "second_hint_note", raises)
     config = _config(fgd_hint=True)
     plan, fs = run_cycle(state, config)
@@ -283,6 +284,8 @@ def test_a_failing_second_hint_is_counted_and_the_cycle_goes_on(state: ClusterSt
     monkeypatch.setattr(second_hint, where, fault)  # the process beside is forked after this
     monkeypatch.setattr(second_hint.SecondHint, "ready", (lambda self: self._child.poll(10)) if taken_by == "worker"
                         else (lambda self: False))
+    if taken_by == "end":  # the worker does not compute a late hint itself either
+        monkeypatch.setattr(solve, "_inline_is_cheap", lambda *_a: False)
     config = _config(fgd_hint=True)
     t = time.perf_counter()
     plan, fs = run_cycle(state, config)

@@ -61,6 +61,7 @@ class KaiOptCycleEngine:
         self.arrived = 0  # arrivals seen so far: the next batch's first pod is arrival `arrived`
         self.ids: list[int] = []  # arrival number of each running pod, in the replay's running order
         self.cycles = 0
+        self.hints: dict[str, int] = {}  # cycles per starting plan the engine kept (cpsat: kai or fgd)
 
     # -- objects -------------------------------------------------------------------------------------------------
     def _node(self, cluster: Cluster, i: int) -> RawObject:
@@ -140,6 +141,8 @@ class KaiOptCycleEngine:
         snap = Snapshot.from_objects(objs, now=now, source="trace", memo=self.memo)
         state = build_state(snap, now=now, default_queue=QUEUE)
         plan, _ = run_cycle(state, self.config, engine=self.engine)
+        if plan.solver.hint:
+            self.hints[plan.solver.hint] = self.hints.get(plan.solver.hint, 0) + 1
         index_of = {f"{NAMESPACE}/p{a}": r for r, a in enumerate(self.ids)}
         placements: list[Placement | None] = [None] * len(pods)
         moves: dict[int, Placement] = {}

@@ -21,6 +21,7 @@ from kai_opt.formulation.failures import last_line
 from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.objective import Objective
+from kai_opt.formulation.packing import less_fragmented
 from kai_opt.formulation.runner import run_with_watchdog
 from kai_opt.formulation.scope import (
     Scope,
@@ -30,7 +31,7 @@ from kai_opt.formulation.scope import (
     window_groups,
     window_pods,
 )
-from kai_opt.formulation.second_hint import SecondHint, compute, wanted
+from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, compute, wanted
 from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
@@ -45,6 +46,8 @@ DECODE_RESERVE = 0.15  # fraction of the budget kept for decoding and checking, 
 DECODE_PER_POD = 0.00015
 CHECK_PER_DECISION = 0.00003
 SLOWDOWN_MAX = 4.0  # the reserve grows with the worker's wall/CPU ratio while building, up to this factor
+INLINE_SHARE = 0.25  # a second hint not ready when the worker starts is computed there if it costs at most this
+# share of the budget (SLOWDOWN x the KAI-scored cycle)
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
 
 
@@ -122,7 +125,7 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
     plan = ended.value if ended.ok else _fail(greedy, start, _stage_of(phase[0]),
                                               *_worker_failure(ended, phase[0], budget))
     if second is not None and plan.solver is not None and plan.solver.hint != "fgd":
-        plan = _at_the_end(state, fs, greedy, plan, second, start + budget)
+        plan = _at_the_end(state, fs, config, greedy, plan, second, start + budget)
     return _reported(plan, ended.trace)
 
 
@@ -172,23 +175,24 @@ def _reported(plan: Plan, trace: str | None = None) -> Plan:
     return plan
 
 
-def _at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, second: SecondHint | None,
-                deadline: float) -> Plan:
+def _at_the_end(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, plan: Plan,
+                second: SecondHint | None, deadline: float) -> Plan:
     """_second_at_the_end, itself an optional stage: what goes wrong there is the second hint's failure."""
     if second is None:
         return plan
     try:
-        return _second_at_the_end(state, fs, greedy, plan, second, deadline)
+        return _second_at_the_end(state, fs, config, greedy, plan, second, deadline)
     except Exception:
         plan.solver.add_failure("second_hint", "exception", "weighing the FGD-scored plan at the end raised "
                                 f"{last_line(traceback.format_exc())}")
         return plan
 
 
-def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, second: SecondHint,
-                       deadline: float) -> Plan:
+def _second_at_the_end(state: ClusterState, fs: FairShare, config: Config, greedy: Plan, plan: Plan,
+                       second: SecondHint, deadline: float) -> Plan:
     """The FGD-scored greedy plan instead of the worker's when it arrives before the deadline, is acceptable
-    against the KAI-scored plan (second_hint_note) and beats the worker's plan lexicographically."""
+    against the KAI-scored plan (second_hint_note) and beats the worker's plan lexicographically, fragmentation
+    last (a tie on the primary objective goes to the plan leaving less fragmented GPU share: packing.py)."""
     alt = second.take(deadline - time.perf_counter())
     if alt is None:  # an optional hint: the cycle goes on, the note says what went wrong
         failure = second.failure or (None if second.taken else
@@ -196,8 +200,12 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, greedy: Plan, plan: P
         if failure is not None:
             plan.solver.add_failure("second_hint", *failure)
         return plan
-    note = second_hint_note(state, fs, greedy, alt)
-    if not note or not _beats(plan_score(state, fs, alt), plan_score(state, fs, plan)):
+    note = second_hint_note(state, fs, greedy, alt, config)
+    if not note:
+        return plan
+    ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, plan)
+    if not _beats(ours, theirs) and not (_ties(ours, theirs)
+                                         and less_fragmented(state, fs, config, alt, plan) is not None):
         return plan
     info = dataclasses.replace(plan.solver, hint="fgd", status="GREEDY_KEPT" if plan.solver.status in (
         "OPTIMAL", "FEASIBLE", "GREEDY_KEPT") else "FALLBACK_GREEDY")
@@ -221,7 +229,36 @@ def unbeatable_note(state: ClusterState, plan: Plan) -> str:
     if (placeable & ~placed).any():
         return ""
     return (f"greedy plan kept: it places all {int(placeable.sum())} pending pods without evictions, so no plan "
-            "scores higher (the model was not run)")
+            "scores higher on placed work or evictions (the model was not run)")
+
+
+def kept_unbeatable(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
+                    actions: tuple[str, ...] | None, second: SecondHint | None, note: str) -> Plan:
+    """The plan of a cycle whose greedy plan nothing beats on the primary objective (unbeatable_note): the model is
+    not run, and the FGD-scored plan still stands in on a tie when it leaves less fragmented GPU share, if it is
+    ready or cheap to compute now (never waited for)."""
+    start = time.perf_counter()
+    info = SolverInfo(hint="kai")
+    try:
+        plan, via = _starting_plan(state, fs, config, greedy, actions, second, lambda _what: None)
+    except Exception:  # the second hint is optional: the greedy plan stays
+        info.add_failure("second_hint", "exception", f"the FGD-scored plan raised {last_line(traceback.format_exc())}")
+        plan, via = greedy, ""
+    if via:
+        try:
+            check_plan(state, plan, fs, config)
+            info.hint = "fgd"
+        except PlanViolation as exc:
+            info.add_failure("second_hint", "violation", f"the FGD-scored greedy plan failed the checker: "
+                             f"{exc.problems[0]}")
+            plan, via = greedy, ""
+    return _keep(plan, info, start, note + (f"; {via}" if via else ""), "GREEDY_KEPT")
+
+
+def _ties(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
+    """As much priority-weighted work placed for the same eviction cost."""
+    eps = 1e-9
+    return abs(ours[0] - theirs[0]) <= eps and abs(ours[1] - theirs[1]) <= eps
 
 
 def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
@@ -338,18 +375,22 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
                    actions: tuple[str, ...] | None, second: SecondHint | None,
                    phase: Callable[[str], None]) -> tuple[Plan, str]:
     """The plan the model starts from (scope, keep, hint, fallback): the KAI-scored greedy plan, or the FGD-scored
-    one when second_hint_note accepts it. With wall time only if the plan computed beside (`second`) is ready now;
-    deterministic mode computes it here. Returns the plan and a note ('' when the KAI-scored plan stays)."""
+    one when second_hint_note accepts it. With wall time the plan computed beside (`second`) if it is ready now,
+    else computed here when that is cheap (_inline_is_cheap); deterministic mode computes it here. Returns the plan
+    and a note ('' when the KAI-scored plan stays)."""
     if not wanted(config, actions):
         return greedy, ""
-    if second is not None:
-        alt = second.take() if second.ready() else None
-    elif config.solver.deterministic:
+    ready = second is not None and second.ready()
+    if second is not None and (ready or not _inline_is_cheap(config, greedy)):
+        alt = second.take() if ready else None
+    elif second is not None or config.solver.deterministic:
+        # late but cheap (or deterministic mode): computed here, at the worker's priority, rather than waited for
+        # at nice 10 on a loaded machine (docs/DESIGN-NOTES.md, CP-SAT engine: the second hint inline)
         phase("the greedy engine with FGD scoring (a second hint)")
         alt = compute(state, fs, config, actions)
     else:
         return greedy, ""
-    note = second_hint_note(state, fs, greedy, alt) if alt is not None else ""
+    note = second_hint_note(state, fs, greedy, alt, config) if alt is not None else ""
     if alt is None or not note:
         return greedy, ""
     alt.solver = greedy.solver
@@ -357,17 +398,33 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     return alt, "started from " + note
 
 
-def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan) -> str:
+def _inline_is_cheap(config: Config, greedy: Plan) -> bool:
+    """Whether the FGD-scored cycle, SLOWDOWN x the KAI-scored one (its action phases), fits in INLINE_SHARE of
+    the budget."""
+    greedy_s = sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+    return SLOWDOWN * greedy_s <= INLINE_SHARE * config.solver.time_budget_s
+
+
+def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan, config: Config | None = None) -> str:
     """Why the FGD-scored plan `alt` may stand in for the KAI-scored `greedy` ('' when it may not): it places every
-    group `greedy` places with as many pods (KAI's queue order keeps its say), scores higher by plan_score and evicts
-    no more. fractions-1000-s1: 2,417.7 GPUs placed instead of 2,404.9, where the model alone found nothing better;
-    on fractions-300-s0 FGD scoring dropped 3 KAI-placed groups, and the KAI-scored plan stays."""
+    group `greedy` places with as many pods (KAI's queue order keeps its say), evicts no more, and scores higher by
+    plan_score or (with `config`) ties it and leaves less fragmented GPU share (packing.py). fractions-1000-s1:
+    2,417.7 GPUs placed instead of 2,404.9, where the model alone found nothing better; on fractions-300-s0 FGD
+    scoring dropped 3 KAI-placed groups, and the KAI-scored plan stays."""
     counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
     ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, greedy)
-    if any(alt_counts[g] < k for g, k in counts.items()) or ours[0] <= theirs[0] + 1e-9 or ours[1] > theirs[1] + 1e-9:
+    if any(alt_counts[g] < k for g, k in counts.items()) or ours[1] > theirs[1] + 1e-9:
         return ""
-    return (f"the greedy plan with FGD scoring (value {ours[0]:g} vs {theirs[0]:g} KAI-scored, the same groups and "
-            f"{len(set(alt_counts) - set(counts))} more)")
+    if ours[0] > theirs[0] + 1e-9:
+        return (f"the greedy plan with FGD scoring (value {ours[0]:g} vs {theirs[0]:g} KAI-scored, the same groups "
+                f"and {len(set(alt_counts) - set(counts))} more)")
+    if config is None or not _ties(ours, theirs) or set(alt_counts) != set(counts):
+        return ""
+    frag = less_fragmented(state, fs, config, alt, greedy)
+    if frag is None:
+        return ""
+    return (f"the greedy plan with FGD scoring (the same groups for the same value {ours[0]:g}, expected GPU "
+            f"fragmentation {frag[0]:.1f} vs {frag[1]:.1f} GPUs KAI-scored)")
 
 
 def _keep(greedy: Plan, info: SolverInfo, start: float, why: str, status: str) -> Plan:

@@ -6,8 +6,8 @@ placer: kai_opt/heuristics/topology_score.py), GPU sharing (a share joins an alr
 (fits now rather than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest
 free) or spread (most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation
 against the session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a
-CPU-only pod bin-packs by CPU, a GPU pod takes the node-name order as FGD's simulator takes its node order), then
-node name.
+CPU-only pod takes the node with the fewest free GPUs, a GPU pod the node whose free CPU stays closest to its free
+GPUs times the workload's CPU per GPU), then node name.
 """
 
 from __future__ import annotations
@@ -95,11 +95,11 @@ class Placer(NodeFilter):
         free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and len(candidates):
-            # least fragmentation growth first, scored as FGD does; among equals a CPU-only pod bin-packs by CPU and
-            # a GPU pod takes the node order (bin-packing GPUs there strands more: docs/DESIGN-NOTES.md, FGD scoring)
-            fine = fgd_score(self.fgd.growth(p, candidates))
-            if not gpu_pod:
-                fine = fine - 0.5 * free / (np.abs(free).max() + 1.0)
+            # least fragmentation growth first, scored as FGD does; among equals (docs/DESIGN-NOTES.md, FGD scoring)
+            # a CPU-only pod takes the node with the fewest free GPUs (then bin-packs CPU) and a GPU pod the node
+            # whose free CPU stays closest to what its free GPUs need at the workload's CPU per GPU (then the node
+            # order), so CPU is left where GPUs are left
+            fine = fgd_score(self.fgd.growth(p, candidates)) + 0.5 * self.fgd.tie_score(p, candidates, gpu_pod)
         else:
             fine = -free if strategy == Strategy.binpack else free
         return tier, fine
@@ -265,6 +265,9 @@ class FgdScorer:
         else:
             shapes, weight = np.zeros((0, 4), dtype=np.int64), np.zeros(0)
         self.model = FragModel(shapes[:, 0], shapes[:, 1], shapes[:, 2], weight)
+        gpu_w = weight * (shapes[:, 1] * shapes[:, 2])
+        # CPU per milli-GPU the target workload's GPU shapes ask for (the tie rule's balance)
+        self.cpu_per_milli = float((weight * shapes[:, 0])[gpu_w > 0].sum() / gpu_w.sum()) if gpu_w.sum() else 0.0
         n = st.n_nodes
         access = np.zeros((n, len(weight)), dtype=bool)
         for m, (g, s) in enumerate(zip(self.model.gpu_shape.tolist(), shapes[:, 3].tolist(), strict=True)):
@@ -308,6 +311,21 @@ class FgdScorer:
         else:
             self._refresh(np.unique(np.asarray(touched[self._seen:], dtype=np.int64)))
         self._seen = len(touched)
+
+    def tie_score(self, p: int, nodes: np.ndarray, gpu_pod: bool) -> np.ndarray:
+        """(C,) in [0, 1], higher better, for candidates of equal FGD score. A CPU-only pod: fewest free GPUs,
+        then least free CPU. A GPU pod: the smallest |free CPU - ratio x free GPU| after placement, ratio the
+        target workload's CPU per milli-GPU, i.e. a node keeps CPU in proportion to the GPUs it keeps."""
+        self._sync()
+        st = self.sess.state
+        cpu = (self.cpu[nodes] - int(st.pod_req[p, R_CPU])).astype(float)
+        if not gpu_pod:
+            gpu = self.free[nodes].astype(float)
+            return 1.0 - (gpu + 0.001 * cpu / (np.abs(cpu).max() + 1.0)) / (gpu.max() + 1.0)
+        gpu = (self.free[nodes] - int(st.pod_req[p, R_GPU])).astype(float)
+        off = np.abs(cpu - self.cpu_per_milli * gpu)
+        span = float(off.max() - off.min())
+        return (off.max() - off) / span if span > 0 else np.zeros(len(nodes))
 
     def growth(self, p: int, nodes: np.ndarray) -> np.ndarray:
         """(C,) growth of each node's expected fragmentation (milli-GPU) when pod p goes there (a GPU share: onto

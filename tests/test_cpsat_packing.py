@@ -1,0 +1,69 @@
+"""The CP-SAT engine's fragmentation tie-break (formulation/packing.py): between plans placing the same pods for the
+same eviction cost, the FGD-scored plan stands in for the KAI-scored one only when it leaves less fragmented GPU
+share; and a late second hint is computed in the worker when that is cheap."""
+
+from __future__ import annotations
+
+from builders import node, pod, podgroup, queue, state
+
+from kai_opt.config import Engine, parse_config
+from kai_opt.engine import run_cycle
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.formulation import second_hint, solve
+from kai_opt.formulation.packing import PlanFragmentation, less_fragmented
+from kai_opt.heuristics.cycle import greedy_plan
+
+
+def _stranding_cluster():
+    # a: 2 GPUs and 4 CPUs, b: 2 GPUs and 64 CPUs; one running 1-GPU pod (2 CPUs) on b, so the workload has a GPU
+    # shape; pending: a CPU-only pod of 4 CPUs. KAI's bin-pack sends it to a (fewest free CPUs): a's 2 GPUs are left
+    # without CPU for the GPU shape. FGD scoring sends it to b. Both plans place the same pod.
+    objs = [node("a", gpus=2, cpu="4"), node("b", gpus=2, cpu="64"), queue("q", gpu=(4, 1, -1))]
+    objs += [podgroup("r", "q"), pod("r-0", group="r", gpus=1, cpu="2", node_name="b")]
+    objs += [podgroup("c", "q", created_min=1), pod("c-0", group="c", cpu="4")]
+    return state(objs)
+
+
+def test_the_less_fragmented_fgd_plan_stands_in_for_an_equal_kai_plan() -> None:
+    st = _stranding_cluster()
+    config = parse_config({"engine": "cpsat"})
+    fs = compute_fair_share(st)
+    kai = greedy_plan(st, fs, config)
+    fgd = second_hint.compute(st, fs, config, None)
+    assert fgd is not None
+    node_of = {x: st.node_names[next(p.node for p in plan.placements)] for x, plan in (("kai", kai), ("fgd", fgd))}
+    assert node_of == {"kai": "a", "fgd": "b"}
+    pf = PlanFragmentation(st, fs, config)
+    # shapes: the 1-GPU pod and the CPU-only pod (p = 1/2 each; every free GPU is fragmentation for the latter):
+    # KAI's plan strands a's 2 GPUs for the GPU shape too (2 + 1/2 GPUs), FGD's leaves 1 + 1/2
+    assert pf.of(kai) == 2500 and pf.of(fgd) == 1500
+    assert less_fragmented(st, fs, config, fgd, kai) == (1.5, 2.5)
+    assert less_fragmented(st, fs, config, kai, fgd) is None
+    assert "fragmentation 1.5 vs 2.5" in solve.second_hint_note(st, fs, kai, fgd, config)
+    assert solve.second_hint_note(st, fs, kai, fgd) == ""  # without a config: the primary objective only
+    assert solve.second_hint_note(st, fs, kai, kai, config) == ""  # equal fragmentation keeps the KAI-scored plan
+
+
+def test_the_cpsat_engine_takes_the_less_fragmented_plan() -> None:
+    st = _stranding_cluster()
+    for deterministic in (True, False):
+        config = parse_config({"engine": "cpsat", "solver": {"deterministic": deterministic, "time_budget_s": 2}})
+        plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+        assert plan.solver.hint == "fgd", plan.solver
+        assert [st.node_names[p.node] for p in plan.placements] == ["b"]
+        greedy, _ = run_cycle(st, config, engine=Engine.greedy)  # the greedy engine stays KAI's bin-pack
+        assert [st.node_names[p.node] for p in greedy.placements] == ["a"]
+
+
+def test_a_late_cheap_second_hint_is_computed_in_the_worker(monkeypatch) -> None:
+    st = _stranding_cluster()
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": False, "time_budget_s": 2}})
+    monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)  # never ready for the worker
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert plan.solver.hint == "fgd" and "started from the greedy plan with FGD scoring" in (plan.solver.note or "")
+    # not cheap (a budget too small for SLOWDOWN x the KAI-scored cycle): the worker does not compute it
+    greedy = greedy_plan(st, compute_fair_share(st), config)
+    greedy.phases = {"allocate": 1.0}
+    assert solve._inline_is_cheap(config, greedy) is False
+    greedy.phases = {"allocate": 0.01, "fair_share": 5.0}
+    assert solve._inline_is_cheap(config, greedy) is True
