@@ -20,12 +20,12 @@ Variables
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
 
+from kai_opt.formulation.exprs import Expr, lsum, wsum
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.reclaim_rows import QueueTerms, ReclaimRows, reclaim_rows
 from kai_opt.formulation.scope import Mover, Scope, Victim
@@ -46,19 +46,6 @@ def _up(x: np.ndarray) -> np.ndarray:
 def _down(x: np.ndarray) -> np.ndarray:
     """Scaled amounts an eviction frees, and caps, rounded down (never over-counted)."""
     return np.floor(np.asarray(x) * np.array(QSCALE) + EPS).astype(np.int64)
-
-
-Expr = cp_model.LinearExpr | int  # a model expression or a constant (what lsum and wsum return)
-
-
-def lsum(exprs: Sequence[Expr]) -> Expr:
-    """Sum of model expressions in one call (Python's sum builds a chain of partial sums)."""
-    return cp_model.LinearExpr.sum(exprs) if exprs else 0
-
-
-def wsum(exprs: Sequence[Expr], coeffs: Sequence[int]) -> Expr:
-    """Weighted sum of model expressions in one call."""
-    return cp_model.LinearExpr.weighted_sum(exprs, coeffs) if exprs else 0
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -27,20 +27,12 @@ from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import EPS as RATIO_EPS
 from kai_opt.fairshare.reclaim import leveled
 from kai_opt.fairshare.share import UNLIMITED, FairShare
+from kai_opt.formulation.exprs import Expr, lsum, wsum
 from kai_opt.formulation.scope import Scope
 from kai_opt.state import ClusterState
 
-Expr = cp_model.LinearExpr | int
 EPS = 1e-6
 LIMIT = 2**60  # |coefficient| x bound of a comparison row's terms: kept inside CP-SAT's int64 arithmetic
-
-
-def _lsum(exprs: Sequence[Expr]) -> Expr:
-    return cp_model.LinearExpr.sum(exprs) if exprs else 0
-
-
-def _wsum(exprs: Sequence[Expr], coeffs: Sequence[int]) -> Expr:
-    return cp_model.LinearExpr.weighted_sum(exprs, coeffs) if exprs else 0
 
 
 @dataclass
@@ -116,7 +108,7 @@ class RankedWork:
         prev, pending, most, done = self.state[(q, r)]
         if pending:
             acc = self.m.new_int_var(0, most, f"ranked_work[{self.st.q_names[q]},{r},{label}]")
-            self.m.add(acc == (prev if prev is not None else 0) + _wsum([self.terms.totals[s] for s, _c in pending],
+            self.m.add(acc == (prev if prev is not None else 0) + wsum([self.terms.totals[s] for s, _c in pending],
                                                                          [c for _s, c in pending]))
             self.rows.derived.append((acc, prev, pending))
             prev = acc
@@ -155,7 +147,7 @@ class DatedEvictions:
         if new:
             most += sum(c for _vi, c in new)
             x = self.m.new_int_var(0, most, f"evicted_by[{self.st.q_names[q]},{r},{turn}]")
-            expr = total + _wsum([self.terms.evicted[vi] for vi, _c in new], [c for _vi, c in new])
+            expr = total + wsum([self.terms.evicted[vi] for vi, _c in new], [c for _vi, c in new])
             self.m.add(x == expr)
             self.rows.defined.append((x, expr))
             total = x
@@ -213,7 +205,7 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: Q
             freed[key] |= terms.unit_amounts[vi] > 0
             rows.take_of[(vi, j)] = s
             lits.append(rows.takes[key])
-        m.add(evict_rec[vi] <= _lsum(lits))
+        m.add(evict_rec[vi] <= lsum(lits))
     wanted = {(x, scope.turn[j]) for (j, s), q in sides.items() for x in (q, s)}
     late = late_work(st, scope, wanted, terms.scale)
     work, dated = RankedWork(m, st, scope, terms, rows), DatedEvictions(m, st, scope, terms, rows)
