@@ -95,15 +95,7 @@ def diagnose(nodes: openb.NodeList, podlist: openb.PodList, engine: str, seed: i
     first_drop: float | None = None
     for start in range(0, min(stop_at + 1, len(shapes)), batch):
         stop = min(start + batch, len(shapes))
-        if isinstance(eng, trace.Policy):
-            for i in range(start, stop):
-                pl = eng.place(cluster, shapes, i)
-                if pl is not None:
-                    cluster.apply(shapes, i, pl)
-                    eng.applied(cluster, pl[0])
-                    placed[i] = True
-        else:
-            moves += trace._apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
+        moves += trace.play_batch(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
         for i in range(start, stop):
             if not placed[i]:
                 key = (shape_class(shapes, i), drop_reason(cluster, shapes, i))

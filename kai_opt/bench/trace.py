@@ -573,25 +573,32 @@ def replay(nodes: NodeList, pods: PodList, engine: str, seed: int, *, inflate: f
     statuses: dict[str, int] = {}
     for start in range(0, len(shapes), batch):
         stop = min(start + batch, len(shapes))
-        if isinstance(eng, Policy):
-            for i in range(start, stop):
-                pl = eng.place(cluster, shapes, i)
-                if pl is not None:
-                    cluster.apply(shapes, i, pl)
-                    eng.applied(cluster, pl[0])
-                    placed[i] = True
-        elif isinstance(eng, CycleEngine):
-            moves += _apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
-            cycles += 1
-        else:
-            _apply_batch(eng, engine, cluster, shapes, start, stop, placed)
-            cycles += 1
+        moves += play_batch(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
+        cycles += not isinstance(eng, Policy)
         if progress is not None and (stop - done >= 256 or stop == len(shapes) or not isinstance(eng, Policy)):
             progress(stop - done)
             done = stop
     req = shapes.request
     return Run(engine, seed, batch, cluster.total_gpu_milli, np.cumsum(req), np.cumsum(req * placed), placed,
                time.perf_counter() - t0, moves, opts, cycles, statuses)
+
+
+def play_batch(eng: Policy | CycleEngine | BatchEngine, engine: str, cluster: Cluster, shapes: Pods, start: int,
+               stop: int, placed: np.ndarray, where: dict[int, Placement], statuses: dict[str, int]) -> int:
+    """Arrivals start..stop placed on `cluster` (a policy one pod at a time, an engine as one cycle); `placed`,
+    `where` and `statuses` updated. Returns the running pods moved."""
+    if isinstance(eng, Policy):
+        for i in range(start, stop):
+            pl = eng.place(cluster, shapes, i)
+            if pl is not None:
+                cluster.apply(shapes, i, pl)
+                eng.applied(cluster, pl[0])
+                placed[i] = True
+        return 0
+    if isinstance(eng, CycleEngine):
+        return _apply_cycle(eng, engine, cluster, shapes, start, stop, placed, where, statuses)
+    _apply_batch(eng, engine, cluster, shapes, start, stop, placed)
+    return 0
 
 
 def _apply_batch(eng: BatchEngine, name: str, cluster: Cluster, shapes: Pods, start: int, stop: int,

@@ -220,7 +220,8 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, config: Config, greed
 def unbeatable_note(state: ClusterState, plan: Plan) -> str:
     """Why no plan of the cycle can beat `plan` on the primary objective ('' when one might): it places every
     pending pod of ours that a plan could place (tier 1 at its maximum) and evicts nothing (tier 2 at its minimum).
-    The model and the second hint could only tie, and a tie keeps the greedy plan, so neither is worth running."""
+    The model could only tie, and a tie keeps the greedy plan (or the less fragmented FGD-scored one: kept_unbeatable),
+    so it is not worth running."""
     if plan.evictions:
         return ""
     placeable = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
@@ -244,14 +245,8 @@ def kept_unbeatable(state: ClusterState, fs: FairShare, config: Config, greedy: 
     except Exception:  # the second hint is optional: the greedy plan stays
         info.add_failure("second_hint", "exception", f"the FGD-scored plan raised {last_line(traceback.format_exc())}")
         plan, via = greedy, ""
-    if via:
-        try:
-            check_plan(state, plan, fs, config)
-            info.hint = "fgd"
-        except PlanViolation as exc:
-            info.add_failure("second_hint", "violation", f"the FGD-scored greedy plan failed the checker: "
-                             f"{exc.problems[0]}")
-            plan, via = greedy, ""
+    if via:  # checked where it was computed (second_hint.compute), as every FGD-scored plan
+        info.hint = "fgd"
     return _keep(plan, info, start, note + (f"; {via}" if via else ""), "GREEDY_KEPT")
 
 
@@ -349,9 +344,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     info.wall_s = time.perf_counter() - start
     # chosen only when it beats the greedy plan on the primary objective, lexicographically: more priority-weighted
     # work placed, or as much for a smaller eviction cost; a tie keeps the greedy (KAI-compatible) plan
-    eps = 1e-9
     better = _beats(ours, theirs)
-    tie = abs(ours[0] - theirs[0]) <= eps and abs(ours[1] - theirs[1]) <= eps
     notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
     if better:
         info.note = f"CP-SAT plan chosen: value {ours[0]:g} vs greedy {theirs[0]:g}, eviction cost {ours[1]:g} " \
@@ -359,7 +352,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         plan.solver = info
         plan.phases.update(greedy.phases)
         return plan
-    if tie:
+    if _ties(ours, theirs):
         info.note = f"greedy plan kept: the CP-SAT plan is no better ({result.status})" + notes
         info.status = "GREEDY_KEPT"
     else:
