@@ -381,3 +381,41 @@ def test_annotate_pods_patches_only_pods_missing_their_group(monkeypatch: pytest
     grouping = group_pods([done, todo], Owners(), "q")
     assert annotate_pods(None, [done, todo], grouping.assignments, workers=1) == 1  # type: ignore[arg-type]
     assert FakeCore.calls == [(NS, "b", {"metadata": {"annotations": {PODGROUP_ANNOTATION: "pg-b-uid-b"}}})]
+
+
+# -- the memo across cycles --------------------------------------------------------------------------------------------
+def _as_tuple(g: grouper.Grouping) -> tuple[Any, ...]:
+    return (sorted(g.assignments.items()), sorted(g.deferred), sorted(g.errors),
+            sorted((pg["metadata"]["name"], repr(pg)) for pg in g.podgroups))
+
+
+def test_a_memo_kept_across_calls_gives_what_a_fresh_grouping_gives_as_objects_change() -> None:
+    """Every call with the memo equals one without it, while owners and pods are replaced by changed copies (the
+    watch replaces an object, never edits it), pods finish, appear and lose their owner."""
+    memo = grouper.GroupMemo()
+    job = _kubeflow("PyTorchJob", {"Master": 1, "Worker": 2})
+    bjob = obj("batch/v1", "Job", "etl", labels={"kai.scheduler/queue": "team-a"})
+    pods = [pod("pt-0", job), pod("pt-1", job), pod("etl-0", bjob), pod("solo"),
+            pod("mine", annotations={PODGROUP_ANNOTATION: "my-own"}), pod("orphan", bjob)]
+    owners = Owners(job, bjob)
+
+    def check() -> None:
+        assert _as_tuple(group_pods(pods, owners, "dq", memo)) == _as_tuple(group_pods(pods, owners, "dq"))
+
+    check()
+    check()  # everything from the memo
+    # the owner changes: minMember and queue follow
+    job2 = {**job, "metadata": {**job["metadata"], "labels": {"kai.scheduler/queue": "q2"}},
+            "spec": {**job["spec"], "runPolicy": {"schedulingPolicy": {"minAvailable": 2}}}}
+    owners.objects[("PyTorchJob", NS, job["metadata"]["name"])] = job2
+    check()
+    first = by_name(group_pods(pods, owners, "dq", memo).podgroups)
+    assert any(pg["spec"]["queue"] == "q2" and pg["spec"]["minMember"] == 2 for pg in first.values())
+    # a pod finishes, a pod's annotation changes, a new pod arrives, an owner goes away (deferred)
+    pods[3] = {**pods[3], "status": {"phase": "Succeeded"}}
+    pods[4] = {**pods[4], "metadata": {**pods[4]["metadata"], "annotations": {}}}
+    pods.append(pod("pt-2", job))
+    check()
+    del owners.objects[("Job", NS, "etl")]
+    check()
+    assert {"team/etl-0", "team/orphan"} <= set(group_pods(pods, owners, "dq", memo).deferred)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import urllib3
@@ -93,8 +93,12 @@ class Grouping:
 
     podgroups: list[dict[str, Any]] = field(default_factory=list)
     assignments: dict[str, str] = field(default_factory=dict)  # "namespace/pod" -> PodGroup name
+    annotated: dict[str, str | None] = field(default_factory=dict)  # "namespace/pod" -> its pod-group-name
+    # annotation, for the pods in `assignments`
     deferred: list[str] = field(default_factory=list)  # "namespace/pod": an owner not known yet
     errors: list[str] = field(default_factory=list)  # one line each: an owner spec without a valid group
+    unbound: list[tuple[str, str | None]] = field(default_factory=list)  # ("namespace/pod", its pod-group-name
+    # annotation) of every unbound pod that is not finished
 
 
 # -- small accessors ---------------------------------------------------------------------------------------------------
@@ -152,7 +156,7 @@ class _Deferred(Exception):
     """An owner of a watched kind is not known (yet)."""
 
 
-def top_owner(pod: dict[str, Any], get_owner: GetOwner) -> dict[str, Any]:
+def top_owner(pod: dict[str, Any], get_owner: GetOwner, memo: GroupMemo | None = None) -> dict[str, Any]:
     """The highest object above `pod` reachable through watched kinds (the pod itself when it has none).
     Raises `_Deferred` when an owner of a watched kind is not known to `get_owner`."""
     cur = pod
@@ -170,7 +174,8 @@ def top_owner(pod: dict[str, Any], get_owner: GetOwner) -> dict[str, Any]:
             raise _Deferred(f"{kind} {ns}/{name}")
         if ref.get("uid") and _meta(owner).get("uid") and ref["uid"] != _meta(owner)["uid"]:
             raise _Deferred(f"{kind} {ns}/{name} (uid changed)")  # an old owner's pod: wait for the cache
-        cur = {**owner, "apiVersion": owner.get("apiVersion") or api_version, "kind": owner.get("kind") or kind}
+        cur = memo.typed(owner, api_version, kind) if memo is not None else \
+            {**owner, "apiVersion": owner.get("apiVersion") or api_version, "kind": owner.get("kind") or kind}
     return cur
 
 
@@ -362,47 +367,103 @@ def _podgroup(group: _Group, default_queue: str) -> dict[str, Any]:
     return {"apiVersion": PODGROUP.api_version, "kind": PODGROUP.kind, "metadata": meta, "spec": spec}
 
 
-def group_pods(pods: list[dict[str, Any]], get_owner: GetOwner, default_queue: str) -> Grouping:
+class GroupMemo:
+    """What `group_pods` worked out for objects that did not change since its last call, so the pass over a steady
+    cluster costs a lookup per pod. Entries are keyed by `id()` and hold the object they were made from; an entry is
+    used only while that object is the one passed again (a reused id never matches), and entries not used in a call
+    are dropped at its end."""
+
+    def __init__(self) -> None:
+        self._pods: dict[int, tuple[Any, ...]] = {}
+        self._tops: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        self._next_pods: dict[int, tuple[Any, ...]] = {}
+        self._next_tops: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def begin(self) -> None:
+        self._next_pods, self._next_tops = {}, {}
+
+    def end(self) -> None:
+        self._pods, self._tops = self._next_pods, self._next_tops
+        self._next_pods, self._next_tops = {}, {}
+
+    def typed(self, owner: dict[str, Any], api_version: str, kind: str) -> dict[str, Any]:
+        """`owner` with apiVersion and kind set (list items lack them), the same copy while `owner` is the same."""
+        e = self._tops.get(id(owner)) or self._next_tops.get(id(owner))
+        if e is None or e[0] is not owner:
+            e = (owner, {**owner, "apiVersion": owner.get("apiVersion") or api_version,
+                         "kind": owner.get("kind") or kind})
+        self._next_tops[id(owner)] = e
+        return e[1]
+
+
+def group_pods(pods: list[dict[str, Any]], get_owner: GetOwner, default_queue: str,
+               memo: GroupMemo | None = None) -> Grouping:
     """Group our pods (the caller passes only pods of our scheduler). Finished pods and pods whose
-    `pod-group-name` annotation names a group of the user's own are skipped."""
+    `pod-group-name` annotation names a group of the user's own are skipped. With a `memo` kept across calls, an
+    unchanged pod whose top owner is unchanged reuses its outcome."""
     out = Grouping()
     groups: dict[tuple[str, str], _Group] = {}
     tops: dict[str, dict[str, Any]] = {}  # owner uid -> top owner (one walk per owner)
+    memo = memo or GroupMemo()
+    memo.begin()
+    old, new = memo._pods, memo._next_pods
     for pod in pods:
-        meta = _meta(pod)
-        if not meta.get("name") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        e = old.get(id(pod))
+        if e is None or e[0] is not pod:
+            meta = _meta(pod)
+            if not meta.get("name") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                new[id(pod)] = e = (pod, None, None, None, None, False)
+                continue
+            e = (pod, _pod_key(pod), _annotations(pod).get(PODGROUP_ANNOTATION), None, None,
+                 not (pod.get("spec") or {}).get("nodeName"))
+        key, annotated = e[1], e[2]
+        if key is None:  # finished, or no name
+            new[id(pod)] = e
             continue
-        annotated = _annotations(pod).get(PODGROUP_ANNOTATION)
-        key = _pod_key(pod)
-        try:
-            top = _cached_top(pod, get_owner, tops)
+        if e[5]:
+            out.unbound.append((key, annotated))
+        try:  # an unchanged pod that was its own top owner still is (its ownerReferences are the same)
+            top = pod if e[3] is pod else _cached_top(pod, get_owner, tops, memo)
         except _Deferred as exc:
             if not annotated:
                 out.deferred.append(key)
                 log.debug("pod %s not grouped yet: owner %s not known", key, exc)
             continue
-        try:
-            group = _group_for(pod, top)
-        except GroupingError as exc:
+        if e[3] is not top:
+            try:
+                outcome: _Group | str = _group_for(pod, top)
+            except GroupingError as exc:
+                outcome = f"pod {key}: {_describe(top)}: {exc}"
+            e = (pod, key, annotated, top, outcome, e[5])
+        new[id(pod)] = e
+        outcome = e[4]
+        if isinstance(outcome, str):
             if not annotated:
-                out.errors.append(f"pod {key}: {_describe(top)}: {exc}")
+                out.errors.append(outcome)
             continue
-        if annotated and annotated != group.name:
+        if annotated and annotated != outcome.name:
             continue  # the user's own group
-        known = groups.setdefault((group.namespace, group.name), group)
+        known = groups.get((outcome.namespace, outcome.name))
+        if known is None:
+            known = groups[(outcome.namespace, outcome.name)] = replace(outcome, pods=[])
         known.pods.append(pod)
-        out.assignments[key] = group.name
+        out.assignments[key] = outcome.name
+        out.annotated[key] = annotated
+    memo.end()
     out.podgroups = [_podgroup(g, default_queue) for g in groups.values()]
     return out
 
 
-def _cached_top(pod: dict[str, Any], get_owner: GetOwner, tops: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _cached_top(pod: dict[str, Any], get_owner: GetOwner, tops: dict[str, dict[str, Any]],
+                memo: GroupMemo | None = None) -> dict[str, Any]:
     refs = _meta(pod).get("ownerReferences") or []
+    if not refs:
+        return pod
     ref = next((r for r in refs if isinstance(r, dict) and r.get("controller")), refs[0] if refs else None)
     uid = ref.get("uid") if isinstance(ref, dict) else None
     if uid and uid in tops:
         return tops[uid]
-    top = top_owner(pod, get_owner)
+    top = top_owner(pod, get_owner, memo)
     if uid and top is not pod:
         tops[uid] = top
     return top

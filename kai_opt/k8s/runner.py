@@ -28,7 +28,6 @@ from kubernetes import client
 
 from kai_opt.actions import ACTION_BY_NAME
 from kai_opt.api.dra import API_VERSION as DRA_API_VERSION
-from kai_opt.api.pod import PODGROUP_ANNOTATION
 from kai_opt.config import BinderKind, Config
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import FairShare
@@ -60,15 +59,6 @@ from kai_opt.state.resources import QR
 log = logging.getLogger("kai_opt.run")
 
 REQUIRED_KINDS = ("nodes.v1", "pods.v1")
-
-
-def _pod_key(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-
-
-def _podgroup_annotation(pod: dict[str, Any]) -> str | None:
-    return ((pod.get("metadata") or {}).get("annotations") or {}).get(PODGROUP_ANNOTATION)
 
 
 # A status write waits at most this long while binds or evictions are queued or in flight (they go first).
@@ -169,6 +159,7 @@ class Runner:
                                    busy=lambda: self.binder.pending() > 0 or self.evictor.pending() > 0,
                                    defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
         self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
+        self.group_memo = grouper.GroupMemo()  # the grouper's outcomes for pods unchanged since the last cycle
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
         usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
         self.usage: UsageSource | None = usage if usage.enabled else None
@@ -346,18 +337,13 @@ class Runner:
         not known yet, or no valid group: scheduling them alone could split a gang)."""
         ours = set(names)
         pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
-        grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue)
+        grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue, self.group_memo)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
         desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
         grouper.sync_podgroups(self.api, desired, existing)
-        hold: set[str] = set()
-        unannotated = False
-        for p in pods:
-            key, annotated = _pod_key(p), _podgroup_annotation(p)
-            if key in assigned and annotated != assigned[key]:
-                unannotated = True
-            elif key not in assigned and not annotated and not (p.get("spec") or {}).get("nodeName"):
-                hold.add(key)
+        # a pod whose group is not written on it yet is assumed in it; an unbound pod without a group is held back
+        unannotated = any(grouping.annotated.get(k) != g for k, g in assigned.items())
+        hold = {key for key, annotated in grouping.unbound if key not in assigned and not annotated}
         if unannotated:  # (skipped when idle: its typed client is slow)
             grouper.annotate_pods(self.api, pods, assigned)
         return dict(assigned), hold

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""Benchmark: the steady-state in-cluster cycle (issue 16): a watch cache holding the scale instance (N nodes x 8
+GPUs, 10 running pods per node), where every cycle a share of the pods changes (whole jobs finish, as many new
+pending jobs arrive), and the cycle runs what `kai-opt run` runs on the leader: the pod grouper's pass over our pods,
+cache snapshot, state build, the engine, the binder's assumptions; the status work is timed on its own.
+
+No apiserver: the objects go into `ClusterCache` as watch events, binds are assumed the way the binder assumes them
+and confirmed by a MODIFIED event the next cycle, as the watch would. Each phase's wall and CPU time per cycle is
+reported as p50 / p95 over the measured cycles (the first, which parses every object, is reported apart).
+
+  scripts/bench_steady.py                               # 10,000 nodes, 1% of pods changing, 10 cycles, greedy
+  scripts/bench_steady.py --nodes 2000 --engine cpsat --cycles 5 --profile 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import gc
+import io
+import json
+import os
+import pstats
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _objects(nodes: int, running: int, seed: int, queues: int) -> list[dict[str, Any]]:
+    from models.generators import scale
+
+    out = []
+    for i, raw in enumerate(scale(nodes, running, 0, seed, n_queues=queues)):
+        obj = copy.deepcopy(raw.obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{i}")
+        meta.setdefault("resourceVersion", "1")
+        out.append(obj)
+    return out
+
+
+class Churn:
+    """Whole jobs finish (their pods and PodGroup are deleted); new pending jobs of the same shapes arrive."""
+
+    def __init__(self, objs: list[dict[str, Any]], seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.groups: dict[str, dict[str, Any]] = {}
+        for o in objs:
+            if o["kind"] == "Pod":
+                key = f"{o['metadata']['namespace']}/{o['metadata']['annotations']['pod-group-name']}"
+                self.by_group[key].append(o)
+            elif o["kind"] == "PodGroup":
+                self.groups[f"{o['metadata']['namespace']}/{o['metadata']['name']}"] = o
+        self.serial = 0
+
+    def step(self, n_pods: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(deleted, added) objects: running jobs of about n_pods / 2 pods finish, as many pods arrive pending."""
+        keys = [k for k in self.by_group if all((p["spec"].get("nodeName")) for p in self.by_group[k])]
+        order = self.rng.permutation(len(keys))
+        deleted: list[dict[str, Any]] = []
+        added: list[dict[str, Any]] = []
+        gone = 0
+        for i in order:
+            if gone >= n_pods // 2:
+                break
+            k = keys[int(i)]
+            pods = self.by_group.pop(k)
+            gone += len(pods)
+            deleted.extend(pods)
+            if k in self.groups:
+                deleted.append(self.groups.pop(k))
+            template_group = copy.deepcopy(deleted[-1] if deleted[-1]["kind"] == "PodGroup" else None)
+            self.serial += 1
+            name = f"steady-{self.serial}"
+            ns = pods[0]["metadata"]["namespace"]
+            if template_group is not None:
+                g = template_group
+                g["metadata"].update(name=name, uid=f"g-{name}", resourceVersion="1")
+                g.pop("status", None)
+                added.append(g)
+                self.groups[f"{ns}/{name}"] = g
+            for j, p in enumerate(pods):
+                q = copy.deepcopy(p)
+                q["metadata"].update(name=f"{name}-{j}", uid=f"p-{name}-{j}", resourceVersion="1")
+                q["metadata"]["annotations"] = {k2: v for k2, v in q["metadata"]["annotations"].items()
+                                                if k2 != "kai-opt.io/gpu-devices"}
+                q["metadata"]["annotations"]["pod-group-name"] = name
+                q["spec"].pop("nodeName", None)
+                q["status"] = {"phase": "Pending"}
+                added.append(q)
+                self.by_group[f"{ns}/{name}"].append(q)
+        return deleted, added
+
+
+def _res(cache_mod: Any, kind: str) -> Any:
+    return next(r for r in cache_mod.SCHEDULING_KINDS if r.kind == kind)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--pods-per-node", type=int, default=10)
+    ap.add_argument("--queues", type=int, default=1_000)
+    ap.add_argument("--change", type=float, default=0.01, help="share of the pods changing per cycle")
+    ap.add_argument("--cycles", type=int, default=10, help="measured cycles (after the first)")
+    ap.add_argument("--engine", default="greedy")
+    ap.add_argument("--time-budget", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the measured cycles, top N rows")
+    ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    args = ap.parse_args()
+
+    from kai_opt.config import Config
+    from kai_opt.engine import run_cycle
+    from kai_opt.gcpause import gc_paused
+    from kai_opt.k8s import cache as cache_mod
+    from kai_opt.k8s import grouper
+    from kai_opt.state import build_state
+
+    t = time.perf_counter()
+    objs = _objects(args.nodes, args.nodes * args.pods_per_node, args.seed, args.queues)
+    gen_s = time.perf_counter() - t
+    n_pods = sum(o["kind"] == "Pod" for o in objs)
+    cache = cache_mod.ClusterCache(api=None, kinds=cache_mod.SCHEDULING_KINDS)  # type: ignore[arg-type]
+    kinds = {r.kind: r for r in cache_mod.SCHEDULING_KINDS}
+    for o in objs:
+        res = kinds.get(o["kind"])
+        if res is not None:
+            cache._apply(res, "ADDED", o)
+    config = Config.model_validate({"engine": args.engine, "solver": {"time_budget_s": args.time_budget}})
+    names = tuple(config.scheduler_names)
+    churn = Churn(objs, args.seed)
+    del objs
+    gc.collect()
+    gc.freeze()
+
+    pod_res = _res(cache_mod, "Pod")
+    group_memo = grouper.GroupMemo()
+    pg_res = _res(cache_mod, "PodGroup")
+    to_confirm: list[tuple[str, str, str]] = []
+    rows: list[dict[str, float]] = []
+    prof = cProfile.Profile() if args.profile else None
+    for cycle in range(args.cycles + 1):
+        # the watch: last cycle's binds confirmed, then this cycle's churn
+        for ns, name, node in to_confirm:
+            pod = cache.pod(ns, name)
+            if pod is not None:
+                rv = str(int(pod["metadata"]["resourceVersion"]) + 1)
+                new = {**pod, "spec": {**pod["spec"], "nodeName": node},
+                       "metadata": {**pod["metadata"], "resourceVersion": rv}, "status": {"phase": "Running"}}
+                cache._apply(pod_res, "MODIFIED", new)
+        to_confirm = []
+        if cycle:
+            deleted, added = churn.step(int(n_pods * args.change))
+            for o in deleted:
+                cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "DELETED", o)
+            for o in added:
+                cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "ADDED", o)
+        if prof and cycle:
+            prof.enable()
+        row: dict[str, float] = {}
+        with gc_paused():
+            c0, t0 = time.process_time(), time.perf_counter()
+            pods = [p for p in cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in names]
+            grouping = grouper.group_pods(pods, cache.get, config.default_queue, group_memo)
+            c1, t1 = time.process_time(), time.perf_counter()
+            snap = cache.snapshot(scheduler_names=names, pod_groups=dict(grouping.assignments))
+            c2, t2 = time.process_time(), time.perf_counter()
+            state = build_state(snap, now=snap.now, default_queue=config.default_queue)
+            c3, t3 = time.process_time(), time.perf_counter()
+            plan, _fs = run_cycle(state, config)
+            c4, t4 = time.process_time(), time.perf_counter()
+            for b in plan.binds:  # what the binder does when it accepts a bind
+                pod_m = state.pods[b.pod]
+                node_name = state.node_names[b.node]
+                cache.assume_bound(pod_m.meta.uid or "", pod_m.namespace, pod_m.name, node_name, tuple(b.devices))
+                to_confirm.append((pod_m.namespace, pod_m.name, node_name))
+            c5, t5 = time.process_time(), time.perf_counter()
+        if prof and cycle:
+            prof.disable()
+        row.update(group=t1 - t0, snapshot=t2 - t1, state=t3 - t2, engine=t4 - t3, binds=t5 - t4, total=t5 - t0,
+                   cpu_group=c1 - c0, cpu_snapshot=c2 - c1, cpu_state=c3 - c2, cpu_engine=c4 - c3,
+                   cpu_binds=c5 - c4, cpu_total=c5 - c0, n_binds=len(plan.binds), pending=len(plan.pending),
+                   solver=0.0)
+        row["status"] = plan.solver.status  # type: ignore[assignment]
+        rows.append(row)
+        if args.output == "table":
+            print(f"cycle {cycle}: total {row['total']:.3f} s (group {row['group']:.3f}, "
+                  f"snapshot {row['snapshot']:.3f}, state {row['state']:.3f}, engine {row['engine']:.3f}, "
+                  f"binds {row['binds']:.3f}); "
+                  f"{row['n_binds']} binds, {row['pending']} groups pending, {plan.solver.status}", flush=True)
+    measured = rows[1:]
+    phases = ("group", "snapshot", "state", "engine", "binds", "total")
+    summary = {p: {"p50": float(np.percentile([r[p] for r in measured], 50)),
+                   "p95": float(np.percentile([r[p] for r in measured], 95)),
+                   "cpu_p50": float(np.percentile([r["cpu_" + p] for r in measured], 50))} for p in phases}
+    out = {"nodes": args.nodes, "pods": n_pods, "change": args.change, "engine": args.engine,
+           "cycles": len(measured), "generate_s": gen_s, "first_cycle_s": rows[0]["total"], "phases": summary,
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "load": os.getloadavg()[0], "statuses": sorted({str(r["status"]) for r in measured})}
+    if args.output == "json":
+        print(json.dumps(out))
+    else:
+        print(f"{args.nodes} nodes, {n_pods} pods, {args.change:.1%} changing per cycle, engine {args.engine}, "
+              f"load {out['load']:.1f}; first cycle {rows[0]['total']:.2f} s")
+        print(f"{'phase':<10}{'p50 s':>8}{'p95 s':>8}{'cpu p50':>9}")
+        for p in phases:
+            s = summary[p]
+            print(f"{p:<10}{s['p50']:>8.3f}{s['p95']:>8.3f}{s['cpu_p50']:>9.3f}")
+        print(f"peak RSS {out['peak_rss_mb']:.0f} MB; solver {', '.join(out['statuses'])}")
+    if prof:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.profile)
+        print(buf.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
