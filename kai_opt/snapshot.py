@@ -81,6 +81,8 @@ class RawObject:
     line: int | None = None
     memo_key: tuple[str, ...] | None = None  # names this exact content (e.g. kind, uid, resourceVersion): its
     # parsed model may be reused from `from_objects(memo=...)`; None when the object was changed locally
+    parsed: list[Any] = field(default_factory=list, compare=False, repr=False)  # [model] once `from_objects(memo=
+    # ...)` parsed it: a RawObject handed again (a watch cache keeps them) is not looked up again
 
 
 @dataclass
@@ -150,6 +152,11 @@ class Snapshot:
                                            f"apiVersion {str(version)[:60]!r} is not read (kai-opt reads "
                                            f"{API_VERSIONS[raw.kind]}); skipped"))
                 continue
+            if raw.parsed and memo is not None:
+                buckets[raw.kind].append(raw.parsed[0])
+                if raw.line is not None or raw.source != source:
+                    snap.origins[id(raw.parsed[0])] = (raw.source, raw.line)
+                continue
             try:
                 key = raw.memo_key if memo is not None else None
                 parsed = memo.get(key) if key is not None and memo is not None else None
@@ -157,8 +164,11 @@ class Snapshot:
                     parsed = _parse(model, raw)
                     if key is not None and memo is not None:
                         memo[key] = parsed
+                if key is not None:
+                    raw.parsed.append(parsed)
                 buckets[raw.kind].append(parsed)
-                snap.origins[id(parsed)] = (raw.source, raw.line)
+                if raw.line is not None or raw.source != source:  # else `_where` gives the snapshot's source
+                    snap.origins[id(parsed)] = (raw.source, raw.line)
             except InputError as exc:
                 located = exc.at(source=raw.source, line=raw.line)
                 if strict:

@@ -146,7 +146,7 @@ def main() -> int:
     gc.freeze()
 
     pod_res = _res(cache_mod, "Pod")
-    group_memo = grouper.GroupMemo()
+    group_memo = grouper.GroupMemo() if hasattr(grouper, "GroupMemo") else None  # (older trees: no memo)
     pg_res = _res(cache_mod, "PodGroup")
     to_confirm: list[tuple[str, str, str]] = []
     rows: list[dict[str, float]] = []
@@ -173,7 +173,8 @@ def main() -> int:
         with gc_paused():
             c0, t0 = time.process_time(), time.perf_counter()
             pods = [p for p in cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in names]
-            grouping = grouper.group_pods(pods, cache.get, config.default_queue, group_memo)
+            grouping = (grouper.group_pods(pods, cache.get, config.default_queue, group_memo) if group_memo
+                        else grouper.group_pods(pods, cache.get, config.default_queue))
             c1, t1 = time.process_time(), time.perf_counter()
             snap = cache.snapshot(scheduler_names=names, pod_groups=dict(grouping.assignments))
             c2, t2 = time.process_time(), time.perf_counter()

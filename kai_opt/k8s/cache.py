@@ -163,6 +163,10 @@ class ClusterCache:
         # the RawObject of each stored object the last snapshot used as is, by the object's id (the RawObject holds
         # the object, so the id stays its own while the entry lives; snapshot thread only)
         self._raw: dict[int, RawObject] = {}
+        # per pod object (by id, holding it): (pod, key, uid, annotated, bound, plain, RawObject as it is), for the
+        # snapshot's pass; `plain`: nothing but an assumption, a hold or a group of this cycle can change it
+        self._pod_raw: dict[int, tuple[Any, ...]] = {}
+        self._pod_raw_for: tuple[Any, ...] = ()
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
 
@@ -627,13 +631,22 @@ class ClusterCache:
             if kind != "Pod":
                 out.extend(as_is(kind, o) for o in items)
                 continue
+            pod_before = self._pod_raw if self._pod_raw_for == (ours, reservation_app) else {}
+            pod_now: dict[int, tuple[Any, ...]] = {}
             for pod in items:
+                e = pod_before.get(id(pod))
+                if e is None:
+                    e = self._pod_entry(pod, ours, reservation_app)
+                pod_now[id(pod)] = e
+                _pod, key, uid, annotated, has_node, plain, raw = e
+                if plain and uid not in bound and uid not in releasing and (annotated or key not in groups) and (
+                        not hold or has_node or key not in hold):
+                    out.append(raw)
+                    continue
                 meta = pod.get("metadata") or {}
                 spec = pod.get("spec") or {}
                 status = pod.get("status") or {}
-                uid = meta.get("uid")
                 a = bound.get(uid)
-                key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
                 if hold and key in hold and a is None and not spec.get("nodeName"):
                     continue
                 changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
@@ -664,13 +677,27 @@ class ClusterCache:
                     pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
                     changes += ("releasing", stamp)
                 if not changes:
-                    out.append(as_is("Pod", pod))
+                    out.append(raw)
                     continue
                 memo_key = _memo_key("Pod", pod)
                 out.append(RawObject("Pod", pod, "cluster",
                                      memo_key=memo_key + changes if memo_key is not None else None))
+            self._pod_raw, self._pod_raw_for = pod_now, (ours, reservation_app)
         self._raw = raw_now
         return out
+
+    @staticmethod
+    def _pod_entry(pod: dict[str, Any], ours: set[str], reservation_app: str | None) -> tuple[Any, ...]:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        annotated = bool((meta.get("annotations") or {}).get(PODGROUP_ANNOTATION))
+        reservation = bool(reservation_app) and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app
+        nominated = (not spec.get("nodeName") and status.get("nominatedNodeName")
+                     and spec.get("schedulerName") in ours)
+        plain = not reservation and not nominated and not meta.get("deletionTimestamp")
+        return (pod, f"{meta.get('namespace') or 'default'}/{meta.get('name')}", meta.get("uid"), annotated,
+                bool(spec.get("nodeName")), plain, RawObject("Pod", pod, "cluster", memo_key=_memo_key("Pod", pod)))
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
                  pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = (),

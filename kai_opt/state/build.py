@@ -36,7 +36,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         snapshot = dataclasses.replace(snapshot, nodes=dra_nodes, pods=dra_pods)
     node_names = [n.name for n in snapshot.nodes]
     node_index = {n: i for i, n in enumerate(node_names)}
-    pods, status, resources = _kept_pods(snapshot, ours_names, node_index, warnings)
+    pods, status, resources, rows = _kept_pods(snapshot, ours_names, node_index, warnings)
     col = {r: i for i, r in enumerate(resources)}
     nodes = _node_arrays(snapshot, col)
     topologies = [_topology_index(t.name, t.levels, snapshot) for t in snapshot.topologies]
@@ -46,7 +46,7 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
     declared_keys = [g.key for g in snapshot.podgroups]
     declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
-    values = _pod_values(pods, status, ours_names, node_index, col, declared)
+    values = _pod_values(pods, rows, status, ours_names, node_index, col, declared)
     groups = _podgroups(declared_keys, pods, values, declared, topologies, queues, pc_value, global_default,
                         default_queue)
     arrays = _pod_arrays(values, status, len(pods), len(resources))
@@ -92,34 +92,40 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
 
 
 def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, int],
-               warnings: list[str]) -> tuple[list[Pod], list[int], tuple[str, ...]]:
-    """The pods that matter and their status, and the resource axis (node and pod resources), in one pass over
-    the snapshot's pods: finished pods, foreign pending pods and deleted pending pods play no part."""
+               warnings: list[str]) -> tuple[list[Pod], list[int], tuple[str, ...], list[tuple[Any, ...]]]:
+    """The pods that matter, their status and rows (`_rows`), and the resource axis (node and pod resources), in
+    one pass over the snapshot's pods: finished pods, foreign pending pods and deleted pending pods play no part."""
     names: set[str] = set()
     for node in snapshot.nodes:
         names.update(node.allocatable)
     pods: list[Pod] = []
     status: list[int] = []
-    for pod in snapshot.pods:
-        if pod.finished:
+    kept: list[tuple[Any, ...]] = []
+    bound, releasing, pipelined, gated, pending = (PodStatus.BOUND, PodStatus.RELEASING, PodStatus.PIPELINED,
+                                                   PodStatus.GATED, PodStatus.PENDING)
+    for pod, row in zip(snapshot.pods, _rows(snapshot.pods), strict=True):
+        finished, deleted, nominated, gates = row[10]
+        if finished:
             continue
-        names.update(pod.requests)
-        ours = pod.scheduler_name in ours_names
-        if pod.node_name:
-            if pod.node_name not in node_index:
-                warnings.append(f"Pod {pod.key}: bound to unknown node {pod.node_name!r}; ignored")
+        if row[2]:
+            names.update(r for r, _x in row[2])
+        node_name = row[1]
+        if node_name:
+            if node_name not in node_index:
+                warnings.append(f"Pod {pod.key}: bound to unknown node {node_name!r}; ignored")
                 continue
-            status.append(PodStatus.RELEASING if pod.meta.deletion_timestamp is not None else PodStatus.BOUND)
-        elif not ours or pod.meta.deletion_timestamp is not None:
+            status.append(releasing if deleted else bound)
+        elif deleted or row[5] not in ours_names:
             continue
-        elif pod.nominated_node and pod.nominated_node in node_index and not pod.scheduling_gates:
-            status.append(PodStatus.PIPELINED)
-        elif pod.scheduling_gates:
-            status.append(PodStatus.GATED)
+        elif nominated and nominated in node_index and not gates:
+            status.append(pipelined)
+        elif gates:
+            status.append(gated)
         else:
-            status.append(PodStatus.PENDING)
+            status.append(pending)
         pods.append(pod)
-    return pods, status, resource_axis(names)
+        kept.append(row)
+    return pods, status, resource_axis(names), kept
 
 
 @dataclass
@@ -253,86 +259,103 @@ class _PodValues:
     missing: set[str]  # keys pods name that no podgroup declares
 
 
-def _pod_values(pods: list[Pod], status: list[int], ours_names: set[str], node_index: dict[str, int],
-                col: dict[str, int], declared: dict[str, PodGroup]) -> _PodValues:
-    """Per-pod values and group membership, in one pass over the pods (the hot loop of a large snapshot)."""
+_NO_SIG: tuple[Any, ...] = ((), (), ())
+_BASE_KEYS = frozenset(BASE_RESOURCES)
+
+# the last build's per-pod rows by id(pod), with the pods they were read from (held, so no id is reused while an
+# entry exists): the in-cluster cache hands the same Pod models every cycle while a pod does not change
+_last_rows: list[tuple[list[Pod], dict[int, tuple[Any, ...]]]] = []
+
+
+def _pod_row(pod: Pod) -> tuple[Any, ...]:
+    """What a pod alone gives the state: (numbers, node name, extended requests, GPU devices, GPU group,
+    scheduler name, group key or None, implicit group key, signature key, in a subgroup, (finished, deleted,
+    nominated node, gated)))."""
+    req = pod.requests
+    get = req.get
+    gpu = whole = frac = gmem = 0
+    ndev = 1
+    v = get(GPU_RESOURCE)
+    if v is not None:
+        gpu, whole = v, v // 1000
+    if pod.gpu_fraction is not None:
+        frac = gpu_milli_from_fraction(pod.gpu_fraction)
+        ndev = pod.gpu_fraction_num_devices
+        gpu = frac * ndev
+    elif pod.gpu_memory_mib is not None:
+        gmem = pod.gpu_memory_mib
+        ndev = pod.gpu_fraction_num_devices
+    meta = pod.meta
+    numbers = (get("cpu", 0), get("memory", 0), get("pods", 0), gpu, whole, frac, gmem, ndev,
+               pod.priority if pod.priority is not None else 0,
+               meta.creation_timestamp if meta.creation_timestamp is not None else NAN,
+               pod.start_time if pod.start_time is not None else NAN)
+    extra = () if _BASE_KEYS.issuperset(req) else tuple((r, x) for r, x in req.items() if r not in _BASE_KEYS)
+    ns = meta.namespace or "default"
+    selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
+    skey = _NO_SIG if not (selector or affinity or tolerations or pod.dra_nodes is not None) else (
+        tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
+        frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
+    return (numbers, pod.node_name, extra, pod.gpu_devices, pod.gpu_group, pod.scheduler_name,
+            f"{ns}/{pod.podgroup}" if pod.podgroup else None, f"{ns}/pg-{meta.name}", skey, bool(pod.subgroup),
+            (pod.finished, meta.deletion_timestamp is not None, pod.nominated_node, bool(pod.scheduling_gates)))
+
+
+def _rows(pods: list[Pod]) -> list[tuple[Any, ...]]:
+    """Each pod's row: from the last build where the pod is the same object, else read now."""
+    memo = _last_rows[0][1] if _last_rows else {}
+    get = memo.get
+    rows = [get(id(p)) or _pod_row(p) for p in pods]
+    _last_rows[:] = [(pods, dict(zip(map(id, pods), rows, strict=True)))]
+    return rows
+
+
+def _pod_values(pods: list[Pod], rows: list[tuple[Any, ...]], status: list[int], ours_names: set[str],
+                node_index: dict[str, int], col: dict[str, int], declared: dict[str, PodGroup]) -> _PodValues:
+    """Per-pod values and group membership, column-wise from the pods' rows (`_rows`)."""
     P = len(pods)
     members: dict[str, list[int]] = {}
     implicit: set[str] = set()
     missing: set[str] = set()
-    ours_l = [False] * P
-    node_l = [-1] * P
-    cpu_l, mem_l, gpu_l, npods_l = [0] * P, [0] * P, [0] * P, [0] * P
-    extra: list[tuple[int, int, int]] = []
-    whole_l, frac_l, gmem_l, ndev_l = [0] * P, [0] * P, [0] * P, [1] * P
-    prio_l, sig_l = [0] * P, [0] * P
-    creation_l, start_l = [NAN] * P, [NAN] * P
+    cols = list(zip(*(r[0] for r in rows), strict=True)) if P else [[]] * 11
+    cpu_l, mem_l, npods_l, gpu_l, whole_l, frac_l, gmem_l, ndev_l, prio_l, creation_l, start_l = (
+        list(c) for c in cols)
+    ni = node_index.get
+    node_l = [ni(r[1], -1) if r[1] else -1 for r in rows]
+    pipelined_status = PodStatus.PIPELINED
+    for i in [i for i, st in enumerate(status) if st == pipelined_status]:
+        node_l[i] = node_index[pods[i].nominated_node]  # type: ignore[index]
+    extra = [(i, col[r], x) for i, row in enumerate(rows) if row[2] for r, x in row[2]]
+    explicit = {i: r[3] for i, r in enumerate(rows) if r[3] is not None}
+    gpu_groups = {i: r[4] for i, r in enumerate(rows) if r[4]}
+    ours_l = [r[5] in ours_names for r in rows]
+    sig_l = [0] * P
     with_subgroup: list[int] = []
     sig_ids: dict[tuple[Any, ...], int] = {}
     sigs: list[SchedulingSig] = []
-    explicit: dict[int, tuple[int, ...]] = {}
-    gpu_groups: dict[int, str] = {}
-    pipelined_status = PodStatus.PIPELINED
-    base_keys = frozenset(BASE_RESOURCES)
-    no_sig = ((), (), ())
-    for i, pod in enumerate(pods):
-        if pod.node_name:
-            node_l[i] = node_index[pod.node_name]
-        elif status[i] == pipelined_status:
-            node_l[i] = node_index[pod.nominated_node]  # type: ignore[index]
-        req = pod.requests
-        get = req.get
-        cpu_l[i] = get("cpu", 0)
-        mem_l[i] = get("memory", 0)
-        npods_l[i] = get("pods", 0)
-        v = get(GPU_RESOURCE)
-        if v is not None:
-            gpu_l[i] = v
-            whole_l[i] = v // 1000
-        if not base_keys.issuperset(req):
-            extra.extend((i, col[r], x) for r, x in req.items() if r not in base_keys)
-        if pod.gpu_fraction is not None:
-            frac_l[i] = f = gpu_milli_from_fraction(pod.gpu_fraction)
-            ndev_l[i] = pod.gpu_fraction_num_devices
-            gpu_l[i] = f * pod.gpu_fraction_num_devices
-        elif pod.gpu_memory_mib is not None:
-            gmem_l[i] = pod.gpu_memory_mib
-            ndev_l[i] = pod.gpu_fraction_num_devices
-        if pod.gpu_devices is not None:
-            explicit[i] = pod.gpu_devices
-        if pod.gpu_group:
-            gpu_groups[i] = pod.gpu_group
-        if pod.priority is not None:
-            prio_l[i] = pod.priority
-        meta = pod.meta
-        if meta.creation_timestamp is not None:
-            creation_l[i] = meta.creation_timestamp
-        if pod.start_time is not None:
-            start_l[i] = pod.start_time
-        if pod.scheduler_name not in ours_names:
-            continue
-        ours_l[i] = True
-        ns = meta.namespace or "default"
-        if pod.podgroup:
-            key = f"{ns}/{pod.podgroup}"
+    for i in [i for i, o in enumerate(ours_l) if o]:
+        r = rows[i]
+        key = r[6]
+        if key is not None:
             if key not in declared:
                 missing.add(key)
         else:
-            key = f"{ns}/pg-{meta.name}"
+            key = r[7]
             while key in declared:
                 key += "-implicit"
             implicit.add(key)
-        members.setdefault(key, []).append(i)
-        selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
-        skey = no_sig if not (selector or affinity or tolerations or pod.dra_nodes is not None) else (
-            tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
-            frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
+        m = members.get(key)
+        if m is None:
+            members[key] = [i]
+        else:
+            m.append(i)
+        skey = r[8]
         s = sig_ids.get(skey)
         if s is None:
             s = sig_ids[skey] = len(sigs)
             sigs.append(SchedulingSig(*skey))
         sig_l[i] = s
-        if pod.subgroup:
+        if r[9]:
             with_subgroup.append(i)
     if not sigs:
         sigs.append(SchedulingSig((), (), ()))

@@ -1,0 +1,120 @@
+"""The state build reuses what it read from unchanged objects (the grouper's and the state's per-object memos): over
+cycles of watch changes, every state equals the one a build without any memo gives."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kai_opt.k8s import cache as cache_mod
+from kai_opt.k8s.cache import ClusterCache
+from kai_opt.state import ClusterState, build_state
+from kai_opt.state import build as build_mod
+from models.generators import families
+
+NAMES = ("kai-opt",)
+
+
+def _load(objects: list[Any]) -> ClusterCache:
+    c = ClusterCache(api=None, kinds=cache_mod.SCHEDULING_KINDS)  # type: ignore[arg-type]
+    for i, o in enumerate(objects):
+        store = next((s for (_av, kind), s in c._stores.items() if kind == o.kind), None)
+        if store is None:
+            continue
+        obj = copy.deepcopy(o.obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{i}")
+        meta.setdefault("resourceVersion", "1")
+        c._apply(store.res, "ADDED", cache_mod.clean(obj, store.res))
+    return c
+
+
+def _eq(x: Any, y: Any, where: str) -> None:
+    if isinstance(x, np.ndarray):
+        assert isinstance(y, np.ndarray) and x.shape == y.shape and x.dtype == y.dtype, where
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), where
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        assert type(x) is type(y), where
+        for f in dataclasses.fields(x):
+            _eq(getattr(x, f.name), getattr(y, f.name), f"{where}.{f.name}")
+    elif isinstance(x, (list, tuple)):
+        assert isinstance(y, (list, tuple)) and len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            _eq(u, v, f"{where}[{i}]")
+    else:
+        assert x == y, where
+
+
+def _same(a: ClusterState, b: ClusterState) -> None:
+    for f in dataclasses.fields(ClusterState):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "pods":
+            assert [p.key for p in x] == [p.key for p in y]
+        elif f.name != "dra":
+            _eq(x, y, f.name)
+
+
+def _bump(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    meta = {**obj["metadata"], "resourceVersion": str(int(obj["metadata"]["resourceVersion"]) + 1)}
+    out = {**obj, "metadata": meta}
+    for path, value in changes.items():
+        part, _, key = path.partition("__")
+        if key:
+            out[part] = {**(out.get(part) or {}), key: value}
+        else:
+            out[part] = value
+    return out
+
+
+def _mutate(c: ClusterCache, rng: np.random.Generator, step: int) -> None:
+    pods = next(s for (_av, kind), s in c._stores.items() if kind == "Pod")
+    nodes = next(s for (_av, kind), s in c._stores.items() if kind == "Node")
+    keys = sorted(pods.items)
+    node_names = sorted(n["metadata"]["name"] for n in nodes.items.values())
+    for k in rng.choice(keys, size=min(6, len(keys)), replace=False).tolist():
+        pod = pods.items[k]
+        what = int(rng.integers(6))
+        spec = pod.get("spec") or {}
+        if what == 0:
+            c._apply(pods.res, "DELETED", pod)
+        elif what == 1:  # a copy arrives pending
+            new = copy.deepcopy(pod)
+            new["metadata"].update(name=f"{new['metadata']['name']}-c{step}", uid=f"{k}-c{step}",
+                                   resourceVersion="1")
+            new["spec"].pop("nodeName", None)
+            new["status"] = {"phase": "Pending"}
+            c._apply(pods.res, "ADDED", new)
+        elif what == 2 and not spec.get("nodeName"):  # bound somewhere
+            c._apply(pods.res, "MODIFIED", _bump(pod, spec__nodeName=str(rng.choice(node_names)),
+                                                 status={"phase": "Running"}))
+        elif what == 3:
+            c._apply(pods.res, "MODIFIED", _bump(pod, status__phase="Succeeded"))
+        elif what == 4:
+            meta = {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}
+            c._apply(pods.res, "MODIFIED", _bump({**pod, "metadata": meta}))
+        else:
+            c._apply(pods.res, "MODIFIED", _bump(pod, spec__priorityClassName="build-preemptible"
+                                                 if spec.get("priorityClassName") != "build-preemptible"
+                                                 else "train"))
+    if step % 3 == 2:  # a node changes
+        node = nodes.items[sorted(nodes.items)[int(rng.integers(len(nodes.items)))]]
+        status = {**node["status"], "allocatable": {**node["status"]["allocatable"], "cpu": str(int(rng.integers(
+            16, 64)))}}
+        c._apply(nodes.res, "MODIFIED", _bump(node, status=status))
+
+
+@pytest.mark.parametrize("family,seed", [("fractions", 0), ("topology", 1), ("gangs", 2), ("contention", 3)])
+def test_states_built_with_the_memos_equal_fresh_builds_over_changing_cycles(family: str, seed: int) -> None:
+    c = _load(getattr(families, family)(40, seed))
+    rng = np.random.default_rng(seed)
+    for step in range(8):
+        snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+        with_memo = build_state(snap, now=snap.now)
+        build_mod._last_rows.clear()
+        build_mod._last_nodes.clear()
+        _same(with_memo, build_state(snap, now=snap.now))
+        _mutate(c, rng, step)
