@@ -317,7 +317,7 @@ def _pod_values(pods: list[Pod], rows: list[tuple[Any, ...]], status: list[int],
     members: dict[str, list[int]] = {}
     implicit: set[str] = set()
     missing: set[str] = set()
-    cols = list(zip(*(r[0] for r in rows), strict=True)) if P else [[]] * 11
+    cols: list[tuple[Any, ...]] = list(zip(*(r[0] for r in rows), strict=True)) if P else [()] * 11
     cpu_l, mem_l, npods_l, gpu_l, whole_l, frac_l, gmem_l, ndev_l, prio_l, creation_l, start_l = (
         list(c) for c in cols)
     ni = node_index.get
