@@ -39,7 +39,9 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     pods, status, resources, rows = _kept_pods(snapshot, ours_names, node_index, warnings)
     col = {r: i for i, r in enumerate(resources)}
     nodes = _node_arrays(snapshot, col)
-    topologies = [_topology_index(t.name, t.levels, snapshot) for t in snapshot.topologies]
+    views = nodes.views
+    topologies = [_view(views, ("topology", t.name, t.levels), lambda t=t: _topology_index(t.name, t.levels, snapshot))
+                  for t in snapshot.topologies]
     queues = _queue_arrays(snapshot)
     pc_value = dict(DEFAULT_PRIORITY_CLASSES)
     pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
@@ -53,15 +55,15 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     pod_pg, pod_sg = _pod_groups(pods, values, groups, warnings)
     pg_pod_start, pg_pods = _membership_csr(pod_pg, arrays.creation, arrays.prio, len(groups.keys))
     usage = _node_usage(pods, nodes, arrays, node_names, values, warnings)
-    node_class = _node_classes(snapshot, values.sigs, topologies)  # nodes that every pod signature treats alike
+    node_class = _node_classes(snapshot, values.sigs, views)  # nodes that every pod signature treats alike
     return ClusterState(
         now=now, resources=resources,
         node_names=node_names, node_alloc=nodes.alloc, node_used=usage.node_used, node_releasing=usage.node_rel,
         node_pipelined=usage.node_pipe,
         node_ok=nodes.ok, node_capacity_total=nodes.capacity_total,
         node_gpu_mem_mib=nodes.gpu_mem, node_gpu_mem_known=nodes.gpu_mem_known,
-        node_labels=[n.labels for n in snapshot.nodes],
-        node_taints=[n.taints for n in snapshot.nodes], node_class=node_class,
+        node_labels=list(_view(views, "labels", lambda: [n.labels for n in snapshot.nodes])),
+        node_taints=list(_view(views, "taints", lambda: [n.taints for n in snapshot.nodes])), node_class=node_class,
         dev_start=nodes.dev_start, dev_used=usage.dev_used, dev_releasing=usage.dev_rel,
         dev_pipelined=usage.dev_pipe,
         pods=pods, pod_status=arrays.status, pod_ours=arrays.ours, pod_node=arrays.node, pod_req=arrays.req,
@@ -137,6 +139,8 @@ class _Nodes:
     gpus: np.ndarray  # int64[N] whole devices
     dev_start: np.ndarray  # int64[N+1]
     capacity_total: np.ndarray  # float64[3] queue units: every node's status.capacity (allocatable without one)
+    views: dict[Any, Any] = field(default_factory=dict)  # what else is read from these nodes alone (labels,
+    # taints, topology indexes, classes), made when first asked for and shared read-only like the arrays
 
 
 # the last build's node arrays and what they were read from: the in-cluster cache hands the same Node models every
@@ -154,7 +158,8 @@ def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
         return last[2]
     out = _read_node_arrays(snapshot, col)
     for f in dataclasses.fields(out):
-        getattr(out, f.name).setflags(write=False)
+        if f.name != "views":
+            getattr(out, f.name).setflags(write=False)
     _last_nodes[:] = [(nodes, key, out)]
     return out
 
@@ -674,7 +679,18 @@ def _topology_index(name: str, levels: tuple[str, ...], snapshot: Snapshot) -> T
     return TopologyIndex(name=name, levels=levels, domain=domain, domain_names=domain_names)
 
 
-def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], topologies: list[TopologyIndex]) -> np.ndarray:
+def _view(views: dict[Any, Any], key: Any, make: Any) -> Any:
+    """`views[key]`, made by `make()` the first time (numpy arrays in it read-only: every state shares it)."""
+    v = views.get(key)
+    if v is None:
+        v = views[key] = make()
+        for a in (v.domain if isinstance(v, TopologyIndex) else [v] if isinstance(v, np.ndarray) else []):
+            a.setflags(write=False)
+    return v
+
+
+def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], views: dict[Any, Any]) -> np.ndarray:
+    """Nodes alike in every label the signatures read, their taints and (when a signature names nodes) name."""
     keys: set[str] = set()
     by_name = False
     for s in sigs:
@@ -684,6 +700,10 @@ def _node_classes(snapshot: Snapshot, sigs: list[SchedulingSig], topologies: lis
             keys.update(r.key for r in term.match_expressions)
             by_name = by_name or bool(term.match_fields)
     key_list = sorted(keys)
+    return _view(views, ("classes", tuple(key_list), by_name), lambda: _classes_of(snapshot, key_list, by_name))
+
+
+def _classes_of(snapshot: Snapshot, key_list: list[str], by_name: bool) -> np.ndarray:
     ids: dict[tuple[Any, ...], int] = {}
     out = np.zeros(len(snapshot.nodes), dtype=np.int32)
     for i, node in enumerate(snapshot.nodes):
