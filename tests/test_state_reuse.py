@@ -100,6 +100,17 @@ def _mutate(c: ClusterCache, rng: np.random.Generator, step: int) -> None:
             c._apply(pods.res, "MODIFIED", _bump(pod, spec__priorityClassName="build-preemptible"
                                                  if spec.get("priorityClassName") != "build-preemptible"
                                                  else "train"))
+    groups = next(s for (_av, kind), s in c._stores.items() if kind == "PodGroup")
+    for k in rng.choice(sorted(groups.items), size=min(3, len(groups.items)), replace=False).tolist():
+        pg = groups.items[k]
+        what = int(rng.integers(3))
+        if what == 0:
+            c._apply(groups.res, "DELETED", pg)
+        elif what == 1:
+            c._apply(groups.res, "MODIFIED", _bump(pg, spec__minMember=int(rng.integers(1, 4))))
+        else:
+            c._apply(groups.res, "MODIFIED", _bump(pg, spec__priorityClassName=str(rng.choice(
+                ["train", "inference", "build-preemptible", "no-such-class"]))))
     if step % 3 == 2:  # a node changes
         node = nodes.items[sorted(nodes.items)[int(rng.integers(len(nodes.items)))]]
         status = {**node["status"], "allocatable": {**node["status"]["allocatable"], "cpu": str(int(rng.integers(
@@ -116,5 +127,6 @@ def test_states_built_with_the_memos_equal_fresh_builds_over_changing_cycles(fam
         with_memo = build_state(snap, now=snap.now)
         build_mod._last_rows.clear()
         build_mod._last_nodes.clear()
+        build_mod._last_groups.clear()
         _same(with_memo, build_state(snap, now=snap.now))
         _mutate(c, rng, step)

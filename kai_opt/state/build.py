@@ -306,6 +306,11 @@ def _pod_row(pod: Pod) -> tuple[Any, ...]:
             (pod.finished, meta.deletion_timestamp is not None, pod.nominated_node, bool(pod.scheduling_gates)))
 
 
+# the last build's rows of declared podgroups whose values come from the PodGroup alone (by id, the PodGroups held),
+# valid while the priority classes are the same
+_last_groups: list[tuple[list[PodGroup], dict[int, tuple[Any, ...]], tuple[dict[str, int], int]]] = []
+
+
 def _rows(pods: list[Pod]) -> list[tuple[Any, ...]]:
     """Each pod's row: from the last build where the pod is the same object, else read now."""
     memo = _last_rows[0][1] if _last_rows else {}
@@ -469,11 +474,19 @@ def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, de
     out = _Groups(keys, {k: i for i, k in enumerate(keys)}, topologies,
                   {t.name: i for i, t in enumerate(topologies)})
     no_members: list[int] = []
+    last = _last_groups[0] if _last_groups and _last_groups[0][2] == (pc_value, global_default) else None
+    memo = last[1] if last is not None else {}
+    rows: dict[int, tuple[Any, ...]] = {}
+    mm, pr, pe, cr, ls, st = out.min_member, out.prio, out.preempt, out.creation, out.last_start, out.stale
     for g, key in enumerate(keys):
         idx = members.get(key, no_members)
         spec = declared.get(key)
         queue_name: str | None = None
-        if spec is not None:
+        if spec is not None and (row := memo.get(id(spec))) is not None:
+            mm[g], pr[g], pe[g], cr[g], ls[g], st[g] = row
+            rows[id(spec)] = row
+            queue_name = spec.queue
+        elif spec is not None:
             out.min_member[g] = spec.min_member
             queue_name = spec.queue
             pc = spec.priority_class_name
@@ -490,6 +503,8 @@ def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, de
                                                                        "topologyConstraint")
             if spec.sub_groups:  # (usually none)
                 out.add_subgroups(g, spec)
+            elif spec.topology_constraint is None and pc and pc in pc_value:  # a row of the spec alone
+                rows[id(spec)] = (mm[g], pr[g], pe[g], cr[g], ls[g], st[g])
         else:
             mem = [pods[i] for i in idx]
             out.min_member[g] = 1 if key in implicit else max(1, len(mem))
@@ -508,6 +523,7 @@ def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, de
         elif not queues.leaf[q]:
             out.set_problem(g, "QueueIsNotLeaf", f"queue {queue_name!r} has child queues; only leaf queues hold work")
     out.implicit_arr = np.array(out.implicit, dtype=bool)
+    _last_groups[:] = [(list(declared.values()), rows, (dict(pc_value), global_default))]
     return out
 
 
