@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from pydantic import ValidationError
@@ -133,7 +134,13 @@ class Snapshot:
             snap.scheduler_names = tuple(scheduler_names)
         buckets: dict[str, list[Any]] = {k: [] for k in KINDS}
         skipped: list[tuple[RawObject, str]] = []
+        reuse = memo is not None
         for raw in objects:
+            if reuse and raw.parsed:  # parsed from this very RawObject before: it was read and checked then
+                buckets[raw.kind].append(raw.parsed[0])
+                if raw.line is not None or raw.source != source:
+                    snap.origins[id(raw.parsed[0])] = (raw.source, raw.line)
+                continue
             model = KINDS.get(raw.kind)
             if model is None:
                 snap.ignored_kinds[raw.kind] = snap.ignored_kinds.get(raw.kind, 0) + 1
@@ -151,11 +158,6 @@ class Snapshot:
                 snap.warnings.append(Issue(raw.kind, _name_of(raw.obj), "UnsupportedAPIVersion",
                                            f"apiVersion {str(version)[:60]!r} is not read (kai-opt reads "
                                            f"{API_VERSIONS[raw.kind]}); skipped"))
-                continue
-            if raw.parsed and memo is not None:
-                buckets[raw.kind].append(raw.parsed[0])
-                if raw.line is not None or raw.source != source:
-                    snap.origins[id(raw.parsed[0])] = (raw.source, raw.line)
                 continue
             try:
                 key = raw.memo_key if memo is not None else None
@@ -198,17 +200,20 @@ class Snapshot:
     def validate(self, *, strict: bool = True) -> None:
         """Duplicates and the queue tree are errors (strict) or rejections; dangling workload links are warnings."""
         for kind, items, keyf in (
-            ("Node", self.nodes, lambda o: o.name),
-            ("Pod", self.pods, lambda o: o.key),
-            ("PodGroup", self.podgroups, lambda o: o.key),
-            ("Queue", self.queues, lambda o: o.name),
-            ("PriorityClass", self.priority_classes, lambda o: o.name),
-            ("Topology", self.topologies, lambda o: o.name),
-            ("DeviceClass", self.device_classes, lambda o: o.name),
-            ("ResourceSlice", self.resource_slices, lambda o: o.name),
-            ("ResourceClaim", self.resource_claims, lambda o: o.key),
-            ("ResourceClaimTemplate", self.claim_templates, lambda o: o.key),
+            ("Node", self.nodes, attrgetter("name")),
+            ("Pod", self.pods, attrgetter("key")),
+            ("PodGroup", self.podgroups, attrgetter("key")),
+            ("Queue", self.queues, attrgetter("name")),
+            ("PriorityClass", self.priority_classes, attrgetter("name")),
+            ("Topology", self.topologies, attrgetter("name")),
+            ("DeviceClass", self.device_classes, attrgetter("name")),
+            ("ResourceSlice", self.resource_slices, attrgetter("name")),
+            ("ResourceClaim", self.resource_claims, attrgetter("key")),
+            ("ResourceClaimTemplate", self.claim_templates, attrgetter("key")),
         ):
+            keys = list(map(keyf, items))
+            if len(set(keys)) == len(keys):  # (the common case: no duplicates)
+                continue
             seen: set[str] = set()
             keep: list[Any] = []  # of this kind
             for o in items:
@@ -230,13 +235,12 @@ class Snapshot:
             if g.queue is not None and g.queue not in queues:
                 self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
                                            f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
-        for p in self.pods:
-            dangling = p.group_key is not None and p.group_key not in groups
-            if dangling and self.is_ours(p) and p.node_name is None and not p.finished:
+        for p in [p for p in self.pods if p.group_key is not None and p.group_key not in groups]:
+            if self.is_ours(p) and p.node_name is None and not p.finished:
                 self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
                                            f"podgroup {p.podgroup!r} does not exist; the pod is not scheduled"))
         topologies = {t.name: t for t in self.topologies}
-        for g in self.podgroups:
+        for g in [g for g in self.podgroups if g.topology_constraint is not None or g.sub_groups]:
             for tc, where in [(g.topology_constraint, "spec.topologyConstraint")] + [
                     (s.topology_constraint, f"subgroup {s.name}") for s in g.sub_groups]:
                 if tc is None:
