@@ -69,6 +69,25 @@ def test_work_pool_runs_a_key_once_unless_replacing() -> None:
     assert not pool.submit("b", lambda: None)
 
 
+def test_a_drain_runs_queued_jobs_within_its_time_then_drops_the_rest() -> None:
+    """Shutdown drains the status pools this way: with the apiserver gone every write fails slowly, and the process
+    must still end (it used to keep retrying queued writes for minutes)."""
+    pool = WorkPool("t", 1)
+    ran: list[int] = []
+    for i in range(3):
+        assert pool.submit(f"k{i}", lambda i=i: ran.append(i))
+    assert pool.drain(5) == 0 and ran == [0, 1, 2], "quick jobs all run"
+    slow = WorkPool("s", 1)
+    gate = threading.Event()
+    for i in range(20):
+        slow.submit(f"k{i}", lambda: gate.wait(0.2))
+    t = time.monotonic()
+    dropped = slow.drain(0.3)
+    assert time.monotonic() - t < 2 and 10 <= dropped < 20, "bounded: what did not run in time is dropped"
+    assert slow.wait_idle(2)
+    assert not slow.submit("late", lambda: None)
+
+
 def test_classify_separates_transient_from_permanent_errors() -> None:
     assert classify(ApiException(status=503)).transient
     assert classify(ApiException(status=429)).transient

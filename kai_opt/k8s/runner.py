@@ -265,10 +265,10 @@ class Runner:
             self.scale.stop()
         self.binder.wait_idle(2.0)
         self.evictor.wait_idle(2.0)
-        self.status_compute.stop(drop_queued=False)
-        self.status_compute.wait_idle(2.0)
-        self.status_pool.stop(drop_queued=False)
-        self.status_pool.wait_idle(2.0)
+        for pool in (self.status_compute, self.status_pool):  # status can wait for the next leader
+            dropped = pool.drain(2.0)
+            if dropped:
+                log.warning("shutdown: %d queued %s jobs dropped (not done within 2s)", dropped, pool.name)
         if self.elector is not None and not self.lost_leadership:
             self.elector.release()
             self.metrics.leader(False)

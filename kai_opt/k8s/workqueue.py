@@ -107,14 +107,27 @@ class WorkPool:
                 self._cond.wait(left if left is not None else 1.0)
             return True
 
-    def stop(self, *, drop_queued: bool = True) -> None:
-        """No new jobs; queued ones are dropped (or still run) and running ones finish."""
+    def stop(self, *, drop_queued: bool = True) -> int:
+        """No new jobs; queued ones are dropped (or still run) and running ones finish. Returns how many queued
+        jobs were dropped."""
         with self._cond:
             self._stopped = True
+            dropped = 0
             if drop_queued:
+                dropped = len(self._queue) + len(self._later)
                 self._queue.clear()
                 self._later.clear()
             self._cond.notify_all()
+            return dropped
+
+    def drain(self, timeout: float) -> int:
+        """Stop taking jobs, let the queued ones run for up to `timeout` seconds, then drop what is left (a
+        shutdown must end even when every job fails slowly, e.g. with the apiserver gone). Returns how many were
+        dropped."""
+        self.stop(drop_queued=False)
+        if self.wait_idle(timeout):
+            return 0
+        return self.stop(drop_queued=True)
 
     def _ensure_threads(self) -> None:
         self._threads = [t for t in self._threads if t.is_alive()]
