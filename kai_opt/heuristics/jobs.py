@@ -18,13 +18,8 @@ from kai_opt.heuristics.tasks import elastic_state, tasks_to_allocate
 
 
 class JobQueue:
-    def __init__(self, sess: Session, jobs: list[int], requests: dict[int, np.ndarray] | None = None,
-                 keys: dict[int, tuple[Any, ...]] | None = None) -> None:
-        """`requests`: jobs' requests known already (victims a scenario evicted, which its simulation allocates
-        again, have no pending tasks), by group; `keys`: jobs' job_key known already (unchanged since)."""
+    def __init__(self, sess: Session, jobs: list[int]) -> None:
         self.sess = sess
-        self._fixed = requests or {}
-        self._known_keys = keys or {}
         st = sess.state
         self.order = QueueOrder(sess.fs, sess.ledger, st.q_names, st.q_creation, st.q_priority)
         self.leaf: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
@@ -51,8 +46,7 @@ class JobQueue:
 
     def push(self, g: int) -> None:
         q = int(self.sess.state.pg_queue[g])
-        key = self._known_keys.get(g)
-        bisect.insort(self.leaf.setdefault(q, []), (key if key is not None else self.job_key(g), g))
+        bisect.insort(self.leaf.setdefault(q, []), (self.job_key(g), g))
         self._request.pop(g, None)
         for a in self.sess.ledger.ancestors[q]:
             self.count[a] += 1
@@ -60,8 +54,6 @@ class JobQueue:
 
     def request(self, g: int) -> np.ndarray:
         r = self._request.get(g)
-        if r is None and g in self._fixed:
-            r = self._request[g] = self._fixed[g]
         if r is None:
             tasks = tasks_to_allocate(self.sess, g)
             r = self.sess.queue_request(tasks).sum(axis=0) if tasks else np.zeros(3)

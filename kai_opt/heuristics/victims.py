@@ -450,10 +450,6 @@ class ScenarioFilter:
     victim chunk taken, then, once the beneficiary is placed and unneeded victims kept, precheck, replace_victims
     and validate."""
 
-    # victim jobs that the allocation order pops before the beneficiary are allocated again first (KAI's scenario
-    # simulation; see _victims_ahead)
-    allocation_order = False
-
     def worth_trying(self, chunk: list[int]) -> bool:
         """Sees every chunk taken: whether the victims so far could pass validation at all (a necessary condition
         that spares hopeless attempts)."""
@@ -502,7 +498,6 @@ def solve_with_victims(
     if not fits.ok_without(candidates):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
     scenarios = 0
-    alloc_order: _AllocationOrder | None = None  # read at the first scenario (rules.allocation_order)
     # the queues whose allocation _queue_capacity reads (the beneficiary's ancestors with a limit)
     limited = {a for a in sess.ledger.ancestors[int(st.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     cp0 = sess.checkpoint()
@@ -546,14 +541,10 @@ def solve_with_victims(
             break
         scenarios += 1
         cp = sess.checkpoint()
-        if rules.allocation_order and alloc_order is None:
-            alloc_order = _AllocationOrder(sess, g)
-        ahead = _victims_ahead(sess, g, accumulated, alloc_order) if alloc_order is not None else set()
         attempt = gang.place(g, tasks, allow_pipeline=True)
         if not attempt.ok:
             sess.rollback(cp)
             continue
-        scenario = [c for i, c in enumerate(accumulated) if i not in ahead] if ahead else accumulated
         def give_up(maybe: list[int]) -> bool:
             nonlocal last_why
             why = rules.precheck(sess, ledger_before, maybe)
@@ -561,15 +552,15 @@ def solve_with_victims(
                 last_why = why
             return why is not None
 
-        victims = _keep_unneeded(sess, scenario, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
-                                 limited, give_up) if scenario else []
+        victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
+                                 limited, give_up)
         # None: even the victims that might stay evicted failed precheck; else precheck the ones that do
         if victims is None or give_up(victims):
             sess.rollback(cp)
             continue
         # consolidating: victims that fit elsewhere move instead of just going
         still = set(victims)
-        moved = set(rules.replace_victims(sess, [[p for p in c if p in still] for c in scenario
+        moved = set(rules.replace_victims(sess, [[p for p in c if p in still] for c in accumulated
                                                  if any(p in still for p in c)]))
         victims = [p for p in victims if p not in moved]
         why = _queue_capacity(sess, g, tasks)
@@ -586,68 +577,6 @@ def solve_with_victims(
     if not accumulated:
         return Outcome(False, [], "no eligible victims")
     return Outcome(False, [], last_why)
-
-
-class _AllocationOrder:
-    """The pending jobs of a victim search's session with their job keys and requests, read once per search (a
-    search changes only its victims' pods, which are bound, and places the beneficiary only after the order is
-    read)."""
-
-    def __init__(self, sess: Session, g: int) -> None:
-        from kai_opt.heuristics.jobs import JobQueue
-
-        st = sess.state
-        pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
-        self.pending = [int(x) for x in np.unique(st.pod_pg[pods]).tolist() if st.pg_problem[x] is None]
-        if g not in self.pending:
-            self.pending.append(g)
-        probe = JobQueue(sess, [])
-        self.keys = {x: probe.job_key(x) for x in self.pending}
-        self.requests = {x: probe.request(x) for x in self.pending}
-
-
-def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], order: _AllocationOrder) -> set[int]:
-    """KAI's scenario simulation (TryToVirtuallyAllocatePreemptorAndGetVictims): every pending job, the evicted
-    victims' jobs and the preemptor are popped in allocation order; a victim job popped before the preemptor is
-    allocated again first (on its own node: nothing else took its room yet), pending jobs that are neither are
-    skipped. Puts those victims back; returns the indices of their chunks in `accumulated`."""
-    from kai_opt.heuristics.jobs import JobQueue
-
-    st = sess.state
-    chunks: dict[int, list[int]] = {}
-    for i, c in enumerate(accumulated):
-        chunks.setdefault(int(st.pod_pg[c[0]]), []).append(i)
-    requests = dict(order.requests)
-    for v, idx in chunks.items():
-        requests[v] = sess.queue_request([p for i in idx for p in accumulated[i]]).sum(axis=0)
-    keys = {x: k for x, k in order.keys.items() if x not in chunks}
-    # a skipped job changes no allocation: it matters only while it heads a queue whose key decides between a
-    # victim's queue and the preemptor's, i.e. a queue on either path below the two paths' common ancestor
-    ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
-    gq = int(st.pg_queue[g])
-    g_path = ancestors[gq]
-    deciding: set[int] = set()
-    for v in chunks:
-        v_path = ancestors[int(st.pg_queue[v])]
-        common = set(v_path) & set(g_path)
-        deciding.update(a for a in v_path if a not in common)
-        deciding.update(a for a in g_path if a not in common)
-    pending = [x for x in order.pending if x not in chunks and (
-        x == g or any(a in deciding for a in ancestors[int(st.pg_queue[x])]))]
-    jq = JobQueue(sess, [*pending, *(v for v in chunks if v != g)], requests, keys)
-    ahead: set[int] = set()
-    left = len(chunks)
-    while left:
-        h = jq.pop()
-        if h is None or h == g:
-            break
-        mine = chunks.get(h)
-        if mine is None:
-            continue  # a pending job that is neither victim nor preemptor
-        sess.unevict_many([p for i in mine for p in accumulated[i]])
-        ahead.update(mine)
-        left -= 1
-    return ahead
 
 
 def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,
