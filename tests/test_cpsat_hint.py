@@ -18,6 +18,7 @@ from kai_opt.fairshare import compute_fair_share
 from kai_opt.formulation.hint import add_greedy_hint, hint_violations
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.solve import model_scope
+from kai_opt.snapshot import RawObject
 from kai_opt.state import ClusterState, build_state
 
 CONFIG = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 5, "seed": 0}})
@@ -98,3 +99,34 @@ def test_reclaim_row_leaves_out_later_turns_of_groups_outside_the_model() -> Non
     assert [state.pg_keys[g] for g in scope.excluded] == ["default/p"]
     assert [state.pg_keys[g.group] for g in scope.groups] == ["default/r"]
     assert_hint_feasible(state, config)
+
+
+def _gang_grown_then_reclaimed() -> ClusterState:
+    """Hypothesis's shrunk failure (seed 7, 1,500 examples): j0 (min 1) runs j0-0 (0.25 GPU) on the one GPU node and
+    allocate places its two pending 0.25 pods there; j2 (q2, 0.5 GPU) then reclaims. j0-0 is j0's core (its bound
+    pods up to the minimum): it is no victim while j0 has pods placed this cycle, or the plan would evict a running
+    pod of the job it grows (the model forbids a placed group's core going)."""
+    from builders import node, pod, podgroup, queue
+
+    topo = RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})
+    rack = {"topologyConstraint": {"topology": "t", "requiredTopologyLevel": "rack"}}
+    objs = [node("n0", gpus=0, cpu="8", memory="32Gi", labels={"rack": "rack0"}),
+            node("n1", gpus=1, cpu="8", memory="32Gi", labels={"rack": "rack0"}), topo,
+            queue("dept", gpu=(-1, 1, -1)), queue("q0", "dept", gpu=(0, 0, -1)),
+            queue("q1", "dept", gpu=(0, 0, -1), created_min=1),
+            queue("q2", "dept", gpu=(0, 0, -1), priority=50, created_min=2),
+            podgroup("j0", "q0"), pod("j0-0", "j0", gpus=0.25, node_name="n1", started_min_ago=1),
+            pod("j0-1", "j0", gpus=0.25), pod("j0-2", "j0", gpus=0.25),
+            podgroup("j1", "q0", created_min=1, **rack), pod("j1-0", "j1"),
+            podgroup("j2", "q2", created_min=2, **rack), pod("j2-0", "j2", gpus=0.5)]
+    return build_state(snapshot(objs))
+
+
+def test_a_group_placed_this_cycle_keeps_its_core() -> None:
+    state = _gang_grown_then_reclaimed()
+    fs = compute_fair_share(state)
+    greedy = greedy_plan(state, fs, CONFIG)
+    placed = {state.pods[p.pod].name for p in greedy.placements}
+    evicted = {state.pods[e.pod].name for e in greedy.evictions}
+    assert {"j0-1", "j0-2"} <= placed and "j0-0" not in evicted, (placed, evicted)
+    assert_hint_feasible(state)

@@ -184,8 +184,10 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
     compared level by level from the top of the tree; inside a queue, jobs above their minimum first (they give
-    up one pod, the last in task order, and go back in line), then lower priority, then newer. A job at its
-    minimum gives up all its pods. Lazy: the caller stops taking chunks once the beneficiary fits."""
+    up one pod, the last in task order, and go back in line), then lower priority, then newer. A job's bound pods
+    up to its minimum are its core, which goes whole, and only while the job has no pods placed, pipelined or moved
+    in this cycle (the model's rule: a group placed this cycle keeps its core; evicting it would stop running pods
+    of the job the cycle grows). Lazy: the caller stops taking chunks once the beneficiary fits."""
     st = sess.state
     status = sess.status[st.pg_pods]
     bound_c = np.concatenate([[0], np.cumsum(status == PodStatus.BOUND)])
@@ -194,8 +196,9 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     remaining: dict[int, list[int]] = {}  # the group's bound pods in task order, made when first needed
     gs = np.asarray(groups, dtype=np.int64)
     left_all = bound_c[start[1:]] - bound_c[start[:-1]]
-    # pods this cycle already placed (or pipelined) for a group count towards its gang but cannot be victims; so do
-    # its pods moved (re-placed) by consolidating victims, which keep their releasing status where they were
+    # pods this cycle already placed (or pipelined) for a group count towards its gang (the victim order) but cannot
+    # be victims, and keep its core; so do its pods moved (re-placed) by consolidating victims, which keep their
+    # releasing status where they were
     newly_all = active_c[start[1:]] - active_c[start[:-1]] - left_all
     if sess.moves:
         moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
@@ -233,14 +236,14 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
             return
         q = int(st.pg_queue[g])
         pods = bound_pods(g)
-        if len(pods) + int(newly[g]) > int(min_member[g]):
-            chunk = [pods.pop()]
+        if len(pods) > int(min_member[g]):
+            chunk = [pods.pop()]  # a bound pod above the minimum
         elif newly[g] == 0:
             chunk = list(pods)
             pods.clear()
         else:
             tree.refresh(q)
-            continue  # its gang now relies on pods placed this cycle: its core stays
+            continue  # its core (bound pods up to the minimum) stays while the group has pods placed or moved
         left[g] = len(pods)
         yield g, chunk
         tree.release(q, sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0))
