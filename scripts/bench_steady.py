@@ -10,6 +10,11 @@ reported as p50 / p95 over the measured cycles (the first, which parses every ob
 
   scripts/bench_steady.py                               # 10,000 nodes, 1% of pods changing, 10 cycles, greedy
   scripts/bench_steady.py --nodes 2000 --engine cpsat --cycles 5 --profile 20
+  scripts/bench_steady.py --nodes 5000 --status --profile 30      # also StatusWriter.update, profiled alone
+
+With --status a StatusWriter on the same cache computes each cycle's status (queue positions, then `update`, each
+timed as its own phase); its writes are recorded instead of sent and show up in the cache before the next cycle,
+as the watch would show them (Events are recorded and dropped). --profile then profiles `update` alone.
 """
 
 from __future__ import annotations
@@ -103,6 +108,60 @@ class Churn:
         return deleted, added
 
 
+class RecordingPool:
+    """A WorkPool stand-in: the latest job per key is kept, and run (off the clock) by `run()`."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+
+    def submit(self, key: str, job: Any, *, replace: bool = False) -> bool:
+        if key in self.jobs and not replace:
+            return False
+        self.jobs[key] = job
+        return True
+
+    def run(self) -> int:
+        jobs, self.jobs = self.jobs, {}
+        for job in jobs.values():
+            job()
+        return len(jobs)
+
+
+def _merge(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) applied to `current` (a new dict; `current` is left as it is)."""
+    out = dict(current)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _land(cache: Any, cache_mod: Any, writes: list[tuple[str, dict[str, Any]]]) -> int:
+    """The recorded status and annotation patches as the watch shows them: MODIFIED objects in the cache."""
+    kinds = {r.plural: r for r in cache_mod.SCHEDULING_KINDS}
+    n = 0
+    for path, body in writes:
+        parts = path.strip("/").split("/")
+        if parts[-1] == "status":
+            parts = parts[:-1]
+        plural, name = parts[-2], parts[-1]
+        ns = parts[parts.index("namespaces") + 1] if "namespaces" in parts else None
+        res = kinds.get(plural)
+        obj = cache.get(res.api_version, res.kind, ns, name) if res is not None else None
+        if obj is None:
+            continue
+        new = _merge(obj, body)
+        new["metadata"] = {**new["metadata"],
+                           "resourceVersion": str(int(obj["metadata"].get("resourceVersion") or 1) + 1)}
+        cache._apply(res, "MODIFIED", new)
+        n += 1
+    return n
+
+
 def _res(cache_mod: Any, kind: str) -> Any:
     return next(r for r in cache_mod.SCHEDULING_KINDS if r.kind == kind)
 
@@ -117,7 +176,10 @@ def main() -> int:
     ap.add_argument("--engine", default="greedy")
     ap.add_argument("--time-budget", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile the measured cycles, top N rows")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="cProfile the measured cycles (with --status: StatusWriter.update alone), top N rows")
+    ap.add_argument("--status", action="store_true",
+                    help="also time the cycle's status work (queue positions, StatusWriter.update) on the cache")
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
 
@@ -151,6 +213,25 @@ def main() -> int:
     to_confirm: list[tuple[str, str, str]] = []
     rows: list[dict[str, float]] = []
     prof = cProfile.Profile() if args.profile else None
+    writer = pool = None
+    writes: list[tuple[str, dict[str, Any]]] = []
+    if args.status:
+        from kai_opt.heuristics.positions import queue_positions
+        from kai_opt.k8s import events as events_mod
+        from kai_opt.k8s import status as status_mod
+        from kai_opt.k8s.workqueue import TokenBucket
+
+        def record(api: Any, method: str, path: str, **kw: Any) -> None:
+            writes.append((path, kw["body"]))
+
+        status_mod.request = record  # type: ignore[assignment]  # the writes are recorded, not sent
+        events_mod.request = lambda *a, **k: None  # type: ignore[assignment]
+        pool = RecordingPool()
+        rt = config.runtime
+        recorder = events_mod.EventRecorder(None, pool, qps=rt.event_qps,  # type: ignore[arg-type]
+                                            burst=rt.event_burst, repeat_s=rt.event_repeat_s)
+        writer = status_mod.StatusWriter(None, cache, pool, TokenBucket(1e9, 10**9),  # type: ignore[arg-type]
+                                         recorder)
     for cycle in range(args.cycles + 1):
         # the watch: last cycle's binds confirmed, then this cycle's churn
         for ns, name, node in to_confirm:
@@ -161,13 +242,15 @@ def main() -> int:
                        "metadata": {**pod["metadata"], "resourceVersion": rv}, "status": {"phase": "Running"}}
                 cache._apply(pod_res, "MODIFIED", new)
         to_confirm = []
+        _land(cache, cache_mod, writes)  # last cycle's status writes, as the watch shows them
+        writes.clear()
         if cycle:
             deleted, added = churn.step(int(n_pods * args.change))
             for o in deleted:
                 cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "DELETED", o)
             for o in added:
                 cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "ADDED", o)
-        if prof and cycle:
+        if prof and cycle and writer is None:
             prof.enable()
         row: dict[str, float] = {}
         with gc_paused():
@@ -188,8 +271,23 @@ def main() -> int:
                 cache.assume_bound(pod_m.meta.uid or "", pod_m.namespace, pod_m.name, node_name, tuple(b.devices))
                 to_confirm.append((pod_m.namespace, pod_m.name, node_name))
             c5, t5 = time.process_time(), time.perf_counter()
-        if prof and cycle:
+        if prof and cycle and writer is None:
             prof.disable()
+        if writer is not None and pool is not None:  # the status worker, after the cycle (as in `kai-opt run`)
+            with gc_paused():
+                c6, t6 = time.process_time(), time.perf_counter()
+                positions = queue_positions(state, _fs, config, among=set(plan.pending)) \
+                    if config.runtime.queue_position else None
+                c7, t7 = time.process_time(), time.perf_counter()
+                if prof and cycle:
+                    prof.enable()
+                counts = writer.update(snap, state, plan, _fs, positions)
+                if prof and cycle:
+                    prof.disable()
+                c8, t8 = time.process_time(), time.perf_counter()
+            pool.run()
+            row.update(positions=t7 - t6, update=t8 - t7, cpu_positions=c7 - c6, cpu_update=c8 - c7,
+                       n_writes=len(writes), n_counted=float(sum(counts.values())))
         row.update(group=t1 - t0, snapshot=t2 - t1, state=t3 - t2, engine=t4 - t3, binds=t5 - t4, total=t5 - t0,
                    cpu_group=c1 - c0, cpu_snapshot=c2 - c1, cpu_state=c3 - c2, cpu_engine=c4 - c3,
                    cpu_binds=c5 - c4, cpu_total=c5 - c0, n_binds=len(plan.binds), pending=len(plan.pending),
@@ -200,13 +298,18 @@ def main() -> int:
             print(f"cycle {cycle}: total {row['total']:.3f} s (group {row['group']:.3f}, "
                   f"snapshot {row['snapshot']:.3f}, state {row['state']:.3f}, engine {row['engine']:.3f}, "
                   f"binds {row['binds']:.3f}); "
-                  f"{row['n_binds']} binds, {row['pending']} groups pending, {plan.solver.status}", flush=True)
+                  f"{row['n_binds']} binds, {row['pending']} groups pending, {plan.solver.status}"
+                  + (f"; status: positions {row['positions']:.3f}, update {row['update']:.3f} s "
+                     f"(cpu {row['cpu_update']:.3f}), {int(row['n_writes'])} writes" if writer else ""),
+                  flush=True)
     measured = rows[1:]
-    phases = ("group", "snapshot", "state", "engine", "binds", "total")
+    phases: tuple[str, ...] = ("group", "snapshot", "state", "engine", "binds", "total")
+    if writer is not None:
+        phases += ("positions", "update")
     summary = {p: {"p50": float(np.percentile([r[p] for r in measured], 50)),
                    "p95": float(np.percentile([r[p] for r in measured], 95)),
                    "cpu_p50": float(np.percentile([r["cpu_" + p] for r in measured], 50))} for p in phases}
-    out = {"nodes": args.nodes, "pods": n_pods, "change": args.change, "engine": args.engine,
+    out: dict[str, Any] = {"nodes": args.nodes, "pods": n_pods, "change": args.change, "engine": args.engine,
            "cycles": len(measured), "generate_s": gen_s, "first_cycle_s": rows[0]["total"], "phases": summary,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "load": os.getloadavg()[0], "statuses": sorted({str(r["status"]) for r in measured})}
