@@ -172,7 +172,10 @@ def main() -> int:
     ap.add_argument("--pods-per-node", type=int, default=10)
     ap.add_argument("--queues", type=int, default=1_000)
     ap.add_argument("--change", type=float, default=0.01, help="share of the pods changing per cycle")
-    ap.add_argument("--cycles", type=int, default=10, help="measured cycles (after the first)")
+    ap.add_argument("--cycles", type=int, default=10, help="measured cycles (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="cycles before the measured ones (with --status use 2: the first cycle's status writes "
+                         "land in the second, which computes every PodGroup again once)")
     ap.add_argument("--engine", default="greedy")
     ap.add_argument("--time-budget", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -232,7 +235,7 @@ def main() -> int:
                                             burst=rt.event_burst, repeat_s=rt.event_repeat_s)
         writer = status_mod.StatusWriter(None, cache, pool, TokenBucket(1e9, 10**9),  # type: ignore[arg-type]
                                          recorder)
-    for cycle in range(args.cycles + 1):
+    for cycle in range(args.cycles + args.warmup):
         # the watch: last cycle's binds confirmed, then this cycle's churn
         for ns, name, node in to_confirm:
             pod = cache.pod(ns, name)
@@ -250,7 +253,7 @@ def main() -> int:
                 cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "DELETED", o)
             for o in added:
                 cache._apply(pod_res if o["kind"] == "Pod" else pg_res, "ADDED", o)
-        if prof and cycle and writer is None:
+        if prof and cycle >= args.warmup and writer is None:
             prof.enable()
         row: dict[str, float] = {}
         with gc_paused():
@@ -271,7 +274,7 @@ def main() -> int:
                 cache.assume_bound(pod_m.meta.uid or "", pod_m.namespace, pod_m.name, node_name, tuple(b.devices))
                 to_confirm.append((pod_m.namespace, pod_m.name, node_name))
             c5, t5 = time.process_time(), time.perf_counter()
-        if prof and cycle and writer is None:
+        if prof and cycle >= args.warmup and writer is None:
             prof.disable()
         if writer is not None and pool is not None:  # the status worker, after the cycle (as in `kai-opt run`)
             with gc_paused():
@@ -279,10 +282,10 @@ def main() -> int:
                 positions = queue_positions(state, _fs, config, among=set(plan.pending)) \
                     if config.runtime.queue_position else None
                 c7, t7 = time.process_time(), time.perf_counter()
-                if prof and cycle:
+                if prof and cycle >= args.warmup:
                     prof.enable()
                 counts = writer.update(snap, state, plan, _fs, positions)
-                if prof and cycle:
+                if prof and cycle >= args.warmup:
                     prof.disable()
                 c8, t8 = time.process_time(), time.perf_counter()
             pool.run()
@@ -302,7 +305,7 @@ def main() -> int:
                   + (f"; status: positions {row['positions']:.3f}, update {row['update']:.3f} s "
                      f"(cpu {row['cpu_update']:.3f}), {int(row['n_writes'])} writes" if writer else ""),
                   flush=True)
-    measured = rows[1:]
+    measured = rows[args.warmup:]
     phases: tuple[str, ...] = ("group", "snapshot", "state", "engine", "binds", "total")
     if writer is not None:
         phases += ("positions", "update")
