@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +53,7 @@ from kai_opt.fairshare import FairShare
 from kai_opt.heuristics.positions import Position
 from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
-from kai_opt.k8s.coexist import owned_podgroups, pod_is_ours
+from kai_opt.k8s.coexist import pod_is_ours
 from kai_opt.k8s.events import WARNING, EventRecorder
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, classify
 from kai_opt.plan import Plan, Reason
@@ -153,8 +154,7 @@ def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] 
 def _same_inputs(a: tuple[Any, tuple[Pod, ...], Any], b: tuple[Any, tuple[Pod, ...], Any]) -> bool:
     """The same PodGroup object, the same member Pod models (identity: the snapshot reuses the model of an
     unchanged pod) and equal reasons."""
-    return (a[0] is b[0] and len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1], strict=True))
-            and a[2] == b[2])
+    return (a[0] is b[0] and len(a[1]) == len(b[1]) and all(map(operator.is_, a[1], b[1])) and a[2] == b[2])
 
 
 def _changed(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +247,15 @@ class StatusWriter:
         # the same objects (the watch replaces a changed object, the snapshot re-parses only changed pods) and
         # the same reasons give the same desired status, so it is in sync again (status compute thread only)
         self._in_sync: dict[str, tuple[dict[str, Any], tuple[Pod, ...], tuple[tuple[str, str], ...]]] = {}
+        # the same rule for the annotations of a PodGroup: key -> (object, inputs) while its annotations were in
+        # sync; inputs = (stale, position or None, positions given) - a group the plan starts is always computed
+        # (its patch depends on the cycle's time)
+        self._ann_in_sync: dict[str, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+        # and for a Queue: name -> (object, inputs) while its status was in sync; inputs = (its fair-share rows,
+        # child queues, issue)
+        self._queue_in_sync: dict[str | None, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+        # id(PodGroup object) -> (object, namespace/name): the key of an unchanged object is not formatted again
+        self._pg_keys: dict[int, tuple[dict[str, Any], str]] = {}
 
     def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None,
                positions: dict[int, Position] | None = None) -> dict[str, int]:
@@ -256,41 +265,72 @@ class StatusWriter:
         now = now_rfc3339()
         rejected = {(i.kind, i.name): i for i in snap.rejected}
         counts = {"podgroups": 0, "queues": 0, "events": 0}
-        owned = owned_podgroups(snap.pods, snap.scheduler_names)
+        members = self._members(snap)
+        owned = set(members)  # = owned_podgroups(snap.pods, snap.scheduler_names), from the same pass
         queues = self.write_queues()
-        counts["podgroups"] = self._podgroups(snap, state, plan, rejected, now, owned)
-        counts["podgroups"] += self._annotations(state, plan, owned, positions)
+        pgs = self._podgroup_objects()
+        counts["podgroups"] = self._podgroups(pgs, members, state, plan, rejected, now, owned)
+        counts["podgroups"] += self._annotations(pgs, state, plan, owned, positions)
         counts["queues"] = self._queues(state, fs, rejected, now) if queues else 0
         counts["events"] = (self._pending_events(state, plan, owned)
                             + self._issue_events(snap, owned, queues=queues))
         return counts
 
     # PodGroups
-    def _podgroups(self, snap: Snapshot, state: ClusterState, plan: Plan,
-                   rejected: dict[tuple[str, str], Issue], now: str, owned: set[str]) -> int:
+    @staticmethod
+    def _members(snap: Snapshot) -> dict[str, list[Pod]]:
+        """PodGroup key -> the snapshot's pods of ours that name it (in snapshot order)."""
         members: dict[str, list[Pod]] = {}
+        ours = snap.scheduler_names
         for p in snap.pods:
-            if p.podgroup and snap.is_ours(p):
-                members.setdefault(p.group_key, []).append(p)
+            if p.podgroup and p.scheduler_name in ours:
+                key = f"{p.namespace}/{p.podgroup}"
+                group = members.get(key)
+                if group is None:
+                    members[key] = [p]
+                else:
+                    group.append(p)
+        return members
+
+    def _podgroup_objects(self) -> list[tuple[str, dict[str, Any]]]:
+        """(namespace/name, object) of every cached PodGroup."""
+        out = []
+        keys, before = {}, self._pg_keys
+        for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
+            hit = before.get(id(obj))
+            if hit is None or hit[0] is not obj:
+                meta = obj.get("metadata") or {}
+                hit = (obj, f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
+            keys[id(obj)] = hit
+            out.append((hit[1], obj))
+        self._pg_keys = keys
+        return out
+
+    def _podgroups(self, pgs: list[tuple[str, dict[str, Any]]], members: dict[str, list[Pod]],
+                   state: ClusterState, plan: Plan, rejected: dict[tuple[str, str], Issue], now: str,
+                   owned: set[str]) -> int:
         n = 0
         in_sync, before = {}, self._in_sync
-        for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        no_pods: tuple[Pod, ...] = ()
+        rejected_pgs = {name: i for (kind, name), i in rejected.items() if kind == "PodGroup"}
+        pg_index, pending = state.pg_index, plan.pending
+        for key, obj in pgs:
             if key not in owned:
                 continue
-            issue = rejected.get(("PodGroup", key))
+            issue = rejected_pgs.get(key)
             if issue is not None:
                 reasons: list[Reason] | None = [Reason(issue.reason, issue.message)]
             else:
-                g = state.pg_index.get(key)
-                reasons = plan.pending.get(g) if g is not None else None
-            pods = tuple(members.get(key, ()))
-            inputs = (obj, pods, tuple((r.code, r.message) for r in reasons or ()))
+                g = pg_index.get(key)
+                reasons = pending.get(g) if g is not None else None
+            group = members.get(key)
+            pods = tuple(group) if group is not None else no_pods
+            inputs = (obj, pods, tuple((r.code, r.message) for r in reasons) if reasons else ())
             last = before.get(key)
             if last is not None and _same_inputs(last, inputs):
                 in_sync[key] = last
                 continue
+            meta = obj.get("metadata") or {}
             desired = podgroup_status(obj, list(pods), reasons, now)
             patch = _changed(obj.get("status") or {}, desired)
             if not patch:
@@ -302,7 +342,7 @@ class StatusWriter:
         self._in_sync = in_sync
         return n
 
-    def _annotations(self, state: ClusterState, plan: Plan, owned: set[str],
+    def _annotations(self, pgs: list[tuple[str, dict[str, Any]]], state: ClusterState, plan: Plan, owned: set[str],
                      positions: dict[int, Position] | None = None) -> int:
         """Stale and last-start timestamps and queue positions of declared PodGroups (see the module
         docstring)."""
@@ -318,29 +358,42 @@ class StatusWriter:
                 placed[g] += 1
                 binds[g] += not pl.pipelined
         stamp = format_time(state.now)
+        stale_of = ((running > 0) & (running + placed < state.pg_min_member)).tolist()
+        start_of = ((binds > 0) & (running == 0)).tolist()
+        implicit = state.pg_implicit.tolist()
         n = 0
-        for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        in_sync, before = {}, self._ann_in_sync
+        for key, obj in pgs:
             g = state.pg_index.get(key)
-            if g is None or bool(state.pg_implicit[g]) or key not in owned:
+            if g is None or implicit[g] or key not in owned:
                 continue
+            stale = stale_of[g]
+            pos = positions.get(g) if positions is not None else None
+            inputs = (stale, (pos.overall, pos.in_queue) if pos is not None else None, positions is not None)
+            start = start_of[g]
+            last = before.get(key)
+            if not start and last is not None and last[0] is obj and last[1] == inputs:
+                in_sync[key] = last
+                continue
+            meta = obj.get("metadata") or {}
             ann = meta.get("annotations") or {}
-            now_active = int(running[g]) + int(placed[g])
-            stale = int(running[g]) > 0 and now_active < int(state.pg_min_member[g])
             patch: dict[str, Any] = {}
             if stale and STALE_TIMESTAMP_ANNOTATION not in ann:
                 patch[STALE_TIMESTAMP_ANNOTATION] = stamp
             elif not stale and STALE_TIMESTAMP_ANNOTATION in ann:
                 patch[STALE_TIMESTAMP_ANNOTATION] = None
-            if binds[g] and not running[g] and ann.get(LAST_START_ANNOTATION) != stamp:
+            if start and ann.get(LAST_START_ANNOTATION) != stamp:
                 patch[LAST_START_ANNOTATION] = stamp
             if positions is not None:
-                patch.update(position_annotations(ann, positions.get(g)))
-            if patch and self._submit(f"podgroup-meta/{key}", object_path(
+                patch.update(position_annotations(ann, pos))
+            if not patch:
+                if not start:
+                    in_sync[key] = (obj, inputs)
+            elif self._submit(f"podgroup-meta/{key}", object_path(
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")),
                     {"metadata": {"annotations": patch}}, wrap=False):
                 n += 1
+        self._ann_in_sync = in_sync
         return n
 
     # Queues
@@ -348,15 +401,28 @@ class StatusWriter:
                 now: str) -> int:
         n = 0
         children = {name: [state.q_names[c] for c in state.q_children[q]] for q, name in enumerate(state.q_names)}
+        rows = (np.concatenate([fs.allocated, fs.allocated_np, fs.requested], axis=1).astype(np.float64)
+                if fs is not None else None)
+        in_sync, before = {}, self._queue_in_sync
         for obj in self.cache.list(QUEUE.kind, QUEUE.api_version):
             name = (obj.get("metadata") or {}).get("name")
             q = state.q_index.get(name, -1)
-            desired = queue_status(obj, fs if q >= 0 else None, q, children.get(name, []),
-                                   rejected.get(("Queue", name)), now)
+            issue = rejected.get(("Queue", name))
+            mine = children.get(name, [])
+            inputs = (rows[q].tobytes() if rows is not None and q >= 0 else None, tuple(mine),
+                      (issue.reason, issue.message) if issue is not None else None)
+            last = before.get(name)
+            if last is not None and last[0] is obj and last[1] == inputs:
+                in_sync[name] = last
+                continue
+            desired = queue_status(obj, fs if q >= 0 else None, q, mine, issue, now)
             patch = _changed(obj.get("status") or {}, desired)
-            if patch and self._submit(f"queue/{name}", object_path(QUEUE.api_version, QUEUE.plural, None, name)
+            if not patch:
+                in_sync[name] = (obj, inputs)
+            elif self._submit(f"queue/{name}", object_path(QUEUE.api_version, QUEUE.plural, None, name)
                                       + "/status", patch):
                 n += 1
+        self._queue_in_sync = in_sync
         return n
 
     def _submit(self, key: str, path: str, patch: dict[str, Any], *, wrap: bool = True) -> bool:
