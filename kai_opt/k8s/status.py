@@ -40,7 +40,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -151,7 +151,7 @@ def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] 
     return {"phase": podgroup_phase(counts, min_member), **counts, "schedulingConditions": conds}
 
 
-def _same_inputs(a: tuple[Any, tuple[Pod, ...], Any], b: tuple[Any, tuple[Pod, ...], Any]) -> bool:
+def _same_inputs(a: tuple[Any, Sequence[Pod], Any], b: tuple[Any, Sequence[Pod], Any]) -> bool:
     """The same PodGroup object, the same member Pod models (identity: the snapshot reuses the model of an
     unchanged pod) and equal reasons."""
     return (a[0] is b[0] and len(a[1]) == len(b[1]) and all(map(operator.is_, a[1], b[1])) and a[2] == b[2])
@@ -324,12 +324,13 @@ class StatusWriter:
                 g = pg_index.get(key)
                 reasons = pending.get(g) if g is not None else None
             group = members.get(key)
-            pods = tuple(group) if group is not None else no_pods
+            pods: Sequence[Pod] = group if group is not None else no_pods
             inputs = (obj, pods, tuple((r.code, r.message) for r in reasons) if reasons else ())
             last = before.get(key)
             if last is not None and _same_inputs(last, inputs):
                 in_sync[key] = last
                 continue
+            inputs = (obj, tuple(pods), inputs[2])
             meta = obj.get("metadata") or {}
             desired = podgroup_status(obj, list(pods), reasons, now)
             patch = _changed(obj.get("status") or {}, desired)
