@@ -127,21 +127,9 @@ class RecordingPool:
         return len(jobs)
 
 
-def _merge(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch (RFC 7386) applied to `current` (a new dict; `current` is left as it is)."""
-    out = dict(current)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
 def _land(cache: Any, cache_mod: Any, writes: list[tuple[str, dict[str, Any]]]) -> int:
     """The recorded status and annotation patches as the watch shows them: MODIFIED objects in the cache."""
+    from kai_opt.k8s.chart_values import merge as merge_patch
     kinds = {r.plural: r for r in cache_mod.SCHEDULING_KINDS}
     n = 0
     for path, body in writes:
@@ -154,7 +142,7 @@ def _land(cache: Any, cache_mod: Any, writes: list[tuple[str, dict[str, Any]]]) 
         obj = cache.get(res.api_version, res.kind, ns, name) if res is not None else None
         if obj is None:
             continue
-        new = _merge(obj, body)
+        new = merge_patch(obj, body)  # (Helm's values rule is the JSON merge patch's: RFC 7386)
         new["metadata"] = {**new["metadata"],
                            "resourceVersion": str(int(obj["metadata"].get("resourceVersion") or 1) + 1)}
         cache._apply(res, "MODIFIED", new)

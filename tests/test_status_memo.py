@@ -19,6 +19,7 @@ from kai_opt.k8s import cache as cache_mod
 from kai_opt.k8s import events as events_mod
 from kai_opt.k8s import status as status_mod
 from kai_opt.k8s.cache import ClusterCache
+from kai_opt.k8s.chart_values import merge as merge_patch  # Helm's values rule is RFC 7386's
 from kai_opt.k8s.events import EventRecorder
 from kai_opt.k8s.workqueue import TokenBucket
 from kai_opt.state import build_state
@@ -76,7 +77,7 @@ def _modify(c: ClusterCache, kind: str, name: str, change: dict[str, Any]) -> No
     store = _store(c, kind)
     key = next(k for k in store.items if k.rsplit("/", 1)[-1] == name)
     old = store.items[key]
-    new = _merge(old, change)
+    new = merge_patch(old, change)
     new["metadata"] = {**new["metadata"], "resourceVersion": str(int(old["metadata"]["resourceVersion"]) + 1)}
     c._apply(store.res, "MODIFIED", new)
 
@@ -85,18 +86,6 @@ def _delete(c: ClusterCache, kind: str, name: str) -> None:
     store = _store(c, kind)
     key = next(k for k in store.items if k.rsplit("/", 1)[-1] == name)
     c._apply(store.res, "DELETED", store.items[key])
-
-
-def _merge(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    out = dict(current)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
 
 
 def _land(c: ClusterCache, writes: list[tuple[str, str]]) -> None:
