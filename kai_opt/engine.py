@@ -71,7 +71,8 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
                 unbeatable = unbeatable_note(state, plan)
                 if unbeatable:  # the model could only tie: it is stopped (finally); the FGD-scored plan may
                     # still win the tie on fragmentation
-                    plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable)
+                    plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable,
+                                            deadline=t0 + config.solver.time_budget_s)
                 else:
                     plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second,
                                       waiting=worker)

@@ -67,3 +67,29 @@ def test_a_late_cheap_second_hint_is_computed_in_the_worker(monkeypatch) -> None
     assert solve._inline_is_cheap(config, greedy) is False
     greedy.phases = {"allocate": 0.01, "fair_share": 5.0}
     assert solve._inline_is_cheap(config, greedy) is True
+
+
+def test_an_unbeatable_cycle_uses_its_free_budget_for_the_fgd_plan(monkeypatch) -> None:
+    # the greedy plan places the one pending pod without evictions: no model runs, so the budget is free for the
+    # FGD-scored plan even when it is neither ready nor cheap by the worker's rule (INLINE_SHARE of the budget)
+    st = _stranding_cluster()
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": False, "time_budget_s": 2}})
+    monkeypatch.setattr(second_hint.SecondHint, "ready", lambda self: False)
+    monkeypatch.setattr(solve, "INLINE_SHARE", 0.0)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert plan.solver.status == "GREEDY_KEPT" and "the model was not run" in (plan.solver.note or "")
+    assert plan.solver.hint == "fgd" and [st.node_names[p.node] for p in plan.placements] == ["b"]
+    # too slow to compute here in the time left: the plan computed beside is waited for until the deadline
+    monkeypatch.setattr(solve, "_inline_is_cheap", lambda *_a: False)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert plan.solver.hint == "fgd" and [st.node_names[p.node] for p in plan.placements] == ["b"]
+
+
+def test_the_time_no_model_needs_bounds_the_inline_fgd_plan() -> None:
+    st = _stranding_cluster()
+    config = parse_config({"engine": "cpsat", "solver": {"time_budget_s": 1}})
+    greedy = greedy_plan(st, compute_fair_share(st), config)
+    greedy.phases = {"allocate": 0.2}  # SLOWDOWN x 0.2 s: above a quarter of the budget, within 0.5 s
+    assert solve._inline_is_cheap(config, greedy) is False
+    assert solve._inline_is_cheap(config, greedy, 0.5) is True
+    assert solve._inline_is_cheap(config, greedy, 0.3) is False

@@ -234,14 +234,17 @@ def unbeatable_note(state: ClusterState, plan: Plan) -> str:
 
 
 def kept_unbeatable(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
-                    actions: tuple[str, ...] | None, second: SecondHint | None, note: str) -> Plan:
+                    actions: tuple[str, ...] | None, second: SecondHint | None, note: str,
+                    deadline: float | None = None) -> Plan:
     """The plan of a cycle whose greedy plan nothing beats on the primary objective (unbeatable_note): the model is
-    not run, and the FGD-scored plan still stands in on a tie when it leaves less fragmented GPU share, if it is
-    ready or cheap to compute now (never waited for)."""
+    not run, and the FGD-scored plan still stands in on a tie when it leaves less fragmented GPU share. No model
+    uses the budget, so until `deadline` (the cycle's budget, a time.perf_counter() value; None: now) the plan is
+    computed here when it fits in the time left, else waited for (_starting_plan)."""
     start = time.perf_counter()
     info = SolverInfo(hint="kai")
     try:
-        plan, via = _starting_plan(state, fs, config, greedy, actions, second, lambda _what: None)
+        plan, via = _starting_plan(state, fs, config, greedy, actions, second, lambda _what: None,
+                                   deadline=deadline)
     except Exception:  # the second hint is optional: the greedy plan stays
         info.add_failure("second_hint", "exception", f"the FGD-scored plan raised {last_line(traceback.format_exc())}")
         plan, via = greedy, ""
@@ -366,19 +369,25 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
 
 def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
                    actions: tuple[str, ...] | None, second: SecondHint | None,
-                   phase: Callable[[str], None]) -> tuple[Plan, str]:
+                   phase: Callable[[str], None], *, deadline: float | None = None) -> tuple[Plan, str]:
     """The plan the model starts from (scope, keep, hint, fallback): the KAI-scored greedy plan, or the FGD-scored
     one when second_hint_note accepts it. With wall time the plan computed beside (`second`) if it is ready now,
-    else computed here when that is cheap (_inline_is_cheap); deterministic mode computes it here. Returns the plan
-    and a note ('' when the KAI-scored plan stays)."""
+    else computed here when that is cheap (_inline_is_cheap); deterministic mode computes it here. With a
+    `deadline` no model runs after this (kept_unbeatable): the time until then is free, so the plan is computed
+    here when SLOWDOWN x the KAI-scored cycle fits in it (the process beside is stopped first: it would only
+    compete for the cores), else waited for until the deadline. Returns the plan and a note ('' when the
+    KAI-scored plan stays)."""
     if not wanted(config, actions):
         return greedy, ""
     ready = second is not None and second.ready()
-    if second is not None and (ready or not _inline_is_cheap(config, greedy)):
-        alt = second.take() if ready else None
+    free_s = None if deadline is None else deadline - time.perf_counter()
+    if second is not None and (ready or not _inline_is_cheap(config, greedy, free_s)):
+        alt = second.take(0.0 if ready or free_s is None else free_s)
     elif second is not None or config.solver.deterministic:
         # late but cheap (or deterministic mode): computed here, at the worker's priority, rather than waited for
         # at nice 10 on a loaded machine (docs/DESIGN-NOTES.md, CP-SAT engine: the second hint inline)
+        if second is not None and free_s is not None:
+            second.close()  # (the engine's process started it, so it may stop it; the worker may not)
         phase("the greedy engine with FGD scoring (a second hint)")
         alt = compute(state, fs, config, actions)
     else:
@@ -391,11 +400,12 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     return alt, "started from " + note
 
 
-def _inline_is_cheap(config: Config, greedy: Plan) -> bool:
+def _inline_is_cheap(config: Config, greedy: Plan, free_s: float | None = None) -> bool:
     """Whether the FGD-scored cycle, SLOWDOWN x the KAI-scored one (its action phases), fits in INLINE_SHARE of
-    the budget."""
+    the budget, or in `free_s` seconds when given (time no model needs)."""
     greedy_s = sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
-    return SLOWDOWN * greedy_s <= INLINE_SHARE * config.solver.time_budget_s
+    limit = INLINE_SHARE * config.solver.time_budget_s if free_s is None else free_s
+    return SLOWDOWN * greedy_s <= limit
 
 
 def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan, config: Config | None = None) -> str:
