@@ -61,7 +61,7 @@ class _Decisions:
         return pods, nodes
 
 
-def _amounts(state: ClusterState, pods: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def held_amounts(state: ClusterState, pods: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(node resources, milli-GPU per device) that pods hold on nodes: gpu-memory converted with the node's GPU
     memory (rounded up, at most a device), shares at their fraction, whole GPUs a device each."""
     req = state.pod_req[pods].copy()
@@ -142,7 +142,7 @@ def _decisions(state: ClusterState, plan: Plan, names: _PodNames, problems: list
     return _Decisions(placed, moved, evicted)
 
 
-def _flat_devices(state: ClusterState, pods: np.ndarray, nodes: np.ndarray, devices: list[tuple[int, ...]],
+def flat_devices(state: ClusterState, pods: np.ndarray, nodes: np.ndarray, devices: list[tuple[int, ...]],
                   per: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(which decision, global device, milli-GPU, valid) per device of each decision; `devices` are indexes
     within the node, valid where the node has that device."""
@@ -166,7 +166,7 @@ def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -
     if dec.evicted:
         ev = np.fromiter(dec.evicted.keys(), dtype=np.int64, count=len(dec.evicted))
         ev_nodes = state.pod_node[ev].astype(np.int64)
-        amount, per = _amounts(state, ev, ev_nodes)
+        amount, per = held_amounts(state, ev, ev_nodes)
         np.subtract.at(final, ev_nodes, amount)
         counts = state.pod_dev_start[ev + 1] - state.pod_dev_start[ev]
         devs = state.pod_dev[concat_ranges(state.pod_dev_start[ev], counts)[0]]
@@ -175,12 +175,12 @@ def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -
         pods, nodes = dec.arrays(dec.placed)
         piped = np.fromiter((v[2] for v in dec.placed.values()), dtype=bool, count=len(pods))
         devices = [v[1] for v in dec.placed.values()]
-        amount, per = _amounts(state, pods, nodes)
+        amount, per = held_amounts(state, pods, nodes)
         np.add.at(final, nodes, amount)
         np.add.at(now_used, nodes[~piped], amount[~piped])
         got = np.fromiter((len(d) for d in devices), dtype=np.int64, count=len(devices))
         needed = _devices_needed(state, pods)
-        owner, glob, milli, valid = _flat_devices(state, pods, nodes, devices, per)
+        owner, glob, milli, valid = flat_devices(state, pods, nodes, devices, per)
         for i in np.nonzero(got != needed)[0].tolist():
             problems.append(f"pod {names[int(pods[i])]} got {int(got[i])} GPU devices, needs {int(needed[i])}")
         for k in np.nonzero(~valid)[0].tolist():
@@ -195,9 +195,9 @@ def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -
         for p in pods.tolist():
             if p not in dec.evicted:
                 problems.append(f"pod {names[p]} re-placed without being evicted")
-        amount, per = _amounts(state, pods, nodes)
+        amount, per = held_amounts(state, pods, nodes)
         np.add.at(final, nodes, amount)
-        _owner, glob, milli, _valid = _flat_devices(state, pods, nodes, [v[1] for v in dec.moved.values()], per)
+        _owner, glob, milli, _valid = flat_devices(state, pods, nodes, [v[1] for v in dec.moved.values()], per)
         np.add.at(dev_final, glob, milli)
     final_before = state.node_used - state.node_releasing + state.node_pipelined
     dev_final_before = state.dev_used - state.dev_releasing + state.dev_pipelined

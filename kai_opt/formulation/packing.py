@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kai_opt.checker import _amounts, _flat_devices
+from kai_opt.checker import flat_devices, held_amounts
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
 from kai_opt.heuristics.placer import FgdScorer, Placer
@@ -34,7 +34,7 @@ def landed_usage(state: ClusterState, plan: Plan) -> tuple[np.ndarray, np.ndarra
     if gone:
         ev = np.asarray(gone, dtype=np.int64)
         nodes = state.pod_node[ev].astype(np.int64)
-        amount, per = _amounts(state, ev, nodes)
+        amount, per = held_amounts(state, ev, nodes)
         np.subtract.at(used, nodes, amount.astype(np.int64))
         counts = state.pod_dev_start[ev + 1] - state.pod_dev_start[ev]
         idx, _ = concat_ranges(state.pod_dev_start[ev], counts)
@@ -42,9 +42,9 @@ def landed_usage(state: ClusterState, plan: Plan) -> tuple[np.ndarray, np.ndarra
     if plan.placements:
         pods = np.asarray([p.pod for p in plan.placements], dtype=np.int64)
         nodes = np.asarray([p.node for p in plan.placements], dtype=np.int64)
-        amount, per = _amounts(state, pods, nodes)
+        amount, per = held_amounts(state, pods, nodes)
         np.add.at(used, nodes, amount.astype(np.int64))
-        _owner, glob, milli, valid = _flat_devices(state, pods, nodes, [p.devices for p in plan.placements], per)
+        _owner, glob, milli, valid = flat_devices(state, pods, nodes, [p.devices for p in plan.placements], per)
         np.add.at(dev, glob[valid], milli[valid])
     return used, dev
 
