@@ -382,7 +382,8 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     ready = second is not None and second.ready()
     free_s = None if deadline is None else deadline - time.perf_counter()
     if second is not None and (ready or not _inline_is_cheap(config, greedy, free_s)):
-        alt = second.take(0.0 if ready or free_s is None else free_s)
+        # ready: taken; with time no model needs: waited for until the deadline; else left (the model may use it)
+        alt = second.take() if ready else second.take(free_s) if free_s is not None else None
     elif second is not None or config.solver.deterministic:
         # late but cheap (or deterministic mode): computed here, at the worker's priority, rather than waited for
         # at nice 10 on a loaded machine (docs/DESIGN-NOTES.md, CP-SAT engine: the second hint inline)
