@@ -292,6 +292,33 @@ def test_a_bind_of_two_shares_writes_two_results_with_their_own_share_ids() -> N
     assert chooser.for_bind(st.dra, "default/p1", "n0") is None  # 30Gi left on each: the shares in flight count
 
 
+def test_claims_after_a_plan_hold_two_shares_and_give_both_back() -> None:
+    """A named claim for 2 x 30Gi bound by the plan: allocated with a share on each device; once its pod left,
+    both shares are free again (a second claim gets the same two devices)."""
+    claim = RawObject("ResourceClaim", {"apiVersion": V, "kind": "ResourceClaim",
+                                        "metadata": {"name": "c2", "namespace": "default", "resourceVersion": "1"},
+                                        "spec": mem_spec("30Gi", 2)})
+    objs = [queue("q", gpu=(64, 1, -1)), device_class(), node("n0", gpus=0), shared_slice("n0", ("80Gi", "80Gi")),
+            claim, podgroup("p0", "q"), claim_pod("p0", "p0", claim_name="c2")]
+    st, plan = cycle(objs)
+    assert placed(st, plan) == {"p0": "n0"} and st.dra is not None
+    after = claims_after(list(snapshot(objs).resource_claims), st.dra, {"default/p0": ("n0", "u0")}, set())
+    got = after[0].allocation
+    assert got is not None and sorted(r.device for r in got) == ["gpu-0", "gpu-1"]
+    assert all(r.consumed == {f"{DRIVER}/memory": 30 * GI} for r in got)
+    objs2 = [*objs[:4], RawObject("ResourceClaim", {
+        **claim.obj, "status": {"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": DRIVER, "pool": "n0", "device": r.device,
+             "consumedCapacity": {"memory": "30Gi"}, "shareID": f"00000000-0000-0000-0000-00000000000{j}"}
+            for j, r in enumerate(got)]}}, "reservedFor": [{"resource": "pods", "name": "p0", "uid": "u0"}]}}),
+        objs[5], RawObject("Pod", {**objs[6].obj, "spec": {**objs[6].obj["spec"], "nodeName": "n0"}})]
+    st2 = build_state(snapshot(objs2))
+    assert st2.dra is not None
+    assert st2.dra.consumed == {(DRIVER, "n0", f"gpu-{j}"): {f"{DRIVER}/memory": 30 * GI} for j in range(2)}
+    released = claims_after(list(snapshot(objs2).resource_claims), st2.dra, {}, {"default/p0"})
+    assert released[0].allocation is None and released[0].reserved_for == ()
+
+
 @hs.composite
 def shared_clusters(draw: hs.DrawFn) -> list[RawObject]:
     objs: list[RawObject] = [queue("qa", gpu=(draw(hs.integers(0, 8)), 1, -1)),
