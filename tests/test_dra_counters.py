@@ -160,6 +160,14 @@ def test_a_device_on_two_counter_sets_consumes_from_both() -> None:
     assert not any("pair" in w and "not allocated" in w for w in st.warnings)
 
 
+def test_a_device_on_a_counter_set_no_slice_has_is_not_allocated() -> None:
+    sl = partitioned("n0", gpus=2, parts=0, pair="40Gi")
+    sl[1].obj["spec"]["devices"][-1]["consumesCounters"][1]["counterSet"] = "gpu-9-cs"
+    st, plan = cycle([*BASE, *sl, profile_template("pair", "pair"), *group("a", "pair")])
+    assert plan.placements == []
+    assert any("pair: consumes counters of an unknown set gpu-9-cs; it is not allocated" in w for w in st.warnings)
+
+
 @pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])
 def test_a_device_on_two_counter_sets_is_allocated_when_both_have_room(engine: Engine) -> None:
     st, plan = cycle([*PAIR_BASE, *group("a", "pair")], engine)
