@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -510,14 +509,21 @@ def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray
             for request, alt, col in cp.requests:
                 q = query_of(alt)
                 share = dra.column_share.get(col)
-                if share is not None and not alt.admin_access:  # one share: a matching device with room
-                    drv = next((dra.devices[d].driver for d in shares_on(dra, name, col)), None)
+                if share is not None and not alt.admin_access:  # a share on each of `count` distinct matching
+                    matching = [d for d in shares_on(dra, name, col) if dra.query_matches(q, d)]  # devices
+                    drv = dra.devices[matching[0]].driver if matching else None
                     want = share.consumption(alt.capacity, drv) if drv is not None else None
-                    d = None if want is None else take_share(
-                        dra, name, col, want, used, only=partial(dra.query_matches, q))
-                    if d is None:
-                        problems.append(f"claim {cp.key} request {request}: no shared device on {name} with "
-                                        f"room for {want}")
+                    mine: set[int] = set()
+                    for j in range(len(matching) if alt.mode == "All" else alt.count):
+                        d = None if want is None else take_share(
+                            dra, name, col, want, used, among=matching, skip=mine, rank=j)
+                        if d is None:
+                            problems.append(f"claim {cp.key} request {request}: share {j + 1} has no distinct "
+                                            f"shared device on {name} with room for {want}")
+                            break
+                        mine.add(d)
+                    if alt.mode == "All" and not matching:
+                        problems.append(f"claim {cp.key} request {request}: no shared device on {name} for All")
                     continue
                 fits = [d for d in free if d not in taken and dra.query_matches(q, d)]
                 if not alt.admin_access and col in dra.column_counters:  # devices whose counters have room

@@ -22,9 +22,10 @@ from kai_opt.state import build_state
 
 
 def partitioned(node_name: str, gpus: int = 1, part: str = "20Gi", parts: int = 4,
-                counters_apart: bool = True) -> list[RawObject]:
+                counters_apart: bool = True, pair: str | None = None) -> list[RawObject]:
     """Per physical GPU a counter set of 80Gi, a whole device (80Gi) and `parts` partitions of `part`; the
-    counters in a slice of their own (as Kubernetes 1.35+ wants) or with the devices."""
+    counters in a slice of their own (as Kubernetes 1.35+ wants) or with the devices. `pair`: a device on the
+    first two GPUs, consuming that much of both counter sets."""
     sets = [{"name": f"gpu-{g}-cs", "counters": {"memory": {"value": "80Gi"}}} for g in range(gpus)]
     devices = []
     for g in range(gpus):
@@ -33,6 +34,10 @@ def partitioned(node_name: str, gpus: int = 1, part: str = "20Gi", parts: int = 
         devices += [{"name": f"gpu-{g}-p{i}", "attributes": {"profile": {"string": "part"}},
                      "consumesCounters": [{"counterSet": f"gpu-{g}-cs", "counters": {"memory": {"value": part}}}]}
                     for i in range(parts)]
+    if pair is not None:
+        devices.append({"name": "pair", "attributes": {"profile": {"string": "pair"}},
+                        "consumesCounters": [{"counterSet": f"gpu-{g}-cs", "counters": {"memory": {"value": pair}}}
+                                             for g in range(2)]})
     pool = {"name": node_name, "generation": 1, "resourceSliceCount": 2 if counters_apart else 1}
 
     def sl(name: str, spec: dict[str, Any]) -> RawObject:
@@ -142,22 +147,117 @@ def test_the_checker_refuses_a_whole_gpu_and_a_partition_on_one_set() -> None:
         check_plan(st, bad, fs, CONFIG)
 
 
+PAIR_BASE = [*BASE, *partitioned("n0", gpus=2, pair="80Gi"), profile_template("pair", "pair"),
+             profile_template("w", "whole"), profile_template("p", "part")]
+
+
+def test_a_device_on_two_counter_sets_consumes_from_both() -> None:
+    st = build_state(snapshot(PAIR_BASE))
+    assert st.dra is not None
+    d = next(i for i, dev in enumerate(st.dra.devices) if dev.name == "pair")
+    assert [(k[2], a) for k, a in st.dra.counters_of(d)] == [("counterSet:gpu-0-cs", (("memory", 80 * 2**30),)),
+                                                             ("counterSet:gpu-1-cs", (("memory", 80 * 2**30),))]
+    assert not any("pair" in w and "not allocated" in w for w in st.warnings)
+
+
+def test_a_device_on_a_counter_set_no_slice_has_is_not_allocated() -> None:
+    sl = partitioned("n0", gpus=2, parts=0, pair="40Gi")
+    sl[1].obj["spec"]["devices"][-1]["consumesCounters"][1]["counterSet"] = "gpu-9-cs"
+    st, plan = cycle([*BASE, *sl, profile_template("pair", "pair"), *group("a", "pair")])
+    assert plan.placements == []
+    assert any("pair: consumes counters of an unknown set gpu-9-cs; it is not allocated" in w for w in st.warnings)
+
+
+@pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])
+def test_a_device_on_two_counter_sets_is_allocated_when_both_have_room(engine: Engine) -> None:
+    st, plan = cycle([*PAIR_BASE, *group("a", "pair")], engine)
+    assert names(st, plan) == {"a"}
+    assert st.dra is not None
+    got = choose(st.dra, st.dra.claims[st.dra.pod_claims["default/a"][0]], "n0", set(st.dra.allocated))
+    assert got is not None and [r.device for r in got] == ["pair"]
+
+
+@pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])
+def test_a_device_on_two_counter_sets_and_a_device_on_either_set_are_not_both_allocated(engine: Engine) -> None:
+    """The pair takes all of gpu-0's and gpu-1's sets: with a whole GPU or a partition (of either GPU, whichever
+    set the cycle designates), one of the two is placed."""
+    for other in ("w", "p"):
+        _st, plan = cycle([*PAIR_BASE, *group("a", "pair"), *group("b", other)], engine)
+        assert len(plan.placements) == 1
+
+
+@pytest.mark.parametrize("held", ["gpu-0-p0", "gpu-1-p0"])
+def test_an_allocated_partition_on_either_set_keeps_the_pair_off(held: str) -> None:
+    objs = [*PAIR_BASE, allocated("held", "n0", held, reserved="gone"), *group("a", "pair")]
+    st, plan = cycle(objs)
+    assert plan.placements == []
+    assert st.dra is not None
+    d = next(i for i, dev in enumerate(st.dra.devices) if dev.name == "pair")
+    assert not st.dra.counters_fit(d, st.dra.consumed)
+
+
+def test_the_checker_refuses_a_pair_and_a_whole_gpu_on_one_of_its_sets() -> None:
+    objs = [*BASE, *partitioned("n0", gpus=2, pair="80Gi", parts=0), profile_template("pair", "pair"),
+            profile_template("w", "whole"), *group("a", "pair"), *group("b", "w"), *group("c", "w")]
+    st = build_state(snapshot(objs))
+    _, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
+    bad = Plan(engine="greedy", placements=[Placement(pod=st.pod_index[f"default/{n}"], node=0, devices=())
+                                            for n in ("a", "b")])
+    with pytest.raises(PlanViolation, match="b-gpus request gpus: 0 free matching devices"):  # the DRA family
+        check_plan(st, bad, fs, CONFIG)  # finds no whole GPU with room on its set once the pair took both
+
+
+@pytest.mark.parametrize("engine", [Engine.greedy, Engine.cpsat])
+def test_pairs_are_in_play_only_while_the_other_set_has_room_for_all_of_them(engine: Engine) -> None:
+    """Two half pairs (40Gi of each set), 20Gi of gpu-1's set taken: the designated set (gpu-0's, the most free)
+    has room for both, gpu-1's for one only, so one is in play and placed (both would take 80Gi of its 60Gi)."""
+    sl = partitioned("n0", gpus=2, parts=1, pair="40Gi")
+    sl[1].obj["spec"]["devices"].append(dict(sl[1].obj["spec"]["devices"][-1], name="pair-b"))
+    objs = [*BASE, *sl, allocated("held", "n0", "gpu-1-p0", reserved="gone"), profile_template("pair", "pair"),
+            *group("a", "pair"), *group("b", "pair")]
+    st, plan = cycle(objs, engine)
+    assert len(plan.placements) == 1
+    assert st.dra is not None
+    assert {st.dra.devices[d].name for d in st.dra.out_of_play} >= {"pair-b", "gpu-1"}
+
+
+def test_the_counters_of_devices_in_flight_are_counted_at_bind_time() -> None:
+    """A whole GPU chosen for a bind still in flight: a partition of it is not chosen for the next bind (a later
+    cycle that does not see the first claim allocated yet)."""
+    from kai_opt.k8s.dra import ClaimDevices
+    objs = [*BASE, *partitioned("n0"), profile_template("w", "whole"), profile_template("p", "part"),
+            *group("a", "w"), *group("b", "p")]
+    st = build_state(snapshot(objs))
+    assert st.dra is not None
+    chooser = ClaimDevices()
+    first = chooser.for_bind(st.dra, "default/a", "n0")
+    assert first is not None and first[0].results is not None and first[0].results[0].device == "gpu-0"
+    assert chooser.for_bind(st.dra, "default/b", "n0") is None
+    chooser.forget(first, "default/a")
+    assert chooser.for_bind(st.dra, "default/b", "n0") is not None
+
+
 @hs.composite
 def counter_clusters(draw: hs.DrawFn) -> list[RawObject]:
     objs: list[RawObject] = [queue("q", gpu=(draw(hs.integers(0, 16)), 1, -1)), device_class()]
     for i in range(draw(hs.integers(1, 3))):
         gpus = draw(hs.integers(1, 2))
+        pair = draw(hs.sampled_from((None, "40Gi", "80Gi"))) if gpus == 2 else None
         objs += [node(f"n{i}", gpus=0), *partitioned(f"n{i}", gpus=gpus, part=draw(hs.sampled_from(("20Gi", "30Gi"))),
-                                                     parts=draw(hs.integers(1, 4)))]
+                                                     parts=draw(hs.integers(1, 4)), pair=pair)]
+        held = False
         for g in range(gpus):
             if draw(hs.booleans()):
-                dev = draw(hs.sampled_from((f"gpu-{g}", f"gpu-{g}-p0")))
+                dev = draw(hs.sampled_from((f"gpu-{g}", f"gpu-{g}-p0", "pair") if pair and g == 1 and not held
+                                           else (f"gpu-{g}", f"gpu-{g}-p0")))  # (the pair: on both sets)
+                held = True
                 who = f"r{i}{g}"
                 objs += [allocated(who, f"n{i}", dev, reserved=who), podgroup(who, "q", priority_class="train"),
                          claim_pod(who, who, claim_name=who, node_name=f"n{i}")]
-    objs += [profile_template("w", "whole"), profile_template("p", "part"), profile_template("p2", "part", 2)]
+    objs += [profile_template("w", "whole"), profile_template("p", "part"), profile_template("p2", "part", 2),
+             profile_template("pair", "pair")]
     for k in range(draw(hs.integers(1, 6))):
-        objs += group(f"g{k}", draw(hs.sampled_from(("w", "p", "p2"))))
+        objs += group(f"g{k}", draw(hs.sampled_from(("w", "p", "p2", "pair"))))
     return objs
 
 

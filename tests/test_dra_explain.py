@@ -75,3 +75,20 @@ def test_used_up_shared_counters_are_named() -> None:
     out = ex(objs, "default/p0")
     alt = out["claims"][0]["claims"][0]["requests"][0]["alternatives"][0]
     assert alt["free"] == 0 and alt["blocked"]["shared counters of gpu-0-cs used up"] == 4
+
+
+def test_a_claim_for_two_shares_with_one_device_of_room_says_so() -> None:
+    objs = [queue("q", gpu=(64, 1, -1)), device_class(), node("n0", gpus=0), shared_slice("n0", ("80Gi", "80Gi")),
+            mem_claim("old", "70Gi", "n0", reserved="gone"), mem_template("t", "40Gi", 2), podgroup("g", "q"),
+            claim_pod("p", "g", template_name="t")]
+    out = ex(objs, "default/p")
+    alt = out["claims"][0]["claims"][0]["requests"][0]["alternatives"][0]
+    assert alt["count"] == 2 and alt["free"] == 1 and alt["blocked"] == {"no capacity left": 1}
+    assert any("needs 2 distinct devices with room for a share each" in line for line in out["summary"])
+
+
+def test_the_used_up_set_of_a_device_on_two_sets_is_named() -> None:
+    from test_dra_counters import PAIR_BASE, allocated, group
+    out = ex([*PAIR_BASE, allocated("held", "n0", "gpu-1-p0", reserved="gone"), *group("a", "pair")], "default/a")
+    alt = out["claims"][0]["claims"][0]["requests"][0]["alternatives"][0]
+    assert alt["free"] == 0 and alt["blocked"]["shared counters of gpu-1-cs used up"] == 1

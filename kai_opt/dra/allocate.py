@@ -1,16 +1,19 @@
 """Which devices a claim gets on its node, and claims after a plan (what the apiserver holds once it landed).
 
 Rule: a claim's request takes `count` devices of its column's kind on the node, the first by (slice, name)
-order that no allocated claim holds and no claim allocated earlier in the same pass took. A request on shared
-devices (allowMultipleAllocations) takes one share: of the node's designated device (the one its capacity columns
-measure) when that has room, else of the first that has; what it consumes is recorded with the result.
+order that no allocated claim holds and no claim allocated earlier in the same pass took, and whose counter sets
+(every one it consumes from) have room. A request on shared devices (allowMultipleAllocations) takes one share on
+each of `count` distinct devices (`All`: on every one of the column's devices on the node): the j-th share on the
+node's j-th device by free capacity (the one the j-th capacity columns measure; the designated device first) when
+that has room, else on the first with room the request has no share of yet; what it consumes is recorded with
+each result.
 A pod leaving its node (evicted, deleted) leaves every claim's reservedFor; a claim no one reserves any more is
 deallocated (as the resourceclaim controller does), so its devices are free again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 
 from kai_opt.api.dra import AllocationResult, ConsumerRef, ResourceClaim
 from kai_opt.dra.prepare import ClaimPlan, DeviceKey, DraState
@@ -32,18 +35,17 @@ def free_devices(dra: DraState, node: str, taken: set[tuple[str, str, str]]) -> 
 
 
 def shares_on(dra: DraState, node: str, col: str) -> list[int]:
-    """The node's shared devices of a column, its designated one first."""
-    first = dra.designated.get((node, col))
-    rest = [d for d in dra.node_devices(node) if dra.device_kind[d] >= 0
-            and dra.kind_column[dra.device_kind[d]] == col and d != first]
-    return ([first] if first is not None else []) + rest
+    """The node's shared devices of a column by rank: most free first, its designated one first."""
+    return list(dra.ranked.get((node, col), []))
 
 
 def take_share(dra: DraState, node: str, col: str, want: dict[str, int], used: Used,
-               only: Callable[[int], bool] | None = None) -> int | None:
-    """The device one share of `want` goes to on `node` (its consumption added to `used`), None: no room."""
-    for d in shares_on(dra, node, col):
-        if only is not None and not only(d):
+               among: Collection[int] | None = None, skip: Collection[int] = (), rank: int = 0) -> int | None:
+    """The device one share of `want` goes to on `node` (its consumption added to `used`), None: no room: the
+    `rank`-th device when it has room (and is `among`, not in `skip`), else the first that has."""
+    ranked = shares_on(dra, node, col)
+    for d in ranked[rank:rank + 1] + ranked[:rank] + ranked[rank + 1:]:
+        if (among is not None and d not in among) or d in skip:
             continue
         free = dra.free_capacity(d, used)
         if all(free.get(k, 0) >= v for k, v in want.items()):
@@ -59,19 +61,34 @@ def choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, s
     """Devices for an unallocated claim on `node` (marked in `taken`, shares added to `used`: by default the
     state's own record), or None when the node lacks them."""
     used = {k: dict(v) for k, v in dra.consumed.items()} if used is None else used
+    before = {k: dict(v) for k, v in used.items()}  # given back when the node lacks devices
+    got = _choose(dra, cp, node, taken, used)
+    if got is None:
+        used.clear()
+        used.update(before)
+    return got
+
+
+def _choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, str]],
+            used: Used) -> tuple[AllocationResult, ...] | None:
     free = free_devices(dra, node, taken)
     out: list[AllocationResult] = []
     for request, alt, col in cp.requests:
         share = dra.column_share.get(col)
         if share is not None and not alt.admin_access:
-            dev0 = next(iter(dra.devices[d] for d in shares_on(dra, node, col)), None)
-            want = share.consumption(alt.capacity, dev0.driver) if dev0 is not None else None
-            d = take_share(dra, node, col, want, used) if want is not None else None
-            if d is None:
+            ranked = shares_on(dra, node, col)
+            want = share.consumption(alt.capacity, dra.devices[ranked[0]].driver) if ranked else None
+            if want is None:
                 return None
-            dev = dra.devices[d]
-            out.append(AllocationResult(request=request, driver=dev.driver, pool=dev.pool, device=dev.name,
-                                        consumed=want))
+            mine: set[int] = set()  # distinct devices: one share of the request each
+            for j in range(len(ranked) if alt.mode == "All" else alt.count):
+                d = take_share(dra, node, col, want, used, skip=mine, rank=j)
+                if d is None:
+                    return None
+                mine.add(d)
+                dev = dra.devices[d]
+                out.append(AllocationResult(request=request, driver=dev.driver, pool=dev.pool, device=dev.name,
+                                            consumed=want))
             continue
         pool = free.get(col, [])
         n = len(pool) if alt.mode == "All" else alt.count

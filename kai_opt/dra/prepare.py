@@ -15,10 +15,13 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
   nodes where that count is the same as the column's request;
 - matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
 - shared devices (consumable capacity) and shared counters are columns of their own, measured on each node's
-  designated device / counter set (`read_consumption`, `read_counters`); tolerations are part of the query;
-  a network-attached device is counted on one node it reaches (`_Reach`);
-- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, count
-  > 1 on shared devices, the 256-consumer limit) keeps its pending pods off every node, with a warning.
+  designated device / counter set (`read_consumption`, `read_counters`); a request of `count` N (or `All`) shares
+  takes one on each of N distinct devices, the j-th share in the columns of the node's j-th device by free
+  capacity; a device on several counter sets is in play only on the designated set with room on the others for
+  every such device at once; tolerations are part of the query; a network-attached device is counted on one node
+  it reaches (`_Reach`);
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, the
+  256-consumer limit) keeps its pending pods off every node, with a warning.
 Without DRA objects and claims the snapshot is returned unchanged.
 """
 
@@ -64,10 +67,11 @@ def query_of(alt: DeviceSubRequest) -> Query:
     return (alt.device_class, alt.selectors, tuple(sorted(alt.capacity.items())), alt.tolerations)
 
 
-def cap_column(col: str, cap: str, elsewhere: bool = False) -> str:
+def cap_column(col: str, cap: str, elsewhere: bool = False, rank: int = 0) -> str:
     """The column of a capacity of shared devices: on each node, what the node's designated device of the kind
-    has free (`~`: what pods' claims consume on its other devices, so evicting them frees only that)."""
-    return f"{col}[{cap}]" + ("~" if elsewhere else "")
+    has free (`rank` j > 0: its j-th device by free capacity, for requests of several shares; `~`: what pods'
+    claims consume on its other devices, so evicting them frees only that)."""
+    return f"{col}[{cap}]" + ("~" if elsewhere else f"@{rank}" if rank else "")
 
 
 def is_gpu_class(name: str) -> bool:
@@ -119,32 +123,52 @@ class DraState:
     column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
     consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
     designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
+    ranked: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (node, shared column) -> devices,
+    # most free first (the designated one first): the j-th share of a request goes to the j-th
+    share_ranks: dict[str, int] = field(default_factory=dict)  # shared column -> devices with columns of their
+    # own (1, the designated one, unless a request takes several shares)
     counter_sets: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # counter_key -> values
     column_counters: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # column -> per device
     out_of_play: set[int] = field(default_factory=set)  # devices on a counter set other than the designated one
 
-    def counters_of(self, d: int) -> tuple[DeviceKey, tuple[tuple[str, int], ...]] | None:
-        """The counter set a device consumes from and how much (None: it consumes none)."""
+    def counters_of(self, d: int) -> tuple[tuple[DeviceKey, tuple[tuple[str, int], ...]], ...]:
+        """The counter sets a device consumes from and how much of each (empty: none), entries of one set added."""
         spec, dev = self.specs[d], self.devices[d]
         if not spec.consumes:
-            return None
-        cs, amounts = spec.consumes[0]
-        return counter_key(dev.driver, dev.pool, cs), amounts
+            return ()
+        out: dict[DeviceKey, dict[str, int]] = {}
+        for cs, amounts in spec.consumes:
+            mine = out.setdefault(counter_key(dev.driver, dev.pool, cs), {})
+            for c, v in amounts:
+                mine[c] = mine.get(c, 0) + v
+        return tuple((k, tuple(sorted(v.items()))) for k, v in out.items())
+
+    def blocked_set(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> DeviceKey | None:
+        """The first counter set the device consumes from that lacks room for it (None: every one has room)."""
+        for key, amounts in self.counters_of(d):
+            have, taken = self.counter_sets.get(key, {}), used.get(key, {})
+            if any(have.get(c, 0) - taken.get(c, 0) < v for c, v in amounts):
+                return key
+        return None
 
     def counters_fit(self, d: int, used: dict[DeviceKey, dict[str, int]]) -> bool:
-        got = self.counters_of(d)
-        if got is None:
-            return True
-        key, amounts = got
-        have, taken = self.counter_sets.get(key, {}), used.get(key, {})
-        return all(have.get(c, 0) - taken.get(c, 0) >= v for c, v in amounts)
+        """Every counter set the device consumes from has room for it."""
+        return self.blocked_set(d, used) is None
 
     def take_counters(self, d: int, used: dict[DeviceKey, dict[str, int]], sign: int = 1) -> None:
-        got = self.counters_of(d)
-        if got is not None:
-            mine = used.setdefault(got[0], {})
-            for c, v in got[1]:
+        for key, amounts in self.counters_of(d):
+            mine = used.setdefault(key, {})
+            for c, v in amounts:
                 mine[c] = mine.get(c, 0) + sign * v
+
+    def share_column(self, d: int, cap: str) -> str:
+        """The capacity column a share on shared device `d` is counted in: its rank's on its node, or `~`."""
+        col = self.kind_column[self.device_kind[d]]
+        ranked = self.ranked.get((self.devices[d].node, col), [])
+        rank = ranked.index(d) if d in ranked else len(ranked)
+        if rank < self.share_ranks.get(col, 1):
+            return cap_column(col, cap, rank=rank)
+        return cap_column(col, cap, True)
 
     def key(self, d: int) -> DeviceKey:
         dev = self.devices[d]
@@ -302,10 +326,11 @@ class _Builder:
         self.state.specs = specs
         self.state.counter_sets = counter_sets
         for d, dv in enumerate(specs):
-            if len(dv.consumes) > 1 or (dv.consumes and counter_key(devices[d].driver, devices[d].pool,
-                                                                    dv.consumes[0][0]) not in counter_sets):
-                self.warnings.append(f"device {devices[d].pool}/{dv.name}: consumes counters of "
-                                     f"{len(dv.consumes)} sets or of an unknown set; it is not allocated")
+            unknown = [cs for cs, _ in dv.consumes if counter_key(devices[d].driver, devices[d].pool, cs)
+                       not in counter_sets]
+            if unknown:
+                self.warnings.append(f"device {devices[d].pool}/{dv.name}: consumes counters of an unknown set "
+                                     f"{unknown[0]}; it is not allocated")
                 self.state.out_of_play.add(d)
         self.dev_index = {(d.driver, d.pool, d.name): i for i, d in enumerate(devices)}
 
@@ -366,7 +391,8 @@ class _Builder:
             share = (tuple(sorted(spec.capacity.items())), repr(sorted(spec.policies.items()))) \
                 if spec.multiple_allocations else None
             ctr = st.counters_of(d)
-            how = (share, ctr[1] if ctr is not None else None)  # shared capacity, counters per device
+            how = (share, tuple(sorted(a for _k, a in ctr)) if ctr else None)  # shared capacity, counters
+            # per device (the amounts of each set it consumes from, whichever sets they are)
             k = sig_kind.get((sig, how))
             if k is None:
                 k = sig_kind[(sig, how)] = len(st.kind_queries)
@@ -421,8 +447,13 @@ class _Builder:
         for d, k in enumerate(st.device_kind):
             if k >= 0 and self.kind_share[k][0] is not None:
                 st.column_share.setdefault(st.kind_column[k], st.specs[d])
-            if k >= 0 and self.kind_share[k][1] is not None:
-                st.column_counters.setdefault(st.kind_column[k], self.kind_share[k][1])
+            if k >= 0 and self.kind_share[k][1] is not None:  # what one device takes of the designated set: of
+                # a device on several sets, the most any of them gives per counter (exact when they are alike)
+                most: dict[str, int] = {}
+                for amounts in self.kind_share[k][1]:
+                    for c, v in amounts:
+                        most[c] = max(most.get(c, 0), v)
+                st.column_counters.setdefault(st.kind_column[k], tuple(sorted(most.items())))
 
     def read_consumption(self) -> None:
         """What allocated claims take of shared devices, and per node and shared column its designated device:
@@ -436,16 +467,24 @@ class _Builder:
                 use = st.consumed.setdefault((r.driver, r.pool, r.device), {})
                 for k, v in (r.consumed or st.specs[di].consumption({}, r.driver) or {}).items():
                     use[k] = use.get(k, 0) + v
-        best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], int], int]] = {}
+        on: dict[tuple[str, str], list[tuple[tuple[tuple[int, ...], int], int]]] = defaultdict(list)
         for d, k in enumerate(st.device_kind):
             if k < 0 or self.kind_share[k][0] is None:
                 continue
             free = st.free_capacity(d, st.consumed)
-            rank = (tuple(free[c] for c in sorted(free)), -d)
-            at = (st.devices[d].node, st.kind_column[k])
-            if at not in best or rank > best[at][0]:
-                best[at] = (rank, d)
-        st.designated = {at: d for at, (_r, d) in best.items()}
+            on[(st.devices[d].node, st.kind_column[k])].append(((tuple(free[c] for c in sorted(free)), -d), d))
+        st.ranked = {at: [d for _r, d in sorted(devs, reverse=True)] for at, devs in on.items()}
+        st.designated = {at: devs[0] for at, devs in st.ranked.items()}
+        for cp in self.plans.values():  # a request of several shares: each device of its column gets columns
+            for r in self.spec_of(cp).requests:
+                for alt in r.alternatives:
+                    if alt.admin_access or (alt.mode == "ExactCount" and alt.count == 1):
+                        continue
+                    for k, sig in enumerate(st.kind_queries):
+                        col = st.kind_column[k]
+                        if query_of(alt) in sig and col in st.column_share and col not in st.share_ranks:
+                            st.share_ranks[col] = max((len(v) for (_n, c), v in st.ranked.items() if c == col),
+                                                      default=1)
         self.cap_back: dict[tuple[str, str], int] = defaultdict(int)  # (node, capacity column) -> pods' use
         self.read_counters()
 
@@ -463,24 +502,37 @@ class _Builder:
                     allocated.add((r.driver, r.pool, r.device))
         best: dict[tuple[str, str], tuple[tuple[tuple[int, ...], str], DeviceKey]] = {}
         for d, dev in enumerate(st.devices):
-            got = st.counters_of(d)
-            if got is None or d in st.out_of_play:
+            if d in st.out_of_play:
                 continue
-            have, taken = st.counter_sets[got[0]], st.consumed.get(got[0], {})
-            rank = (tuple(have[c] - taken.get(c, 0) for c in sorted(have)), "/".join(got[0]))
-            at = (dev.node, dev.driver)
-            if at not in best or rank > best[at][0]:
-                best[at] = (rank, got[0])
+            for key, _amounts in st.counters_of(d):
+                have, taken = st.counter_sets[key], st.consumed.get(key, {})
+                rank = (tuple(have[c] - taken.get(c, 0) for c in sorted(have)), "/".join(key))
+                at = (dev.node, dev.driver)
+                if at not in best or rank > best[at][0]:
+                    best[at] = (rank, key)
         self.designated_set = {at: key for at, (_r, key) in best.items()}
         self.sets_on: dict[str, list[tuple[str, DeviceKey]]] = defaultdict(list)  # node -> (driver, set)
         for (n, drv), key in self.designated_set.items():
             self.sets_on[n].append((drv, key))
         self.out_free: dict[tuple[str, str], int] = defaultdict(int)  # (node, column) -> free devices out of play
+        # a device on several sets is in play when one is the designated set and the others have room for all
+        # such devices at once (their use is in no column): what those take of each other set so far
+        others: dict[DeviceKey, dict[str, int]] = {}
         for d, dev in enumerate(st.devices):
             got = st.counters_of(d)
-            if got is None or st.key(d) in allocated:
+            if not got or st.key(d) in allocated:
                 continue
-            if d in st.out_of_play or self.designated_set.get((dev.node, dev.driver)) != got[0]:
+            mine = self.designated_set.get((dev.node, dev.driver))
+            rest = [(key, amounts) for key, amounts in got if key != mine]
+            ok = d not in st.out_of_play and len(rest) < len(got)
+            if ok and rest:
+                after = {key: {c: others.get(key, {}).get(c, 0) + v for c, v in amounts} for key, amounts in rest}
+                ok = all(st.counter_sets[key].get(c, 0) - st.consumed.get(key, {}).get(c, 0) >= v
+                         for key, amounts in after.items() for c, v in amounts.items())
+                if ok:
+                    for key, amounts in after.items():
+                        others.setdefault(key, {}).update(amounts)
+            if not ok:
                 st.out_of_play.add(d)
                 if st.device_kind[d] >= 0:
                     self.out_free[(dev.node, st.kind_column[st.device_kind[d]])] += 1
@@ -517,19 +569,16 @@ class _Builder:
             nodes_of.add(st.devices[di].node)
             if st.specs[di].multiple_allocations:
                 if st.device_kind[di] >= 0 and not res.admin_access:
-                    col = st.kind_column[st.device_kind[di]]
-                    other = st.designated.get((st.devices[di].node, col)) != di
                     for cap, v in (res.consumed or st.specs[di].consumption({}, res.driver) or {}).items():
-                        shares[(st.devices[di].node, cap_column(col, cap, other))] += v
+                        shares[(st.devices[di].node, st.share_column(di, cap))] += v
                 continue
             st.allocated.add((res.driver, res.pool, res.device))
             if st.device_kind[di] >= 0 and not res.admin_access:
                 counts[st.kind_column[st.device_kind[di]]] += 1
-                got = st.counters_of(di)
-                if got is not None:
-                    dev = st.devices[di]
-                    other = self.designated_set.get((dev.node, dev.driver)) != got[0]
-                    for c, v in got[1]:
+                dev = st.devices[di]
+                for key, amounts in st.counters_of(di):
+                    other = self.designated_set.get((dev.node, dev.driver)) != key
+                    for c, v in amounts:
                         shares[(dev.node, counter_column(dev.driver, c, other))] += v
         if not nodes_of and claim.allocation_nodes:
             nodes_of = {n.name for n in self.nodes if any(t.matches(n.labels, n.name) for t in claim.allocation_nodes)}
@@ -589,14 +638,16 @@ class _Builder:
             cp.nodes = pin if cp.nodes is None else cp.nodes & pin
         have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries) if query_of(alt) in sig))[1]
         share = st.column_share.get(col)
-        if share is not None and not alt.admin_access:
-            if alt.mode == "All" or alt.count != 1:
-                cp.problem = (f"claim {cp.key}: request {r.name}: kai-opt takes one share of a shared device per "
-                              f"request (allocationMode All or count > 1 is not supported on shared devices)")
-                return False
+        if share is not None and not alt.admin_access:  # a share on each of `n` distinct devices: the j-th on
+            n = alt.count  # the node's j-th device by free capacity (its own columns)
+            if alt.mode == "All":  # pinned to the nodes with the most, so every one of them gets a share
+                n = max(have.values(), default=0)
+                want = {nd for nd, c in have.items() if c == n}
+                cp.nodes = want if cp.nodes is None else cp.nodes & want
             use = share.consumption(alt.capacity, self.driver_of(col))
-            for cap, v in (use or {}).items():
-                cp.demand[cap_column(col, cap)] = cp.demand.get(cap_column(col, cap), 0) + v
+            for j in range(n):
+                for cap, v in (use or {}).items():
+                    cp.demand[cap_column(col, cap, rank=j)] = cp.demand.get(cap_column(col, cap, rank=j), 0) + v
             return True
         per_device = st.column_counters.get(col, ())
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
@@ -661,11 +712,13 @@ class _Builder:
                     extra[cc] = max(0, v - taken.get(c, 0)) + self.cap_back.get((n, cc), 0)
                     extra[counter_column(drv, c, True)] = self.cap_back.get((n, counter_column(drv, c, True)), 0)
             for col, share in st.column_share.items():
-                d = st.designated.get((node.name, col))
-                free = st.free_capacity(d, st.consumed) if d is not None else {}
+                ranked = st.ranked.get((node.name, col), [])
+                for j in range(st.share_ranks.get(col, 1)):
+                    free = st.free_capacity(ranked[j], st.consumed) if j < len(ranked) else {}
+                    for cap in share.capacity:
+                        cc = cap_column(col, cap, rank=j)
+                        extra[cc] = max(0, free.get(cap, 0)) + self.cap_back.get((node.name, cc), 0)
                 for cap in share.capacity:
-                    extra[cap_column(col, cap)] = max(0, free.get(cap, 0)) + self.cap_back.get(
-                        (node.name, cap_column(col, cap)), 0)
                     extra[cap_column(col, cap, True)] = self.cap_back.get((node.name, cap_column(col, cap, True)), 0)
             meta = node.meta.model_copy(update={"labels": {**node.labels, NODE_LABEL: node.name}})
             out.append(node.model_copy(update={"meta": meta, "allocatable": {**node.allocatable, **extra},

@@ -81,9 +81,9 @@ def request_entry(dra: DraState, r: DeviceRequest) -> dict[str, Any]:
             reason = _blocker(dra, q, d)
             if reason is None and (dev.driver, dev.pool, dev.name) in dra.allocated:
                 reason = "allocated to another claim"
-            if reason is None and not alt.admin_access and not dra.counters_fit(d, dra.consumed):
-                got = dra.counters_of(d)
-                reason = f"shared counters of {got[0][2].removeprefix('counterSet:') if got else '?'} used up"
+            blocked = None if reason is not None or alt.admin_access else dra.blocked_set(d, dra.consumed)
+            if blocked is not None:
+                reason = f"shared counters of {blocked[2].removeprefix('counterSet:')} used up"
             if reason is None and d in dra.out_of_play:
                 reason = "not on the node's counter set of this cycle"
             if reason is None and dra.specs[d].multiple_allocations and not alt.admin_access:
@@ -139,6 +139,7 @@ def summary_lines(claims: list[dict[str, Any]]) -> list[str]:
                     blocked = ", ".join(f"{n} {why}" for why, n in a["blocked"].items())
                     best = a.get("best_node")
                     where = f"; best node {best['node']} has {best['free']}" if best else ""
+                    many = " distinct devices with room for a share each" if a.get("share") and a["count"] != 1 else ""
                     lines.append(f"claim {c['claim']} request {a['request']}: {a['free']} free matching devices, "
-                                 f"needs {a['count']}{where}" + (f" (blocked: {blocked})" if blocked else ""))
+                                 f"needs {a['count']}{many}{where}" + (f" (blocked: {blocked})" if blocked else ""))
     return lines

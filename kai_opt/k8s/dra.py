@@ -81,6 +81,9 @@ class ClaimDevices:
                                   and not _all_allocated(dra, k)}
             taken = set(dra.allocated) | set(self._inflight)
             used = {k: dict(v) for k, v in dra.consumed.items()}
+            for k in self._inflight:  # what devices in flight take of their counter sets
+                if (di := dra.index_of(k)) is not None:
+                    dra.take_counters(di, used)
             for _until, shares in self._inflight_use.values():
                 for dev, amounts in shares.items():
                     mine = used.setdefault(dev, {})

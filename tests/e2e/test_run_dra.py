@@ -1,7 +1,8 @@
 """`kai-opt run` with DRA on a real apiserver (resource.k8s.io/v1): a fake driver's ResourceSlices (4 nodes x 8 GPUs
 with a `productName` attribute) and a DeviceClass; claims are allocated and reserved before the bind, shared
 claims keep their pods together, gangs of DRA pods bind all-or-nothing, reclaim releases the victim's claim, a
-stale slice generation drops the claim write, network-attached devices (nodeSelector / allNodes slices) are given
+stale slice generation drops the claim write, consumable capacity (a claim for two shares gets two distinct
+devices), a device on two counter sets, network-attached devices (nodeSelector / allNodes slices) are given
 once each to pods on nodes they reach, and a DeviceTaintRule (on an apiserver with that beta API on) keeps
 its devices from claims that do not tolerate it."""
 
@@ -248,6 +249,84 @@ def test_consumable_capacity_four_claims_of_20gi_share_one_80gi_device_and_a_fif
         assert len({r["shareID"] for r in results}) == 4  # one share each
         waiting = next(f"m{i}" for i in range(5) if f"m{i}" not in placed)
         assert claim_of(api, waiting) is None
+
+
+def test_consumable_capacity_a_claim_for_two_shares_gets_two_distinct_devices(dra: LocalCluster) -> None:
+    """Two shared 80Gi devices on n0, claims for 2 x 50Gi: the first gets a share of each device (two results,
+    their own shareIDs), the second waits (30Gi left on each)."""
+    shared = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
+              "spec": {"driver": "mem.example.com", "nodeName": "n0",
+                       "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
+                       "devices": [{"name": f"shared-{i}", "allowMultipleAllocations": True,
+                                    "capacity": {"memory": {"value": "80Gi"}}} for i in range(2)]}}
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem50x2", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "shared.example.com", "count": 2,
+                "capacity": {"requests": {"memory": "50Gi"}}}}]}}}}
+    with dra.api_client() as api:
+        request(api, "POST", object_path(V, "resourceslices", None), body=shared)
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        post(api, [tmpl] + [x for i in range(2) for x in (podgroup(f"m{i}", 1, "team"),
+                                                         dra_pod(f"m{i}", f"m{i}", template_name="mem50x2"))])
+        with scheduler(dra):
+            wait_for("one bound", lambda: len(bound(api)) == 1)
+            time.sleep(1.5)  # more cycles: the second has no room for two shares
+            placed = bound(api)
+        assert len(placed) == 1 and set(placed.values()) == {"n0"}
+        c = claim_of(api, next(iter(placed)))
+        assert c is not None
+        results = c["status"]["allocation"]["devices"]["results"]
+        assert sorted((r["pool"], r["device"]) for r in results) == [("n0-shared", "shared-0"),
+                                                                      ("n0-shared", "shared-1")]
+        assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"50Gi"}, {str(50 * 2**30)})
+        assert len({r["shareID"] for r in results}) == 2
+        assert claim_of(api, next(f"m{i}" for i in range(2) if f"m{i}" not in placed)) is None
+
+
+def test_a_device_on_two_counter_sets_is_allocated_and_keeps_a_whole_gpu_of_either_off(dra: LocalCluster) -> None:
+    """Partitionable devices: two GPUs' counter sets (a slice of their own), a whole device per GPU and a pair
+    consuming 80Gi of both; the pair's claim is allocated, then a whole GPU's waits until the pair's pod is
+    gone."""
+    pool = {"name": "n0-parts", "generation": 1, "resourceSliceCount": 2}
+    counters = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-parts-counters"},
+                "spec": {"driver": "part.example.com", "nodeName": "n0", "pool": pool, "sharedCounters": [
+                    {"name": f"gpu-{g}-cs", "counters": {"memory": {"value": "80Gi"}}} for g in range(2)]}}
+    whole = [{"name": f"gpu-{g}", "attributes": {"profile": {"string": "whole"}},
+              "consumesCounters": [{"counterSet": f"gpu-{g}-cs", "counters": {"memory": {"value": "80Gi"}}}]}
+             for g in range(2)]
+    pair = {"name": "pair", "attributes": {"profile": {"string": "pair"}},
+            "consumesCounters": [{"counterSet": f"gpu-{g}-cs", "counters": {"memory": {"value": "80Gi"}}}
+                                 for g in range(2)]}
+    devices = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-parts-devices"},
+               "spec": {"driver": "part.example.com", "nodeName": "n0", "pool": pool, "devices": [*whole, pair]}}
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "part.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "part.example.com"'}}]}}
+
+    def tmpl(name: str) -> dict[str, Any]:
+        sel = [{"cel": {"expression": f'device.attributes["part.example.com"].profile == "{name}"'}}]
+        return {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": NS},
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                    "deviceClassName": "part.example.com", "selectors": sel}}]}}}}
+    with dra.api_client() as api, dra.kwok():
+        for body in (counters, devices):
+            request(api, "POST", object_path(V, "resourceslices", None), body=body)
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        back = request(api, "GET", object_path(V, "resourceslices", None, "n0-parts-devices"))
+        assert len(back["spec"]["devices"][2].get("consumesCounters") or []) == 2, \
+            "the test apiserver dropped consumesCounters (DRAPartitionableDevices)"
+        post(api, [tmpl("pair"), tmpl("whole"), podgroup("a", 1, "team"), dra_pod("a", "a", template_name="pair")])
+        with scheduler(dra):
+            wait_for("the pair bound", lambda: bound(api).get("a"))
+            assert allocated_devices(claim_of(api, "a") or {}) == [("n0-parts", "pair")]
+            post(api, [podgroup("b", 1, "team"), dra_pod("b", "b", template_name="whole")])
+            time.sleep(1.5)  # more cycles: neither GPU's counter set has room for a whole GPU
+            assert "b" not in bound(api) and claim_of(api, "b") is None
+            request(api, "DELETE", object_path("v1", "pods", NS, "a"), query={"gracePeriodSeconds": 0})
+            wait_for("the whole GPU bound", lambda: bound(api).get("b"))
+        devs = allocated_devices(claim_of(api, "b") or {})
+        assert len(devs) == 1 and devs[0][1] in ("gpu-0", "gpu-1")
 
 
 def test_the_default_apiserver_does_not_serve_device_taint_rules(dra: LocalCluster) -> None:
