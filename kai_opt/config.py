@@ -476,6 +476,10 @@ class Config(_Model):
     max_victim_chunks: int = Field(500, ge=-1, le=INT32_MAX,
                                    description="victim chunks (a gang's core, or one elastic pod) one "
                                    "search may evict before it gives up (-1 = unlimited); bounds a cycle's time")
+    use_scheduling_signatures: bool = Field(True, description="in one run of reclaim, preempt or consolidate, "
+                                            "skip a pending job that is no easier to place than a failed one "
+                                            "with the same constraints (KAI's useSchedulingSignatures, on in "
+                                            "KAI's scheduler binary, off in its test sessions)")
     preempt_min_runtime_s: float = Field(0.0, ge=0, le=MAX_DURATION_S,
                                          description="default when no queue in the tree sets "
                                          "preemptMinRuntime")

@@ -60,7 +60,10 @@ class CaseResult:
 
 def case_config(case: Case, base: Config) -> Config:
     grace = float(case.session.get("staleness_grace_period_seconds", 0.0))
-    return base.model_copy(update={"stale_gang_grace_s": grace, "max_consolidation_preemptees": -1})
+    # KAI's test sessions (test_utils_builder.go): unlimited consolidation preemptees, scheduling signatures off
+    # (SchedulerParams left at zero)
+    return base.model_copy(update={"stale_gang_grace_s": grace, "max_consolidation_preemptees": -1,
+                                   "use_scheduling_signatures": False})
 
 
 def outcome(state: ClusterState, plan: Plan, *, after_transition: bool = False) -> Outcome:

@@ -12,6 +12,7 @@ import numpy as np
 
 from kai_opt.actions import ACTION_BY_NAME, ActionSpec
 from kai_opt.heuristics.actions.context import ActionContext
+from kai_opt.heuristics.actions.signatures import FailedJobs, Signature, signature
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.session import Session
 from kai_opt.heuristics.tasks import tasks_to_allocate
@@ -77,14 +78,29 @@ class VictimAction(Action):
 
     preemptible_only: ClassVar[bool] = False  # only preemptible pending groups take part
     pipeline_group: ClassVar[bool] = True  # on success, all of the group's placements wait (pipelined)
+    # KAI's scheduling signatures (signatures.py): failed jobs are compared within the pending job's queue (else
+    # the whole cluster), and before `admits` (a refusal counts as a failure) unless signatures_after_admits
+    signatures_per_queue: ClassVar[bool] = True
+    signatures_after_admits: ClassVar[bool] = False
 
     def run(self, ctx: ActionContext) -> None:
         sess, st = ctx.sess, ctx.sess.state
         reason = self.eviction_reason
         assert reason is not None, f"{self.name} evicts, so it declares an eviction reason"
         jq = JobQueue(sess, ctx.pending_groups(preemptible_only=self.preemptible_only))
+        failed = FailedJobs() if sess.cfg.use_scheduling_signatures else None
         for g, tasks in queued_groups(ctx, jq):
-            if ctx.satisfied_now(g) or not self.admits(ctx, g, tasks):
+            if ctx.satisfied_now(g):
+                continue
+            sig = None if failed is None else signature(sess, g, int(st.pg_queue[g]) if self.signatures_per_queue
+                                                        else -1)
+            if failed is not None and not self.signatures_after_admits and self._skipped(ctx, g, failed, sig):
+                continue
+            if not self.admits(ctx, g, tasks):
+                if failed is not None and not self.signatures_after_admits:
+                    failed.failed(sess, g, sig, None)
+                continue
+            if failed is not None and self.signatures_after_admits and self._skipped(ctx, g, failed, sig):
                 continue
             key = ctx.search_key(self.name, g, tasks)
             if ctx.failed_before(g, key):
@@ -103,6 +119,20 @@ class VictimAction(Action):
             if why is not None:
                 ctx.add_reason(g, why)
             ctx.remember_failure(key, why)
+            if failed is not None:
+                failed.failed(sess, g, sig, why)
+
+    def _skipped(self, ctx: ActionContext, g: int, failed: FailedJobs, sig: Signature | None) -> bool:
+        """Whether g is not tried (KAI's scheduling signatures); it then gets the failed job's reason."""
+        hit = failed.skips(ctx.sess, g, sig)
+        if hit is None:
+            return False
+        other, why = hit
+        like = ctx.sess.state.pg_keys[other]
+        ctx.add_reason(g, Reason(f"{self.spec_name.capitalize()}Skipped", f"{self.spec_name} not tried: {like}, "
+                                 "with the same constraints and no larger requests, found nothing this cycle"
+                                 + (f" ({why.message})" if why is not None else ""), {"like": like}))
+        return True
 
     def admits(self, ctx: ActionContext, g: int, tasks: list[int]) -> bool:
         """Whether g may look for victims at all (before the memo); may record why not."""

@@ -25,6 +25,7 @@ class Consolidate(VictimAction):
     spec_name = "consolidate"
     preemptible_only = True
     pipeline_group = False
+    signatures_per_queue = False  # KAI keeps one set of failed jobs for the whole cluster here
 
     def run(self, ctx: ActionContext) -> None:
         if ctx.sess.cfg.max_consolidation_preemptees == 0:

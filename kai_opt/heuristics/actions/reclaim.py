@@ -82,6 +82,7 @@ class ReclaimSearch(Search):
 
 class Reclaim(VictimAction):
     spec_name = "reclaim"
+    signatures_after_admits = True  # KAI compares only jobs its reclaim admits (CanReclaimResources)
 
     def admits(self, ctx: ActionContext, g: int, tasks: list[int]) -> bool:
         sess, st = ctx.sess, ctx.sess.state
