@@ -234,6 +234,9 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
     share_nodes = {n for n, items in on_node.items() if any(is_share(st, p) for p, _v in items)}
     # a victim holding a GPU share frees part of a device: only the device-level constraints count that right
     share_nodes |= {n for n, items in released.items() if any(is_share(st, p) for _, p, _k in items)}
+    # a device a leaving pod shares with a pod that stays (a kept greedy placement pipelined onto it) is not freed
+    # whole by the eviction: counting released whole GPUs per node would free it twice
+    share_nodes |= {n for n, items in released.items() if _shared_devices(sess, [p for _x, p, _k in items])}
     for n, items in on_node.items():
         rel = released[n]
         # per resource: placed - released <= free now, one weighted sum per row (the coefficients in bulk)
@@ -255,6 +258,17 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
             wrel = [(x, p) for x, p, _k in rel if st.pod_gpu_whole[p]]
             m.add(whole_use - wsum([x for x, _p in wrel], [int(st.pod_gpu_whole[p]) for _x, p in wrel])
                   <= int(sess.whole_future[n]))
+
+
+def _shared_devices(sess: Session, leaving: list[int]) -> bool:
+    """Whether a device the `leaving` pods hold is held by more than they hold of it."""
+    st = sess.state
+    held: dict[int, int] = defaultdict(int)
+    for p in leaving:
+        per = st.pod_gpu_per_device(p, int(sess.node[p]))
+        for d in sess.pod_devices(p):
+            held[int(d)] += per
+    return any(int(sess.dev_held[d]) > h for d, h in held.items())
 
 
 def _topology_rows(sess: Session, scope: Scope, b: Built) -> None:
