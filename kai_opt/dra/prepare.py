@@ -10,8 +10,10 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
 - a claim used by several pods is held once: allocated, its devices leave the node's allocatable and every user
   is pinned there; not yet allocated, the first user holds it and the others are bound by a required pod affinity
   to the holder's node;
-- a request is satisfiable only when its query selects one kind (firstAvailable: the first alternative that does
-  and that some node has enough devices for); `All` takes every matching device of the node, and is pinned to the
+- a request is satisfiable only when its query's kinds are in one column: kinds no node has two of and that are
+  counted alike (`apart`) share one, so the request takes whichever each node has, asking the most any of them
+  consumes of shares and counters (firstAvailable: the first alternative that is, and that some node has enough
+  devices for); `All` takes every matching device of the node, and is pinned to the
   nodes where that count is the same as the column's request;
 - matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
 - shared devices (consumable capacity) and shared counters are columns of their own, measured on each node's
@@ -20,7 +22,7 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
   capacity; a device on several counter sets is in play only on the designated set with room on the others for
   every such device at once; tolerations are part of the query; a network-attached device is counted on one node
   it reaches (`_Reach`);
-- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, the
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several columns, the
   256-consumer limit) keeps its pending pods off every node, with a warning.
 Without DRA objects and claims the snapshot is returned unchanged.
 """
@@ -121,6 +123,7 @@ class DraState:
     allocated: set[tuple[str, str, str]]  # (driver, pool, device) held by allocated claims
     specs: list[Device] = field(default_factory=list)  # per device: as the slice gives it
     column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
+    # (its capacity names; what a share consumes is each device's own: a node has one kind of a column)
     consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
     designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
     ranked: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (node, shared column) -> devices,
