@@ -365,6 +365,50 @@ def test_a_device_on_two_counter_sets_is_allocated_and_keeps_a_whole_gpu_of_eith
         assert len(devs) == 1 and devs[0][1] in ("gpu-0", "gpu-1")
 
 
+def test_partitions_of_different_sizes_on_two_nodes_are_both_allocated_within_their_counters(
+        dra: LocalCluster) -> None:
+    """A GPU of 80Gi counters on n0 and on n1, partitioned in 4 x 20Gi on n0 and 2 x 40Gi on n1: "a partition"
+    claims go to both nodes, each node's partitions within its counter set (a new claim asks 40Gi of the
+    counters, the larger size; allocated ones count at their own size). Before, the two sizes were kinds of
+    separate columns and no claim was placed."""
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "part.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "part.example.com"'}}]}}
+    size = {"n0": ("20Gi", 4), "n1": ("40Gi", 2)}
+
+    def node_slices(n: str) -> list[dict[str, Any]]:  # (counters in a slice of their own, as 1.36 wants)
+        part, k = size[n]
+        devices = [{"name": f"p{i}", "attributes": {"profile": {"string": "part"}},
+                    "consumesCounters": [{"counterSet": "gpu-0-cs", "counters": {"memory": {"value": part}}}]}
+                   for i in range(k)]
+        pool = {"name": f"{n}-parts", "generation": 1, "resourceSliceCount": 2}
+        return [{"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{n}-parts{what}"},
+                 "spec": {"driver": "part.example.com", "nodeName": n, "pool": pool, **spec}}
+                for what, spec in (("-counters", {"sharedCounters": [
+                    {"name": "gpu-0-cs", "counters": {"memory": {"value": "80Gi"}}}]}), ("", {"devices": devices}))]
+    sel = [{"cel": {"expression": 'device.attributes["part.example.com"].profile == "part"'}}]
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "part", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "part.example.com", "selectors": sel}}]}}}}
+    with dra.api_client() as api, dra.kwok():
+        for body in (b for n in size for b in node_slices(n)):
+            request(api, "POST", object_path(V, "resourceslices", None), body=body)
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        back = request(api, "GET", object_path(V, "resourceslices", None, "n0-parts"))
+        assert back["spec"]["devices"][0].get("consumesCounters"), \
+            "the test apiserver dropped consumesCounters (DRAPartitionableDevices)"
+        post(api, [tmpl] + [x for i in range(5) for x in (podgroup(f"q{i}", 1, "team"),
+                                                         dra_pod(f"q{i}", f"q{i}", template_name="part"))])
+        with scheduler(dra):
+            wait_for("all five bound", lambda: len(bound(api)) == 5)
+            placed = bound(api)
+        # n1 full (2 x 40Gi); n0: two in the first cycle, a third once the first two count at their own 20Gi
+        assert sorted(placed.values()) == ["n0", "n0", "n0", "n1", "n1"]
+        for name, n in placed.items():
+            devs = allocated_devices(claim_of(api, name) or {})
+            assert len(devs) == 1 and devs[0][0] == f"{n}-parts"
+        assert len({allocated_devices(claim_of(api, name) or {})[0] for name in placed}) == 5
+
+
 def test_the_default_apiserver_does_not_serve_device_taint_rules(dra: LocalCluster) -> None:
     """Kubernetes 1.36: DeviceTaintRule is resource.k8s.io/v1beta2, a beta API off by default (so kai-opt's cache
     finds it absent and goes on; the rules are read where an admin turned them on, next test)."""
