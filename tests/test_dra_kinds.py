@@ -15,7 +15,7 @@ from test_dra_counters import group, partitioned, profile_template
 
 from kai_opt.config import Engine
 from kai_opt.dra.allocate import choose
-from kai_opt.explain.dra import claim_entry
+from kai_opt.explain.dra import claim_entry, summary_lines
 from kai_opt.snapshot import RawObject
 from kai_opt.state import build_state
 
@@ -163,3 +163,36 @@ def test_explain_shows_the_share_of_the_node_it_goes_to() -> None:
     assert entry["devices"] == [f"{DRIVER}/n1/gpu-0 (share {{'{DRIVER}/memory': {20 * GI}}})"]
     entry = claim_entry(st.dra, st.dra.claims[ci], "n0")
     assert entry["devices"] == [f"{DRIVER}/n0/gpu-0 (share {{'{DRIVER}/memory': {40 * GI}}})"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_whole_device_share_over_80gi_and_40gi_devices_is_counted_at_80gi_and_explain_says_so(
+        engine: Engine) -> None:
+    """Without capacity.requests a share takes its device whole: 80Gi on n0, 40Gi on n1. The column counts the
+    larger (conservative: never too little), so the pod goes to n0 only; with n0 partly taken it waits, and
+    explain says the share is counted at the most its devices take."""
+    from test_dra_capacity import mem_claim
+    objs = [queue("q", gpu=(64, 1, -1)), device_class(), node("n0", gpus=0), shared_slice("n0", ("80Gi",)),
+            node("n1", gpus=0), shared_slice("n1", ("40Gi",)), mem_template("t", None), *pods_of(1, "t")]
+    st, plan = checked_cycle(objs, engine)
+    assert on_nodes(st, plan) == {"p0": "n0"}
+    objs.append(mem_claim("old", "10Gi", "n0", reserved="gone"))
+    st, plan = checked_cycle(objs, engine)
+    assert not plan.placements
+    assert st.dra is not None
+    [ci] = st.dra.pod_claims["default/p0"]
+    entry = claim_entry(st.dra, st.dra.claims[ci], None)
+    lines = summary_lines([{"pod": "default/p0", "claims": [entry]}])
+    assert any(f"each share counted as {{'{DRIVER}/memory': {80 * GI}}}, the most its devices on different nodes"
+               in line for line in lines), lines
+
+
+def test_explain_says_partitions_are_counted_at_the_larger_size() -> None:
+    objs = [queue("q", gpu=(64, 1, -1)), device_class(), node("n0", gpus=0), *partitioned("n0", part="20Gi"),
+            node("n1", gpus=0), *partitioned("n1", part="40Gi", parts=2), profile_template("t", "part"),
+            *group("g", "t")]
+    st = build_state(snapshot(objs))
+    assert st.dra is not None
+    [ci] = st.dra.pod_claims["default/g"]
+    assert st.dra.claims[ci].larger == [f"request gpus: each device counted as {{'memory': {40 * GI}}} of its shared "
+                                        "counters, the most its devices on different nodes take (some take less)"]

@@ -106,6 +106,8 @@ class ClaimPlan:
     fixed: bool = False  # devices held outside any pod (allocated and shared)
     problem: str | None = None
     gpus: int = 0  # devices of GPU classes (queue accounting)
+    larger: list[str] = field(default_factory=list)  # requests asking more than some of their devices take (the
+    # most of their kinds on different nodes), for explain
 
 
 @dataclass
@@ -674,15 +676,24 @@ class _Builder:
                 want = {nd for nd, c in have.items() if c == n}
                 cp.nodes = want if cp.nodes is None else cp.nodes & want
             use: dict[str, int] = {}  # kinds of the column on different nodes: the most any of them takes
+            takes = set()
             for k in mine:
                 dev = self.kind_device[k]
-                for cap, v in (st.specs[dev].consumption(alt.capacity, st.devices[dev].driver) or {}).items():
+                got = st.specs[dev].consumption(alt.capacity, st.devices[dev].driver) or {}
+                takes.add(tuple(sorted(got.items())))
+                for cap, v in got.items():
                     use[cap] = max(use.get(cap, 0), v)
+            if len(takes) > 1:
+                cp.larger.append(f"request {r.name}: each share counted as {use}, the most its devices on different "
+                                 f"nodes take (some take less)")
             for j in range(n):
                 for cap, v in use.items():
                     cp.demand[cap_column(col, cap, rank=j)] = cp.demand.get(cap_column(col, cap, rank=j), 0) + v
             return True
         per_device = self.most_counters(mine) if col in st.column_counters else ()
+        if len({self.most_counters([k]) for k in mine}) > 1:
+            cp.larger.append(f"request {r.name}: each device counted as {dict(per_device)} of its shared counters, "
+                             f"the most its devices on different nodes take (some take less)")
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
