@@ -511,8 +511,8 @@ def _dra_problems(state: ClusterState, dec: _Decisions, active_after: np.ndarray
                 share = dra.column_share.get(col)
                 if share is not None and not alt.admin_access:  # a share on each of `count` distinct matching
                     matching = [d for d in shares_on(dra, name, col) if dra.query_matches(q, d)]  # devices
-                    drv = dra.devices[matching[0]].driver if matching else None
-                    want = share.consumption(alt.capacity, drv) if drv is not None else None
+                    want = dra.specs[matching[0]].consumption(alt.capacity, dra.devices[matching[0]].driver) \
+                        if matching else None  # by the rule of the node's kind (a column's kinds: one per node)
                     mine: set[int] = set()
                     for j in range(len(matching) if alt.mode == "All" else alt.count):
                         d = None if want is None else take_share(

@@ -159,7 +159,7 @@ def test_a_query_over_kinds_that_share_a_node_is_not_placed() -> None:
              claim_pod("a", "g", template_name="any"), claim_pod("h", "g2", template_name="h")]
     st, plan = cycle(objs)
     assert where(st, plan) == {"h": "n0"}
-    assert any("kinds that share nodes" in w for w in st.warnings)
+    assert any("node n0 has devices of two of them" in w for w in st.warnings), st.warnings
 
 
 def test_selectors_are_evaluated_once_per_device_and_expression() -> None:
@@ -319,7 +319,8 @@ def dra_clusters(draw: hs.DrawFn) -> list[RawObject]:
         if mig:  # MIG profiles (mixed strategy): extended resources per profile
             n.obj["status"]["allocatable"][MIG] = str(mig)
             n.obj["metadata"]["labels"]["nvidia.com/mig.strategy"] = "mixed"
-        objs += [n, rslice(f"n{i}", draw(hs.integers(0, 4)), draw(hs.sampled_from(products)))]
+        objs += [n, rslice(f"n{i}", draw(hs.integers(0, 4)), draw(hs.sampled_from(products)),
+                           mem=draw(hs.sampled_from(("80Gi", "40Gi"))))]  # (kinds of one class on other nodes)
     n_groups = draw(hs.integers(1, 5))
     for g in range(n_groups):
         size = draw(hs.integers(1, 3))
@@ -331,6 +332,9 @@ def dra_clusters(draw: hs.DrawFn) -> list[RawObject]:
         prod = draw(hs.sampled_from((None, *products)))
         if kind == "template":
             objs.append(template(f"t{g}", count, prod))
+            if draw(hs.booleans()):  # only the 80Gi devices
+                objs[-1].obj["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+                    "requests": {"memory": "80Gi"}}
         elif kind == "shared":
             objs.append(claim(f"c{g}", count, prod))
         for k in range(size):

@@ -326,7 +326,10 @@ def shared_clusters(draw: hs.DrawFn) -> list[RawObject]:
     n_nodes = draw(hs.integers(1, 3))
     for i in range(n_nodes):
         mems = tuple(f"{draw(hs.sampled_from((40, 80)))}Gi" for _ in range(draw(hs.integers(1, 2))))
-        objs += [node(f"n{i}", gpus=0), shared_slice(f"n{i}", mems)]
+        if draw(hs.booleans()):  # devices alike on the node (the kinds of other nodes can share its column)
+            mems = (mems[0],) * len(mems)
+        policy = draw(hs.sampled_from((None, None, {"default": "20Gi", "validRange": {"min": "20Gi", "step": "20Gi"}})))
+        objs += [node(f"n{i}", gpus=0), shared_slice(f"n{i}", mems, policy=policy)]
         both: tuple[str, ...] = ()
         for d in range(len(mems)):
             if both:

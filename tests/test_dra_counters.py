@@ -241,6 +241,14 @@ def test_the_counters_of_devices_in_flight_are_counted_at_bind_time() -> None:
 def counter_clusters(draw: hs.DrawFn) -> list[RawObject]:
     objs: list[RawObject] = [queue("q", gpu=(draw(hs.integers(0, 16)), 1, -1)), device_class()]
     for i in range(draw(hs.integers(1, 3))):
+        if draw(hs.sampled_from((False, False, False, True))):  # plain devices (no counters) of both profiles
+            objs += [node(f"n{i}", gpus=0), RawObject("ResourceSlice", {
+                "apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"n{i}-plain"},
+                "spec": {"driver": DRIVER, "nodeName": f"n{i}",
+                         "pool": {"name": f"n{i}", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": f"d{j}", "attributes": {"profile": {"string": prof}}}
+                                     for j, prof in enumerate(("whole", "part", "part"))]}})]
+            continue
         gpus = draw(hs.integers(1, 2))
         pair = draw(hs.sampled_from((None, "40Gi", "80Gi"))) if gpus == 2 else None
         objs += [node(f"n{i}", gpus=0), *partitioned(f"n{i}", gpus=gpus, part=draw(hs.sampled_from(("20Gi", "30Gi"))),

@@ -77,7 +77,8 @@ def _choose(dra: DraState, cp: ClaimPlan, node: str, taken: set[tuple[str, str, 
         share = dra.column_share.get(col)
         if share is not None and not alt.admin_access:
             ranked = shares_on(dra, node, col)
-            want = share.consumption(alt.capacity, dra.devices[ranked[0]].driver) if ranked else None
+            want = dra.specs[ranked[0]].consumption(alt.capacity, dra.devices[ranked[0]].driver) if ranked \
+                else None  # the node's devices of the column are of one kind: what its rule gives
             if want is None:
                 return None
             mine: set[int] = set()  # distinct devices: one share of the request each

@@ -10,8 +10,10 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
 - a claim used by several pods is held once: allocated, its devices leave the node's allocatable and every user
   is pinned there; not yet allocated, the first user holds it and the others are bound by a required pod affinity
   to the holder's node;
-- a request is satisfiable only when its query selects one kind (firstAvailable: the first alternative that does
-  and that some node has enough devices for); `All` takes every matching device of the node, and is pinned to the
+- a request is satisfiable only when its query's kinds are in one column: kinds no node has two of and that are
+  counted alike (`apart`) share one, so the request takes whichever each node has, asking the most any of them
+  consumes of shares and counters (firstAvailable: the first alternative that is, and that some node has enough
+  devices for); `All` takes every matching device of the node, and is pinned to the
   nodes where that count is the same as the column's request;
 - matchAttribute constraints restrict the holder to nodes where the constrained devices share the attribute;
 - shared devices (consumable capacity) and shared counters are columns of their own, measured on each node's
@@ -20,7 +22,7 @@ CP-SAT model all see DRA devices as counts per kind and node. Further:
   capacity; a device on several counter sets is in play only on the designated set with room on the others for
   every such device at once; tolerations are part of the query; a network-attached device is counted on one node
   it reaches (`_Reach`);
-- a claim that cannot be resolved (missing claim or template, unknown class, a query over several kinds, the
+- a claim that cannot be resolved (missing claim or template, unknown class, a query over several columns, the
   256-consumer limit) keeps its pending pods off every node, with a warning.
 Without DRA objects and claims the snapshot is returned unchanged.
 """
@@ -104,6 +106,8 @@ class ClaimPlan:
     fixed: bool = False  # devices held outside any pod (allocated and shared)
     problem: str | None = None
     gpus: int = 0  # devices of GPU classes (queue accounting)
+    larger: list[str] = field(default_factory=list)  # requests asking more than some of their devices take (the
+    # most of their kinds on different nodes), for explain
 
 
 @dataclass
@@ -121,6 +125,7 @@ class DraState:
     allocated: set[tuple[str, str, str]]  # (driver, pool, device) held by allocated claims
     specs: list[Device] = field(default_factory=list)  # per device: as the slice gives it
     column_share: dict[str, Device] = field(default_factory=dict)  # column of shared devices -> one of them
+    # (its capacity names; what a share consumes is each device's own: a node has one kind of a column)
     consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)  # shared device -> taken by claims
     designated: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, shared column) -> device
     ranked: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (node, shared column) -> devices,
@@ -379,9 +384,10 @@ class _Builder:
             for e in exprs:
                 st.selectors.compiled(e)
         ordered = sorted(queries, key=repr)
-        sig_kind: dict[tuple[frozenset[Query], Any], int] = {}
+        sig_kind: dict[tuple[frozenset[Query], Any, str | None], int] = {}
         self.kind_share: list[Any] = []  # per kind: (shared devices' capacities and policies | None,
         # shared counters each device consumes | None)
+        self.kind_device: list[int] = []  # per kind: its first device (a shared or counting kind has one driver)
         for d in range(len(st.devices)):
             sig = frozenset(q for q in ordered if st.query_matches(q, d))
             if not sig:
@@ -393,11 +399,14 @@ class _Builder:
             ctr = st.counters_of(d)
             how = (share, tuple(sorted(a for _k, a in ctr)) if ctr else None)  # shared capacity, counters
             # per device (the amounts of each set it consumes from, whichever sets they are)
-            k = sig_kind.get((sig, how))
+            at = (sig, how, st.devices[d].driver if how != (None, None) else None)  # (shared or counting
+            # kinds: of one driver, so their columns' capacity and counter names are the driver's)
+            k = sig_kind.get(at)
             if k is None:
-                k = sig_kind[(sig, how)] = len(st.kind_queries)
+                k = sig_kind[at] = len(st.kind_queries)
                 st.kind_queries.append(sig)
                 self.kind_share.append(how)
+                self.kind_device.append(d)
             st.device_kind.append(k)
         for expr, why in st.selectors.errors.items():
             self.warnings.append(f"CEL selector {expr[:80]!r} does not compile ({why[:120]}); it selects no device")
@@ -430,8 +439,7 @@ class _Builder:
                 if a == b:
                     continue
                 merged = {x for x in range(len(parent)) if root(x) in (a, b)}
-                if self.kind_share[ks[0]] == self.kind_share[k] and all(
-                        len(kinds & merged) <= 1 for kinds in on_node.values()):
+                if self.apart(ks[0], k) is None and all(len(kinds & merged) <= 1 for kinds in on_node.values()):
                     parent[b] = a
         groups: dict[int, list[int]] = defaultdict(list)
         for k in range(len(parent)):
@@ -447,13 +455,36 @@ class _Builder:
         for d, k in enumerate(st.device_kind):
             if k >= 0 and self.kind_share[k][0] is not None:
                 st.column_share.setdefault(st.kind_column[k], st.specs[d])
-            if k >= 0 and self.kind_share[k][1] is not None:  # what one device takes of the designated set: of
-                # a device on several sets, the most any of them gives per counter (exact when they are alike)
-                most: dict[str, int] = {}
-                for amounts in self.kind_share[k][1]:
-                    for c, v in amounts:
-                        most[c] = max(most.get(c, 0), v)
-                st.column_counters.setdefault(st.kind_column[k], tuple(sorted(most.items())))
+        for k, col in enumerate(st.kind_column):  # what one device takes of the designated set: the most any
+            # kind of the column asks per counter (exact when the kinds' amounts are alike)
+            if self.kind_share[k][1] is not None:
+                st.column_counters[col] = self.most_counters([k], st.column_counters.get(col, ()))
+
+    def apart(self, a: int, b: int) -> str | None:
+        """Why kinds `a` and `b` cannot share a column even on different nodes (None: they can): a column
+        has one rule: exclusive devices, or shared ones with the same capacities, and the same counters."""
+        (sa, ca), (sb, cb) = self.kind_share[a], self.kind_share[b]
+        if (sa is None) != (sb is None):
+            return "shared and exclusive devices"
+        drivers = {self.state.devices[self.kind_device[k]].driver for k in (a, b)}
+        if (sa is not None or ca is not None or cb is not None) and len(drivers) > 1:
+            return "devices of different drivers"
+        if sa is not None and {c for c, _v in sa[0]} != {c for c, _v in sb[0]}:
+            return "shared devices with different capacities"
+        names = [None if c is None else {n for amounts in c for n, _v in amounts} for c in (ca, cb)]
+        if names[0] != names[1]:
+            return "devices consuming different shared counters"
+        return None
+
+    def most_counters(self, kinds: list[int], start: tuple[tuple[str, int], ...] = ()) -> tuple[tuple[str, int], ...]:
+        """Per counter the most one device of these kinds takes of any one counter set (a device on several
+        sets: the most any of them gives; kinds with different amounts: the largest, so never too little)."""
+        most = dict(start)
+        for k in kinds:
+            for amounts in self.kind_share[k][1] or ():
+                for c, v in amounts:
+                    most[c] = max(most.get(c, 0), v)
+        return tuple(sorted(most.items()))
 
     def read_consumption(self) -> None:
         """What allocated claims take of shared devices, and per node and shared column its designated device:
@@ -615,8 +646,7 @@ class _Builder:
             kinds = {k for k, sig in enumerate(st.kind_queries) if q in sig}
             cols = {st.kind_column[k] for k in kinds}
             if len(cols) > 1:
-                why = (f"request {r.name}: its selectors match devices of {len(cols)} kinds that share nodes "
-                       f"(kai-opt places a request on devices of one kind)")
+                why = f"request {r.name}: {self.why_split(kinds, len(cols))}"
                 continue
             if not kinds:
                 continue
@@ -636,7 +666,8 @@ class _Builder:
         cp.requests.append((r.name, alt, col))
         if pin is not None:
             cp.nodes = pin if cp.nodes is None else cp.nodes & pin
-        have = self.nodes_for(col, frozenset(k for k, sig in enumerate(st.kind_queries) if query_of(alt) in sig))[1]
+        mine = [k for k, sig in enumerate(st.kind_queries) if query_of(alt) in sig]  # all in `col`
+        have = self.nodes_for(col, frozenset(mine))[1]
         share = st.column_share.get(col)
         if share is not None and not alt.admin_access:  # a share on each of `n` distinct devices: the j-th on
             n = alt.count  # the node's j-th device by free capacity (its own columns)
@@ -644,12 +675,25 @@ class _Builder:
                 n = max(have.values(), default=0)
                 want = {nd for nd, c in have.items() if c == n}
                 cp.nodes = want if cp.nodes is None else cp.nodes & want
-            use = share.consumption(alt.capacity, self.driver_of(col))
+            use: dict[str, int] = {}  # kinds of the column on different nodes: the most any of them takes
+            takes = set()
+            for k in mine:
+                dev = self.kind_device[k]
+                got = st.specs[dev].consumption(alt.capacity, st.devices[dev].driver) or {}
+                takes.add(tuple(sorted(got.items())))
+                for cap, v in got.items():
+                    use[cap] = max(use.get(cap, 0), v)
+            if len(takes) > 1:
+                cp.larger.append(f"request {r.name}: each share counted as {use}, the most its devices on different "
+                                 f"nodes take (some take less)")
             for j in range(n):
-                for cap, v in (use or {}).items():
+                for cap, v in use.items():
                     cp.demand[cap_column(col, cap, rank=j)] = cp.demand.get(cap_column(col, cap, rank=j), 0) + v
             return True
-        per_device = st.column_counters.get(col, ())
+        per_device = self.most_counters(mine) if col in st.column_counters else ()
+        if len({self.most_counters([k]) for k in mine}) > 1:
+            cp.larger.append(f"request {r.name}: each device counted as {dict(per_device)} of its shared counters, "
+                             f"the most its devices on different nodes take (some take less)")
         if alt.mode == "All":  # pinned to the nodes with the most, so the column request is exact
             top = max(have.values(), default=0)
             want = {n for n, c in have.items() if c == top}
@@ -664,6 +708,19 @@ class _Builder:
             cp.demand[col] = cp.demand.get(col, 0) + alt.count
             self.add_counters(cp, col, per_device, alt.count)
         return True
+
+    def why_split(self, kinds: set[int], n: int) -> str:
+        """Why a query over `kinds` (in `n` columns) is not placed: a node with devices of two of them, or
+        kinds that cannot share a column."""
+        two = sorted(nd for nd, ks in self.node_kinds.items() if len(ks & kinds) > 1)
+        if two:
+            return (f"its selectors match devices of {n} kinds and node {two[0]}"
+                    + (f" (and {len(two) - 1} more)" if len(two) > 1 else "")
+                    + " has devices of two of them (kai-opt places a request on devices of one kind per node)")
+        ks = sorted(kinds)
+        why = next((w for a in ks for b in ks if a < b and (w := self.apart(a, b)) is not None),
+                   "some share a node with other kinds they would be counted with")
+        return f"its selectors match devices of {n} kinds kai-opt counts apart ({why})"
 
     def add_counters(self, cp: ClaimPlan, col: str, per_device: tuple[tuple[str, int], ...], n: int) -> None:
         """The shared counters `n` devices of the column consume, in the counter columns of their driver."""

@@ -8,6 +8,9 @@ once): the device class's selectors (`class selector <expr>`), the request's sel
 claims take this cycle, or a shared device without the share's room: `no capacity left`); the rest are
 `free`. The best node is the one with the most free matching devices. The devices of a placed pod's claim are
 the allocation it has, else the ones the binder takes first on the plan's node (`kai_opt.dra.allocate.choose`).
+A request whose matching devices on different nodes take different amounts (shares, shared counters) is counted
+at the most of them on every node: the entry says so (`counted`), as the engines may refuse a node whose devices
+would take less.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def claim_entry(dra: DraState, cp: ClaimPlan, node: str | None) -> dict[str, Any
     out: dict[str, Any] = {"claim": cp.key}
     if cp.problem:
         out["problem"] = cp.problem
+    if cp.larger:
+        out["counted"] = list(cp.larger)
     alloc = cp.claim.allocation if cp.claim is not None else None
     if alloc is not None:
         out["devices"] = [f"{r.driver}/{r.pool}/{r.device}" for r in alloc]
@@ -134,6 +139,7 @@ def summary_lines(claims: list[dict[str, Any]]) -> list[str]:
                 continue
             if c.get("problem"):
                 lines.append(f"claim {c['claim']} ({pod['pod']}): {c['problem']}")
+            lines += [f"claim {c['claim']} ({pod['pod']}): {note}" for note in c.get("counted", [])]
             for r in c.get("requests", []):
                 for a in r["alternatives"]:
                     blocked = ", ".join(f"{n} {why}" for why, n in a["blocked"].items())

@@ -285,6 +285,42 @@ def test_consumable_capacity_a_claim_for_two_shares_gets_two_distinct_devices(dr
         assert claim_of(api, next(f"m{i}" for i in range(2) if f"m{i}" not in placed)) is None
 
 
+def test_consumable_capacity_shared_devices_of_different_capacities_on_two_nodes_both_take_shares(
+        dra: LocalCluster) -> None:
+    """A shared 80Gi device on n0 and a 40Gi one on n1 (one device class): claims of 30Gi take two shares on
+    n0 and one on n1 (each device's own consumedCapacity); the fourth waits. Before, the two capacities were
+    kinds of separate columns and no claim of the class was placed."""
+    def shared(n: str, mem: str) -> dict[str, Any]:
+        return {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{n}-shared"},
+                "spec": {"driver": "mem.example.com", "nodeName": n,
+                         "pool": {"name": f"{n}-shared", "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
+                                      "capacity": {"memory": {"value": mem}}}]}}
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem30", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "30Gi"}}}}]}}}}
+    with dra.api_client() as api:
+        for n, mem in (("n0", "80Gi"), ("n1", "40Gi")):
+            request(api, "POST", object_path(V, "resourceslices", None), body=shared(n, mem))
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        post(api, [tmpl] + [x for i in range(4) for x in (podgroup(f"m{i}", 1, "team"),
+                                                         dra_pod(f"m{i}", f"m{i}", template_name="mem30"))])
+        with scheduler(dra):
+            wait_for("three bound", lambda: len(bound(api)) == 3)
+            time.sleep(1.5)  # more cycles: the fourth has no room on either device
+            placed = bound(api)
+        assert sorted(placed.values()) == ["n0", "n0", "n1"]
+        for name, n in placed.items():
+            c = claim_of(api, name)
+            assert c is not None
+            [r] = c["status"]["allocation"]["devices"]["results"]
+            assert (r["pool"], r["device"]) == (f"{n}-shared", "shared-0")
+            assert str(r["consumedCapacity"]["memory"]) in ("30Gi", str(30 * 2**30))
+        assert claim_of(api, next(f"m{i}" for i in range(4) if f"m{i}" not in placed)) is None
+
+
 def test_a_device_on_two_counter_sets_is_allocated_and_keeps_a_whole_gpu_of_either_off(dra: LocalCluster) -> None:
     """Partitionable devices: two GPUs' counter sets (a slice of their own), a whole device per GPU and a pair
     consuming 80Gi of both; the pair's claim is allocated, then a whole GPU's waits until the pair's pod is
@@ -327,6 +363,50 @@ def test_a_device_on_two_counter_sets_is_allocated_and_keeps_a_whole_gpu_of_eith
             wait_for("the whole GPU bound", lambda: bound(api).get("b"))
         devs = allocated_devices(claim_of(api, "b") or {})
         assert len(devs) == 1 and devs[0][1] in ("gpu-0", "gpu-1")
+
+
+def test_partitions_of_different_sizes_on_two_nodes_are_both_allocated_within_their_counters(
+        dra: LocalCluster) -> None:
+    """A GPU of 80Gi counters on n0 and on n1, partitioned in 4 x 20Gi on n0 and 2 x 40Gi on n1: "a partition"
+    claims go to both nodes, each node's partitions within its counter set (a new claim asks 40Gi of the
+    counters, the larger size; allocated ones count at their own size). Before, the two sizes were kinds of
+    separate columns and no claim was placed."""
+    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "part.example.com"},
+           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "part.example.com"'}}]}}
+    size = {"n0": ("20Gi", 4), "n1": ("40Gi", 2)}
+
+    def node_slices(n: str) -> list[dict[str, Any]]:  # (counters in a slice of their own, as 1.36 wants)
+        part, k = size[n]
+        devices = [{"name": f"p{i}", "attributes": {"profile": {"string": "part"}},
+                    "consumesCounters": [{"counterSet": "gpu-0-cs", "counters": {"memory": {"value": part}}}]}
+                   for i in range(k)]
+        pool = {"name": f"{n}-parts", "generation": 1, "resourceSliceCount": 2}
+        return [{"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{n}-parts{what}"},
+                 "spec": {"driver": "part.example.com", "nodeName": n, "pool": pool, **spec}}
+                for what, spec in (("-counters", {"sharedCounters": [
+                    {"name": "gpu-0-cs", "counters": {"memory": {"value": "80Gi"}}}]}), ("", {"devices": devices}))]
+    sel = [{"cel": {"expression": 'device.attributes["part.example.com"].profile == "part"'}}]
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "part", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "part.example.com", "selectors": sel}}]}}}}
+    with dra.api_client() as api, dra.kwok():
+        for body in (b for n in size for b in node_slices(n)):
+            request(api, "POST", object_path(V, "resourceslices", None), body=body)
+        request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
+        back = request(api, "GET", object_path(V, "resourceslices", None, "n0-parts"))
+        assert back["spec"]["devices"][0].get("consumesCounters"), \
+            "the test apiserver dropped consumesCounters (DRAPartitionableDevices)"
+        post(api, [tmpl] + [x for i in range(5) for x in (podgroup(f"q{i}", 1, "team"),
+                                                         dra_pod(f"q{i}", f"q{i}", template_name="part"))])
+        with scheduler(dra):
+            wait_for("all five bound", lambda: len(bound(api)) == 5)
+            placed = bound(api)
+        # n1 full (2 x 40Gi); n0: two in the first cycle, a third once the first two count at their own 20Gi
+        assert sorted(placed.values()) == ["n0", "n0", "n0", "n1", "n1"]
+        for name, n in placed.items():
+            devs = allocated_devices(claim_of(api, name) or {})
+            assert len(devs) == 1 and devs[0][0] == f"{n}-parts"
+        assert len({allocated_devices(claim_of(api, name) or {})[0] for name in placed}) == 5
 
 
 def test_the_default_apiserver_does_not_serve_device_taint_rules(dra: LocalCluster) -> None:

@@ -320,3 +320,57 @@ def test_kais_binder_allocates_and_reserves_the_dra_claims_kai_opt_hands_it(
                 assert binder.running(), binder.log_tail()
         finally:
             clear_dra(api)
+
+
+def test_kais_binder_writes_a_claim_for_two_shares_on_two_distinct_devices(
+        kai_cluster: LocalCluster, peer: KaiPeer) -> None:
+    """count 2 on shared devices through KAI's binder: two 80Gi shared devices on n0, claims for 2 x 50Gi: the
+    first pod's BindRequest carries one result per device (its consumedCapacity and own shareID), KAI's binder
+    writes them as they are and binds the pod; the second waits (30Gi left on each device)."""
+    from .test_run_dra import PRODUCTS, V, claim_of, dra_pod, post
+    from .test_run_dra import _clear as clear_dra
+
+    shared_dev = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
+                  "spec": {"driver": "mem.example.com", "nodeName": "n0",
+                           "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
+                           "devices": [{"name": f"shared-{i}", "allowMultipleAllocations": True,
+                                        "capacity": {"memory": {"value": "80Gi"}}} for i in range(2)]}}
+    mem_class = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+                 "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem50x2", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "shared.example.com", "count": 2,
+                "capacity": {"requests": {"memory": "50Gi"}}}}]}}}}
+    with kai_cluster.api_client() as api, kai_cluster.kwok():
+        if not served(api, V):
+            pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
+        clear_dra(api)
+        try:
+            create(api, [namespace(), queue("team"), *[node(n, 0) for n in PRODUCTS]])
+            for obj, plural in [(mem_class, "deviceclasses"), (shared_dev, "resourceslices")]:
+                request(api, "POST", object_path(V, plural, None), body=obj)
+            if not request(api, "GET", object_path(V, "resourceslices", None, "n0-shared"))["spec"]["devices"][0].get(
+                    "allowMultipleAllocations"):
+                pytest.skip("the test apiserver dropped allowMultipleAllocations (DRAConsumableCapacity off)")
+            post(api, [tmpl, dra_pod("m0", "", template_name="mem50x2"), dra_pod("m1", "", template_name="mem50x2")])
+            with kai_binder(kai_cluster, peer) as binder, scheduler(kai_cluster, config()):
+                wait_for("one pod bound by KAI's binder",
+                         lambda: len([n for n, p in pods(api).items() if bound_by_kai(p)]) == 1, timeout=90)
+                time.sleep(2)  # more cycles: the second has no room for two shares
+                done = [n for n, p in pods(api).items() if bound_by_kai(p)]
+                assert len(done) == 1 and pods(api)[done[0]]["spec"]["nodeName"] == "n0"
+                c = claim_of(api, done[0])
+                assert c is not None
+                results = c["status"]["allocation"]["devices"]["results"]
+                assert sorted((r["pool"], r["device"]) for r in results) == [("n0-shared", "shared-0"),
+                                                                              ("n0-shared", "shared-1")]
+                assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"50Gi"}, {str(50 * 2**30)})
+                assert len({r["shareID"] for r in results}) == 2
+                [entry] = bindrequests(api)[done[0]]["spec"]["resourceClaimAllocations"]
+                assert entry["allocation"] == c["status"]["allocation"]  # written as kai-opt chose it
+                assert c["status"]["reservedFor"][0]["name"] == done[0]
+                waiting = next(n for n in ("m0", "m1") if n not in done)
+                assert not ((claim_of(api, waiting) or {}).get("status") or {}).get("allocation")
+                assert binder.running(), binder.log_tail()
+        finally:
+            clear_dra(api)
