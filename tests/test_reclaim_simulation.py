@@ -5,11 +5,18 @@ because allocate will cause a loop"). Both engines."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
 from builders import node, pod, podgroup, queue, state
 
 from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
+from kai_opt.heuristics import victims
+from kai_opt.heuristics.jobs import JobQueue
+from kai_opt.heuristics.session import Session
+from kai_opt.state import PodStatus, build_state
 
 
 def _cluster(with_big_head: bool) -> list:
@@ -45,3 +52,68 @@ def test_reclaim_when_the_reclaimer_queue_goes_first(engine: Engine) -> None:
     plan, _ = run_cycle(st, Config(), engine=engine)
     assert [e.reason for e in plan.evictions] == ["reclaim"]
     assert {st.pods[p.pod].name for p in plan.placements} == {"pending_job1-0"}
+
+
+class _PlainOrder(JobQueue):
+    """JobQueue with the victims' requests fixed to what the scenario evicted of them."""
+
+    def __init__(self, sess: Session, jobs: list[int], fixed: dict[int, np.ndarray]) -> None:
+        self._fixed = fixed
+        super().__init__(sess, jobs)
+
+    def request(self, g: int) -> np.ndarray:
+        r = self._fixed.get(g)
+        return r if r is not None else super().request(g)
+
+
+def _plain_simulation(sess: Session, g: int, accumulated: list[list[int]]) -> set[int]:
+    """KAI's scenario simulation done literally: every pending job, the victim jobs and the preemptor in one
+    JobQueue, popped until the preemptor (or every victim) pops; victims popped first go back."""
+    st = sess.state
+    chunks: dict[int, list[int]] = {}
+    for i, c in enumerate(accumulated):
+        chunks.setdefault(int(st.pod_pg[c[0]]), []).append(i)
+    pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
+    pending = [int(x) for x in np.unique(st.pod_pg[pods]).tolist() if st.pg_problem[x] is None]
+    assert g in pending
+    fixed = {v: sess.queue_request([p for i in idx for p in accumulated[i]]).sum(axis=0) for v, idx in chunks.items()}
+    jq = _PlainOrder(sess, [x for x in pending if x not in chunks] + list(chunks), fixed)
+    ahead: set[int] = set()
+    left = len(chunks)
+    while left:
+        h = jq.pop()
+        if h is None or h == g:
+            break
+        if h in chunks:
+            sess.unevict_many([p for i in chunks[h] for p in accumulated[i]])
+            ahead.update(chunks[h])
+            left -= 1
+    return ahead
+
+
+@pytest.mark.parametrize("instance", ["contention:30:0", "contention:30:1", "contention:30:2", "openb:30:0",
+                                      "openb:30:2", "fractions:30:0", "gangs:200:2"])
+def test_the_simulation_pops_as_one_plain_job_queue(instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """victims._victims_ahead (per-state pending order, only the subtrees that can decide, queue order rules 1-2
+    without popping) puts back exactly the victims a literal JobQueue simulation does, in every reclaim scenario
+    of a cycle."""
+    from models.generators import FAMILIES, as_snapshot
+
+    fam, nodes, seed = instance.split(":")
+    st = build_state(as_snapshot(FAMILIES[fam].generate(int(nodes), int(seed))))
+    fast = victims._victims_ahead
+    seen = {"scenarios": 0, "put_back": 0}
+
+    def both(sess: Session, g: int, accumulated: list[list[int]], po: Any) -> set[int]:
+        cp = sess.checkpoint()
+        want = _plain_simulation(sess, g, accumulated)
+        sess.rollback(cp)
+        got = fast(sess, g, accumulated, po)
+        assert got == want, (st.pg_keys[g], sorted(got ^ want))
+        seen["scenarios"] += 1
+        seen["put_back"] += bool(got)
+        return got
+
+    monkeypatch.setattr(victims, "_victims_ahead", both)
+    run_cycle(st, Config(), engine=Engine.greedy)
+    assert seen["scenarios"] > 0

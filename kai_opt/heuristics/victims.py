@@ -23,6 +23,7 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.quantities import le, less_all
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import active_mask
@@ -624,10 +625,27 @@ class _PendingOrder:
         self.items: dict[int, list[int]] = {}  # queue -> its subtree's jobs in pop order (so far)
         self.keys: dict[int, list[tuple[Any, ...]]] = {}  # queue -> its key with each of those jobs at its head
         self._own_at: dict[int, int] = {}
+        self._starved: dict[tuple[int, int], bool] = {}
         # (queue, pending job, the queue's allocation) -> the queue's key with that job at its head, as
         # simulations of this state's searches met them (the key depends on nothing else)
         self.live_keys: dict[tuple[int, int, tuple[float, ...]], tuple[Any, ...]] = {}
         self._child_at: dict[int, dict[int, int]] = {}
+
+    def starved_until(self, q: int, g: int) -> bool:
+        """Whether queue q (holding job g) is not over its fair share and within deserved with each job at its
+        head (queue order rules 1-2: its key starts (False, False)) until g pops (remembered)."""
+        hit = self._starved.get((q, g))
+        if hit is None:
+            hit = False
+            for i in range(self.count[q]):
+                k = self.key(q, i)
+                if k[0] or k[1]:
+                    break
+                if self.item(q, i) == g:
+                    hit = True
+                    break
+            self._starved[(q, g)] = hit
+        return hit
 
     def item(self, q: int, i: int) -> int:
         items = self.items.get(q)
@@ -686,7 +704,37 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
     g_path = ancestors[int(st.pg_queue[g])]
     g_at = {a: i for i, a in enumerate(g_path)}
-    special: set[int] = set()
+    # Queue order rules 1-2 without popping: below a queue A of the preemptor's path whose child towards the
+    # preemptor holds no victim and is within deserved with each job it pops up to the preemptor (po: its
+    # allocation is the state's), a child over its fair share or over deserved in some resource already loses
+    # every comparison at A until the preemptor pops (its allocation only rises as victims return, its jobs
+    # only add to it): its victims are not simulated (they stay evicted) and its jobs are left out.
+    holding: set[int] = set()  # the victims' queues and their ancestors
+    for v in chunks:
+        holding.update(ancestors[int(st.pg_queue[v])])
+    beaten: dict[int, int] = {}  # queue A (-1: the top level) -> its child towards the preemptor (see above)
+    for i, c in enumerate(g_path):
+        if c not in holding and po.starved_until(c, g):
+            beaten[g_path[i + 1] if i + 1 < len(g_path) else -1] = c
+    allocated, fair, deserved = sess.ledger.allocated, po.order.fair_share, po.order.deserved
+
+    def lost(parent: int, c: int) -> bool:
+        """Whether queue c (a child of parent) pops nothing before the preemptor (see above)."""
+        towards = beaten.get(parent)
+        if towards is None or c == towards:
+            return False
+        a = allocated[c].tolist()
+        return less_all(fair[c], a) or not le(a, deserved[c])
+
+    every = set(chunks)  # every victim job: its subtree's allocation is not the state's, even if not simulated
+    if beaten:
+        for v in list(chunks):
+            path = ancestors[int(st.pg_queue[v])]
+            if any(lost(path[k + 1] if k + 1 < len(path) else -1, path[k]) for k in range(len(path))):
+                del chunks[v]
+        if not chunks:
+            return set()
+    special = holding  # queues whose allocation or jobs differ from po's (victims evicted, victims queued)
     roots: set[int] = set()  # the queues below the common ancestors, towards a victim or the preemptor
     request: dict[int, np.ndarray] = {}
     mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # special queue -> its victim jobs in job order
@@ -694,7 +742,6 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     for v, idx in chunks.items():
         q = int(st.pg_queue[v])
         path = ancestors[q]
-        special.update(path)
         i = next((k for k, a in enumerate(path) if a in g_at), len(path))  # path[i]: the common ancestor
         roots.add(path[max(i - 1, 0)])
         j = g_at[path[i]] if i < len(path) else len(g_path)
@@ -716,14 +763,15 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
 
     def incl(parent: int, kids: list[int]) -> list[int]:
         under = parent >= 0 and in_r[parent]
-        return [c for c in kids if c in special or ((under or c in roots) and count[c] > 0)]
+        return [c for c in kids if (c in special or ((under or c in roots) and count[c] > 0))
+                and not (parent in beaten and lost(parent, c))]
 
     included[-1] = incl(-1, po.tops)
     for s in sorted(special, key=lambda s: -len(ancestors[s])):  # deepest first
         kids = included[s] = incl(s, children[s])
         n = len(mine.get(s, ())) + sum(left_in[c] if c in special else count[c] for c in kids)
         if in_r[s]:
-            n += sum(1 for _, x in po.own.get(s, ()) if x not in chunks)
+            n += sum(1 for _, x in po.own.get(s, ()) if x not in every)
         left_in[s] = n
     head_key: dict[int, tuple[int, tuple[Any, ...]]] = {}  # special queue -> (its head job, its key)
     alloc: dict[int, tuple[float, ...]] = {}  # special queue -> its allocation now
@@ -737,7 +785,7 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
             own = po.own.get(s)
             if own:
                 k = own_at.get(s, 0)
-                while k < len(own) and own[k][1] in chunks:
+                while k < len(own) and own[k][1] in every:
                     k += 1
                 own_at[s] = k
                 if k < len(own):
