@@ -699,8 +699,8 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     if g not in po.request:
         return set()
     chunks: dict[int, list[int]] = {}
-    for i, c in enumerate(accumulated):
-        chunks.setdefault(int(st.pod_pg[c[0]]), []).append(i)
+    for n, chunk in enumerate(accumulated):
+        chunks.setdefault(int(st.pod_pg[chunk[0]]), []).append(n)
     ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
     g_path = ancestors[int(st.pg_queue[g])]
     g_at = {a: i for i, a in enumerate(g_path)}
@@ -842,7 +842,7 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     left = len(chunks)
     while left:
         s = -1
-        path: list[int] = []
+        walked: list[int] = []
         x: int | None = None
         while True:
             if s >= 0:
@@ -853,30 +853,30 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
                     else:
                         own_at[s] += 1
                     break
-            c = best(s)
-            if c < 0:
+            nxt = best(s)
+            if nxt < 0:
                 break
-            if c not in special:
-                i = at.get(c, 0)
-                x = po.item(c, i)
-                at[c] = i + 1
+            if nxt not in special:
+                k = at.get(nxt, 0)
+                x = po.item(nxt, k)
+                at[nxt] = k + 1
                 break
-            path.append(c)
-            s = c
+            walked.append(nxt)
+            s = nxt
         best_of.pop(-1, None)
-        for s in path:
+        for s in walked:
             left_in[s] -= 1
             head_key.pop(s, None)
             best_of.pop(s, None)
         if x is None or x == g:
             break
-        idx = chunks.get(x)
-        if idx is None:
+        back = chunks.get(x)
+        if back is None:
             continue  # a pending job that is neither victim nor preemptor
-        sess.unevict_many([p for k in idx for p in accumulated[k]])
-        for s in path:
+        sess.unevict_many([p for k in back for p in accumulated[k]])
+        for s in walked:
             alloc.pop(s, None)
-        ahead.update(idx)
+        ahead.update(back)
         left -= 1
     return ahead
 
