@@ -736,20 +736,18 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
             return set()
     special = holding  # queues whose allocation or jobs differ from po's (victims evicted, victims queued)
     roots: set[int] = set()  # the queues below the common ancestors, towards a victim or the preemptor
-    request: dict[int, np.ndarray] = {}
-    mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # special queue -> its victim jobs in job order
+    request: dict[int, np.ndarray] = {}  # victim job -> what the scenario evicted of it (when first read)
+    queued: dict[int, list[int]] = {}  # queue -> its victim jobs
+    mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # queue -> its victim jobs in job order (when read)
     job_key = po.probe.job_key
-    for v, idx in chunks.items():
+    for v in chunks:
         q = int(st.pg_queue[v])
         path = ancestors[q]
         i = next((k for k, a in enumerate(path) if a in g_at), len(path))  # path[i]: the common ancestor
         roots.add(path[max(i - 1, 0)])
         j = g_at[path[i]] if i < len(path) else len(g_path)
         roots.add(g_path[max(j - 1, 0)])
-        request[v] = sess.queue_request([p for k in idx for p in accumulated[k]]).sum(axis=0)
-        mine.setdefault(q, []).append((job_key(v), v))
-    for jobs in mine.values():
-        jobs.sort()
+        queued.setdefault(q, []).append(v)
     order = po.live  # keys of special queues read their allocation now (unevictions change it)
     children, count = po.children, po.count
     in_r = {s: any(a in roots for a in ancestors[s]) for s in special}
@@ -769,7 +767,7 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     included[-1] = incl(-1, po.tops)
     for s in sorted(special, key=lambda s: -len(ancestors[s])):  # deepest first
         kids = included[s] = incl(s, children[s])
-        n = len(mine.get(s, ())) + sum(left_in[c] if c in special else count[c] for c in kids)
+        n = len(queued.get(s, ())) + sum(left_in[c] if c in special else count[c] for c in kids)
         if in_r[s]:
             n += sum(1 for _, x in po.own.get(s, ()) if x not in every)
         left_in[s] = n
@@ -791,6 +789,8 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
                 if k < len(own):
                     best = own[k]
         vs = mine.get(s)
+        if vs is None and s in queued:
+            vs = mine[s] = sorted((job_key(v), v) for v in queued[s])
         if vs:
             k = victim_at.get(s, 0)
             if k < len(vs) and (best is None or vs[k] < best):
@@ -804,8 +804,10 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
             if x is None:
                 c = best(s)
                 x = head(c)[0] if c in special else po.item(c, at.get(c, 0))
-            r = request.get(x)
-            if r is not None:  # a victim: its request grows from scenario to scenario
+            if x in chunks:  # a victim: its request grows from scenario to scenario
+                r = request.get(x)
+                if r is None:
+                    r = request[x] = sess.queue_request([p for k in chunks[x] for p in accumulated[k]]).sum(axis=0)
                 hit = (x, order.key(s, r))
             else:  # a pending job: its key depends on the queue's allocation only, remembered per state
                 a = alloc.get(s)
