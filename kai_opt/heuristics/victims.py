@@ -776,6 +776,9 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     known = po.live_keys
     best_of: dict[int, int] = {}  # special queue (-1: top level) -> its child that goes first
 
+    # the special queues that may have jobs of their own (leaf queues with victims or taking part)
+    owns = {s for s in special if s in queued or (in_r[s] and po.own.get(s))}
+
     def own_head(s: int) -> int | None:
         """The special queue's own next job (pending or victim), if any."""
         best: tuple[tuple[Any, ...], int] | None = None
@@ -800,7 +803,7 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     def head(s: int) -> tuple[int, tuple[Any, ...]]:
         hit = head_key.get(s)
         if hit is None:
-            x = own_head(s)
+            x = own_head(s) if s in owns else None
             if x is None:
                 c = best(s)
                 x = head(c)[0] if c in special else po.item(c, at.get(c, 0))
@@ -829,17 +832,20 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
                 if c in special:
                     if not left_in[c]:
                         continue
-                    kc = head(c)[1]
+                    hk = head_key.get(c)
+                    kc = (hk if hk is not None else head(c))[1]
                 else:
                     i = at.get(c, 0)
                     if i >= count[c]:
                         continue
-                    kc = po.key(c, i)
+                    ks = keys_of.get(c)
+                    kc = ks[i] if ks is not None and i < len(ks) else po.key(c, i)
                 if bk is None or ((kc < bk) if kc != bk else order.tie(c, b) < 0):
                     b, bk = c, kc
             hit = best_of[s] = b
         return hit
 
+    keys_of = po.keys
     ahead: set[int] = set()
     left = len(chunks)
     while left:
@@ -847,7 +853,7 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
         walked: list[int] = []
         x: int | None = None
         while True:
-            if s >= 0:
+            if s in owns:
                 x = own_head(s)
                 if x is not None:
                     if x in chunks:
