@@ -11,6 +11,7 @@ session is left unchanged when no scenario works.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import numpy as np
 
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.quantities import le, less_all
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.tasks import active_mask
@@ -450,6 +452,10 @@ class ScenarioFilter:
     victim chunk taken, then, once the beneficiary is placed and unneeded victims kept, precheck, replace_victims
     and validate."""
 
+    # victim jobs that the allocation order pops before the beneficiary are allocated again first (KAI's scenario
+    # simulation; see _victims_ahead)
+    allocation_order = False
+
     def worth_trying(self, chunk: list[int]) -> bool:
         """Sees every chunk taken: whether the victims so far could pass validation at all (a necessary condition
         that spares hopeless attempts)."""
@@ -498,6 +504,8 @@ def solve_with_victims(
     if not fits.ok_without(candidates):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
     scenarios = 0
+    # the pending jobs' allocation order from the state the search starts in (KAI's scenario simulation)
+    pending_order = sess.memo("pending_order", lambda: _PendingOrder(sess)) if rules.allocation_order else None
     # the queues whose allocation _queue_capacity reads (the beneficiary's ancestors with a limit)
     limited = {a for a in sess.ledger.ancestors[int(st.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     cp0 = sess.checkpoint()
@@ -541,10 +549,12 @@ def solve_with_victims(
             break
         scenarios += 1
         cp = sess.checkpoint()
+        ahead = _victims_ahead(sess, g, accumulated, pending_order) if pending_order is not None else set()
         attempt = gang.place(g, tasks, allow_pipeline=True)
         if not attempt.ok:
             sess.rollback(cp)
             continue
+        scenario = [c for i, c in enumerate(accumulated) if i not in ahead] if ahead else accumulated
         def give_up(maybe: list[int]) -> bool:
             nonlocal last_why
             why = rules.precheck(sess, ledger_before, maybe)
@@ -552,15 +562,15 @@ def solve_with_victims(
                 last_why = why
             return why is not None
 
-        victims = _keep_unneeded(sess, accumulated, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
-                                 limited, give_up)
+        victims = _keep_unneeded(sess, scenario, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
+                                 limited, give_up) if scenario else []
         # None: even the victims that might stay evicted failed precheck; else precheck the ones that do
         if victims is None or give_up(victims):
             sess.rollback(cp)
             continue
         # consolidating: victims that fit elsewhere move instead of just going
         still = set(victims)
-        moved = set(rules.replace_victims(sess, [[p for p in c if p in still] for c in accumulated
+        moved = set(rules.replace_victims(sess, [[p for p in c if p in still] for c in scenario
                                                  if any(p in still for p in c)]))
         victims = [p for p in victims if p not in moved]
         why = _queue_capacity(sess, g, tasks)
@@ -577,6 +587,306 @@ def solve_with_victims(
     if not accumulated:
         return Outcome(False, [], "no eligible victims")
     return Outcome(False, [], last_why)
+
+
+class _PendingOrder:
+    """The allocation order (JobQueue's, KAI's JobsOrderByQueues) of a session state's pending jobs, per queue
+    subtree, each step with the subtree's queue-order key (what its parent compares): the part of a reclaim
+    scenario's simulation that is the same in every scenario from that state. A subtree holding no victim keeps
+    its allocation throughout a search (the scenarios evict and unevict victims only, the beneficiary is placed
+    after the simulation), so its pops and keys are those of the state the search started from. Made once per
+    state (Session.memo), sequences extended only as far as simulations read them."""
+
+    def __init__(self, sess: Session) -> None:
+        from kai_opt.fairshare.order import QueueOrder
+        from kai_opt.heuristics.jobs import JobQueue
+
+        st = sess.state
+        pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
+        pending = [int(x) for x in np.unique(st.pod_pg[pods]).tolist() if st.pg_problem[x] is None]
+        probe = self.probe = JobQueue(sess, [])  # its job_key reads the session live (victims' elasticity)
+        self.order = QueueOrder(sess.fs, sess.ledger.copy(), st.q_names, st.q_creation, st.q_priority)
+        self.live = copy.copy(self.order)  # the same rules on the session's ledger (it is updated in place)
+        self.live.ledger = sess.ledger
+        self.children = st.q_children
+        self.tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
+        self.request = {x: probe.request(x) for x in pending}
+        # queue -> its own jobs in job order (job key, group): leaf queues' jobs
+        self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+        self.count = [0] * st.n_queues  # pending jobs in each queue's subtree
+        ancestors = sess.ledger.ancestors
+        for x in pending:
+            q = int(st.pg_queue[x])
+            self.own.setdefault(q, []).append((probe.job_key(x), x))
+            for a in ancestors[q]:
+                self.count[a] += 1
+        for jobs in self.own.values():
+            jobs.sort()
+        self.items: dict[int, list[int]] = {}  # queue -> its subtree's jobs in pop order (so far)
+        self.keys: dict[int, list[tuple[Any, ...]]] = {}  # queue -> its key with each of those jobs at its head
+        self._own_at: dict[int, int] = {}
+        self._starved: dict[tuple[int, int], bool] = {}
+        # (queue, pending job, the queue's allocation) -> the queue's key with that job at its head, as
+        # simulations of this state's searches met them (the key depends on nothing else)
+        self.live_keys: dict[tuple[int, int, tuple[float, ...]], tuple[Any, ...]] = {}
+        self._child_at: dict[int, dict[int, int]] = {}
+
+    def starved_until(self, q: int, g: int) -> bool:
+        """Whether queue q (holding job g) is not over its fair share and within deserved with each job at its
+        head (queue order rules 1-2: its key starts (False, False)) until g pops (remembered)."""
+        hit = self._starved.get((q, g))
+        if hit is None:
+            hit = False
+            for i in range(self.count[q]):
+                k = self.key(q, i)
+                if k[0] or k[1]:
+                    break
+                if self.item(q, i) == g:
+                    hit = True
+                    break
+            self._starved[(q, g)] = hit
+        return hit
+
+    def item(self, q: int, i: int) -> int:
+        items = self.items.get(q)
+        if items is None or len(items) <= i:
+            self._extend(q, i + 1)
+            items = self.items[q]
+        return items[i]
+
+    def key(self, q: int, i: int) -> tuple[Any, ...]:
+        keys = self.keys.setdefault(q, [])
+        while len(keys) <= i:
+            keys.append(self.order.key(q, self.request[self.item(q, len(keys))]))
+        return keys[i]
+
+    def _extend(self, q: int, n: int) -> None:
+        """items[q] made n long (n <= count[q]): q's own jobs first, then its children's by queue order."""
+        items = self.items.setdefault(q, [])
+        own = self.own.get(q, [])
+        at = self._child_at.setdefault(q, {})
+        while len(items) < n:
+            k = self._own_at.get(q, 0)
+            if k < len(own):
+                items.append(own[k][1])
+                self._own_at[q] = k + 1
+                continue
+            best, best_key = -1, None
+            for c in self.children[q]:
+                i = at.get(c, 0)
+                if i >= self.count[c]:
+                    continue
+                kc = self.key(c, i)
+                if best_key is None or ((kc < best_key) if kc != best_key else self.order.tie(c, best) < 0):
+                    best, best_key = c, kc
+            i = at.get(best, 0)
+            items.append(self.item(best, i))
+            at[best] = i + 1
+
+
+def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _PendingOrder) -> set[int]:
+    """KAI's scenario simulation (TryToVirtuallyAllocatePreemptorAndGetVictims): every pending job, the evicted
+    victims' jobs and the preemptor are popped in allocation order; a victim job popped before the preemptor is
+    allocated again first (on its own node: nothing else took its room yet), pending jobs that are neither are
+    skipped. Puts those victims back; returns the indices of their chunks in `accumulated`.
+
+    A skipped job changes no allocation, so only the victims' queues and their ancestors ("special" queues)
+    change keys from one scenario to the next; a subtree without victims pops as in `po` (one index into its
+    sequence). And a skipped job matters only while it heads a queue whose key decides between a victim's queue
+    and the preemptor's: one on either path below the paths' common ancestor, or below such a queue; subtrees
+    elsewhere are left out."""
+    st = sess.state
+    if g not in po.request:
+        return set()
+    chunks: dict[int, list[int]] = {}
+    for n, chunk in enumerate(accumulated):
+        chunks.setdefault(int(st.pod_pg[chunk[0]]), []).append(n)
+    ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
+    g_path = ancestors[int(st.pg_queue[g])]
+    g_at = {a: i for i, a in enumerate(g_path)}
+    # Queue order rules 1-2 without popping: below a queue A of the preemptor's path whose child towards the
+    # preemptor holds no victim and is within deserved with each job it pops up to the preemptor (po: its
+    # allocation is the state's), a child over its fair share or over deserved in some resource already loses
+    # every comparison at A until the preemptor pops (its allocation only rises as victims return, its jobs
+    # only add to it): its victims are not simulated (they stay evicted) and its jobs are left out.
+    holding: set[int] = set()  # the victims' queues and their ancestors
+    for v in chunks:
+        holding.update(ancestors[int(st.pg_queue[v])])
+    beaten: dict[int, int] = {}  # queue A (-1: the top level) -> its child towards the preemptor (see above)
+    for i, c in enumerate(g_path):
+        if c not in holding and po.starved_until(c, g):
+            beaten[g_path[i + 1] if i + 1 < len(g_path) else -1] = c
+    allocated, fair, deserved = sess.ledger.allocated, po.order.fair_share, po.order.deserved
+
+    def lost(parent: int, c: int) -> bool:
+        """Whether queue c (a child of parent) pops nothing before the preemptor (see above)."""
+        towards = beaten.get(parent)
+        if towards is None or c == towards:
+            return False
+        a = allocated[c].tolist()
+        return less_all(fair[c], a) or not le(a, deserved[c])
+
+    every = set(chunks)  # every victim job: its subtree's allocation is not the state's, even if not simulated
+    if beaten:
+        for v in list(chunks):
+            path = ancestors[int(st.pg_queue[v])]
+            if any(lost(path[k + 1] if k + 1 < len(path) else -1, path[k]) for k in range(len(path))):
+                del chunks[v]
+        if not chunks:
+            return set()
+    special = holding  # queues whose allocation or jobs differ from po's (victims evicted, victims queued)
+    roots: set[int] = set()  # the queues below the common ancestors, towards a victim or the preemptor
+    request: dict[int, np.ndarray] = {}  # victim job -> what the scenario evicted of it (when first read)
+    queued: dict[int, list[int]] = {}  # queue -> its victim jobs
+    mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # queue -> its victim jobs in job order (when read)
+    job_key = po.probe.job_key
+    for v in chunks:
+        q = int(st.pg_queue[v])
+        path = ancestors[q]
+        i = next((k for k, a in enumerate(path) if a in g_at), len(path))  # path[i]: the common ancestor
+        roots.add(path[max(i - 1, 0)])
+        j = g_at[path[i]] if i < len(path) else len(g_path)
+        roots.add(g_path[max(j - 1, 0)])
+        queued.setdefault(q, []).append(v)
+    order = po.live  # keys of special queues read their allocation now (unevictions change it)
+    children, count = po.children, po.count
+    in_r = {s: any(a in roots for a in ancestors[s]) for s in special}
+    # per special queue: its own pending jobs' next index (victims skipped), its victims' next index, the jobs
+    # left in it (included subtrees only); per included victim-free queue: its next index in po
+    own_at: dict[int, int] = {}
+    victim_at: dict[int, int] = {}
+    left_in: dict[int, int] = {}
+    at: dict[int, int] = {}
+    included: dict[int, list[int]] = {}  # special queue (-1: the top level) -> its children taking part
+
+    def incl(parent: int, kids: list[int]) -> list[int]:
+        under = parent >= 0 and in_r[parent]
+        return [c for c in kids if (c in special or ((under or c in roots) and count[c] > 0))
+                and not (parent in beaten and lost(parent, c))]
+
+    included[-1] = incl(-1, po.tops)
+    for s in sorted(special, key=lambda s: -len(ancestors[s])):  # deepest first
+        kids = included[s] = incl(s, children[s])
+        n = len(queued.get(s, ())) + sum(left_in[c] if c in special else count[c] for c in kids)
+        if in_r[s]:
+            n += sum(1 for _, x in po.own.get(s, ()) if x not in every)
+        left_in[s] = n
+    head_key: dict[int, tuple[int, tuple[Any, ...]]] = {}  # special queue -> (its head job, its key)
+    alloc: dict[int, tuple[float, ...]] = {}  # special queue -> its allocation now
+    known = po.live_keys
+    best_of: dict[int, int] = {}  # special queue (-1: top level) -> its child that goes first
+
+    # the special queues that may have jobs of their own (leaf queues with victims or taking part)
+    owns = {s for s in special if s in queued or (in_r[s] and po.own.get(s))}
+
+    def own_head(s: int) -> int | None:
+        """The special queue's own next job (pending or victim), if any."""
+        best: tuple[tuple[Any, ...], int] | None = None
+        if in_r[s]:
+            own = po.own.get(s)
+            if own:
+                k = own_at.get(s, 0)
+                while k < len(own) and own[k][1] in every:
+                    k += 1
+                own_at[s] = k
+                if k < len(own):
+                    best = own[k]
+        vs = mine.get(s)
+        if vs is None and s in queued:
+            vs = mine[s] = sorted((job_key(v), v) for v in queued[s])
+        if vs:
+            k = victim_at.get(s, 0)
+            if k < len(vs) and (best is None or vs[k] < best):
+                best = vs[k]
+        return None if best is None else best[1]
+
+    def head(s: int) -> tuple[int, tuple[Any, ...]]:
+        hit = head_key.get(s)
+        if hit is None:
+            x = own_head(s) if s in owns else None
+            if x is None:
+                c = best(s)
+                x = head(c)[0] if c in special else po.item(c, at.get(c, 0))
+            if x in chunks:  # a victim: its request grows from scenario to scenario
+                r = request.get(x)
+                if r is None:
+                    r = request[x] = sess.queue_request([p for k in chunks[x] for p in accumulated[k]]).sum(axis=0)
+                hit = (x, order.key(s, r))
+            else:  # a pending job: its key depends on the queue's allocation only, remembered per state
+                a = alloc.get(s)
+                if a is None:
+                    a = alloc[s] = tuple(sess.ledger.allocated[s].tolist())
+                mk = (s, x, a)
+                k = known.get(mk)
+                if k is None:
+                    k = known[mk] = order.key(s, po.request[x])
+                hit = (x, k)
+            head_key[s] = hit
+        return hit
+
+    def best(s: int) -> int:
+        hit = best_of.get(s)
+        if hit is None:
+            b, bk = -1, None
+            for c in included[s]:
+                if c in special:
+                    if not left_in[c]:
+                        continue
+                    hk = head_key.get(c)
+                    kc = (hk if hk is not None else head(c))[1]
+                else:
+                    i = at.get(c, 0)
+                    if i >= count[c]:
+                        continue
+                    ks = keys_of.get(c)
+                    kc = ks[i] if ks is not None and i < len(ks) else po.key(c, i)
+                if bk is None or ((kc < bk) if kc != bk else order.tie(c, b) < 0):
+                    b, bk = c, kc
+            hit = best_of[s] = b
+        return hit
+
+    keys_of = po.keys
+    ahead: set[int] = set()
+    left = len(chunks)
+    while left:
+        s = -1
+        walked: list[int] = []
+        x: int | None = None
+        while True:
+            if s in owns:
+                x = own_head(s)
+                if x is not None:
+                    if x in chunks:
+                        victim_at[s] = victim_at.get(s, 0) + 1
+                    else:
+                        own_at[s] += 1
+                    break
+            nxt = best(s)
+            if nxt < 0:
+                break
+            if nxt not in special:
+                k = at.get(nxt, 0)
+                x = po.item(nxt, k)
+                at[nxt] = k + 1
+                break
+            walked.append(nxt)
+            s = nxt
+        best_of.pop(-1, None)
+        for s in walked:
+            left_in[s] -= 1
+            head_key.pop(s, None)
+            best_of.pop(s, None)
+        if x is None or x == g:
+            break
+        back = chunks.get(x)
+        if back is None:
+            continue  # a pending job that is neither victim nor preemptor
+        sess.unevict_many([p for k in back for p in accumulated[k]])
+        for s in walked:
+            alloc.pop(s, None)
+        ahead.update(back)
+        left -= 1
+    return ahead
 
 
 def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,

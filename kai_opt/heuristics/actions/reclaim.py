@@ -28,6 +28,8 @@ class ReclaimRules(MoveVictims):
     (worth_trying, as KAI judges its accumulated scenario) and on the victims that may stay evicted before moves
     (precheck), the whole rule on what stays evicted (validate)."""
 
+    allocation_order = True
+
     def __init__(self, ctx: ActionContext, q: int, req: np.ndarray, preemptible: bool) -> None:
         super().__init__(ctx)
         sess = ctx.sess
