@@ -88,6 +88,29 @@ def template(name: str, count: int, product: str | None = None) -> dict[str, Any
             "spec": {"spec": claim_spec(count, product)}}
 
 
+def shared_slice(node_name: str, memory: str = "80Gi", devices: int = 1) -> dict[str, Any]:
+    """A slice of `devices` consumable-capacity devices (allowMultipleAllocations) of `memory` each on a node."""
+    return {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{node_name}-shared"},
+            "spec": {"driver": "mem.example.com", "nodeName": node_name,
+                     "pool": {"name": f"{node_name}-shared", "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"shared-{i}", "allowMultipleAllocations": True,
+                                  "capacity": {"memory": {"value": memory}}} for i in range(devices)]}}
+
+
+def shared_class() -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
+
+
+def shared_template(name: str, memory: str, count: int = 1) -> dict[str, Any]:
+    """A template of one request for `count` shares of `memory` on the shared devices."""
+    exactly: dict[str, Any] = {"deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": memory}}}
+    if count != 1:
+        exactly["count"] = count
+    return {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}}}
+
+
 def claim(name: str, count: int, product: str | None = None) -> dict[str, Any]:
     return {"apiVersion": V, "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
             "spec": claim_spec(count, product)}
@@ -219,16 +242,9 @@ def test_a_stale_slice_generation_drops_the_claim_write(dra: LocalCluster) -> No
 
 
 def test_consumable_capacity_four_claims_of_20gi_share_one_80gi_device_and_a_fifth_waits(dra: LocalCluster) -> None:
-    shared = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
-              "spec": {"driver": "mem.example.com", "nodeName": "n0",
-                       "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
-                       "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
-                                    "capacity": {"memory": {"value": "80Gi"}}}]}}
-    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
-           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
-    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem20", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "20Gi"}}}}]}}}}
+    shared = shared_slice("n0")
+    cls = shared_class()
+    tmpl = shared_template("mem20", "20Gi")
     with dra.api_client() as api:
         request(api, "POST", object_path(V, "resourceslices", None), body=shared)
         request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
@@ -254,17 +270,9 @@ def test_consumable_capacity_four_claims_of_20gi_share_one_80gi_device_and_a_fif
 def test_consumable_capacity_a_claim_for_two_shares_gets_two_distinct_devices(dra: LocalCluster) -> None:
     """Two shared 80Gi devices on n0, claims for 2 x 50Gi: the first gets a share of each device (two results,
     their own shareIDs), the second waits (30Gi left on each)."""
-    shared = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
-              "spec": {"driver": "mem.example.com", "nodeName": "n0",
-                       "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
-                       "devices": [{"name": f"shared-{i}", "allowMultipleAllocations": True,
-                                    "capacity": {"memory": {"value": "80Gi"}}} for i in range(2)]}}
-    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
-           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
-    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem50x2", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "shared.example.com", "count": 2,
-                "capacity": {"requests": {"memory": "50Gi"}}}}]}}}}
+    shared = shared_slice("n0", devices=2)
+    cls = shared_class()
+    tmpl = shared_template("mem50x2", "50Gi", count=2)
     with dra.api_client() as api:
         request(api, "POST", object_path(V, "resourceslices", None), body=shared)
         request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
@@ -290,20 +298,11 @@ def test_consumable_capacity_shared_devices_of_different_capacities_on_two_nodes
     """A shared 80Gi device on n0 and a 40Gi one on n1 (one device class): claims of 30Gi take two shares on
     n0 and one on n1 (each device's own consumedCapacity); the fourth waits. Before, the two capacities were
     kinds of separate columns and no claim of the class was placed."""
-    def shared(n: str, mem: str) -> dict[str, Any]:
-        return {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": f"{n}-shared"},
-                "spec": {"driver": "mem.example.com", "nodeName": n,
-                         "pool": {"name": f"{n}-shared", "generation": 1, "resourceSliceCount": 1},
-                         "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
-                                      "capacity": {"memory": {"value": mem}}}]}}
-    cls = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
-           "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
-    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem30", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "30Gi"}}}}]}}}}
+    cls = shared_class()
+    tmpl = shared_template("mem30", "30Gi")
     with dra.api_client() as api:
         for n, mem in (("n0", "80Gi"), ("n1", "40Gi")):
-            request(api, "POST", object_path(V, "resourceslices", None), body=shared(n, mem))
+            request(api, "POST", object_path(V, "resourceslices", None), body=shared_slice(n, mem))
         request(api, "POST", object_path(V, "deviceclasses", None), body=cls)
         post(api, [tmpl] + [x for i in range(4) for x in (podgroup(f"m{i}", 1, "team"),
                                                          dra_pod(f"m{i}", f"m{i}", template_name="mem30"))])

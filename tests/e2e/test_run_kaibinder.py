@@ -249,20 +249,16 @@ def test_kais_binder_allocates_and_reserves_the_dra_claims_kai_opt_hands_it(
         dra_pod,
         post,
         rslice,
+        shared_class,
+        shared_slice,
+        shared_template,
         template,
     )
     from .test_run_dra import _clear as clear_dra
 
-    shared_dev = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
-                  "spec": {"driver": "mem.example.com", "nodeName": "n0",
-                           "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
-                           "devices": [{"name": "shared-0", "allowMultipleAllocations": True,
-                                        "capacity": {"memory": {"value": "80Gi"}}}]}}
-    mem_class = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
-                 "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
-    mem20 = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem20", "namespace": NS},
-             "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                 "deviceClassName": "shared.example.com", "capacity": {"requests": {"memory": "20Gi"}}}}]}}}}
+    shared_dev = shared_slice("n0")
+    mem_class = shared_class()
+    mem20 = shared_template("mem20", "20Gi")
     with kai_cluster.api_client() as api, kai_cluster.kwok():
         if not served(api, V):
             pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
@@ -327,20 +323,12 @@ def test_kais_binder_writes_a_claim_for_two_shares_on_two_distinct_devices(
     """count 2 on shared devices through KAI's binder: two 80Gi shared devices on n0, claims for 2 x 50Gi: the
     first pod's BindRequest carries one result per device (its consumedCapacity and own shareID), KAI's binder
     writes them as they are and binds the pod; the second waits (30Gi left on each device)."""
-    from .test_run_dra import PRODUCTS, V, claim_of, dra_pod, post
+    from .test_run_dra import PRODUCTS, V, claim_of, dra_pod, post, shared_class, shared_slice, shared_template
     from .test_run_dra import _clear as clear_dra
 
-    shared_dev = {"apiVersion": V, "kind": "ResourceSlice", "metadata": {"name": "n0-shared"},
-                  "spec": {"driver": "mem.example.com", "nodeName": "n0",
-                           "pool": {"name": "n0-shared", "generation": 1, "resourceSliceCount": 1},
-                           "devices": [{"name": f"shared-{i}", "allowMultipleAllocations": True,
-                                        "capacity": {"memory": {"value": "80Gi"}}} for i in range(2)]}}
-    mem_class = {"apiVersion": V, "kind": "DeviceClass", "metadata": {"name": "shared.example.com"},
-                 "spec": {"selectors": [{"cel": {"expression": 'device.driver == "mem.example.com"'}}]}}
-    tmpl = {"apiVersion": V, "kind": "ResourceClaimTemplate", "metadata": {"name": "mem50x2", "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": "shared.example.com", "count": 2,
-                "capacity": {"requests": {"memory": "50Gi"}}}}]}}}}
+    shared_dev = shared_slice("n0", devices=2)
+    mem_class = shared_class()
+    tmpl = shared_template("mem50x2", "50Gi", count=2)
     with kai_cluster.api_client() as api, kai_cluster.kwok():
         if not served(api, V):
             pytest.skip("the test apiserver does not serve resource.k8s.io/v1")
