@@ -19,8 +19,9 @@ from builders import run_cli
 EXAMPLE = "models/examples/quickstart.yaml"
 SCENARIOS = Path(os.environ.get("KAI_SCENARIOS", Path(__file__).resolve().parents[2] / "shared" / "scenarios" / "kai"))
 MATCHING_CASE = SCENARIOS / "allocate" / "001-allocate-elastic-job-full-allocate.yaml"
-# a case kai-opt does not match (KAI's documented allocate bug, docs/DESIGN-NOTES.md "Conformance")
-MISMATCHING_CASE = SCENARIOS / "integration" / "102-queue0-is-over-quota-queue1-is-under-quota-yet-we-don-t-recl.yaml"
+# a case kai-opt does not match yet (consolidation victim choice, docs/DESIGN-NOTES.md "Conformance"); when it
+# does, pick the next mismatching case
+MISMATCHING_CASE = SCENARIOS / "consolidation" / "021-2-queues-with-different-share-pending-job-will-attempt-to-re.yaml"
 TIMING = {"wall_s", "build_s", "solve_s", "phases", "seconds", "cpu_s"}
 
 # command line (without -o) -> the formats it offers

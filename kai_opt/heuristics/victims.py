@@ -695,198 +695,220 @@ def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _Pen
     sequence). And a skipped job matters only while it heads a queue whose key decides between a victim's queue
     and the preemptor's: one on either path below the paths' common ancestor, or below such a queue; subtrees
     elsewhere are left out."""
-    st = sess.state
     if g not in po.request:
         return set()
-    chunks: dict[int, list[int]] = {}
-    for n, chunk in enumerate(accumulated):
-        chunks.setdefault(int(st.pod_pg[chunk[0]]), []).append(n)
-    ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
-    g_path = ancestors[int(st.pg_queue[g])]
-    g_at = {a: i for i, a in enumerate(g_path)}
-    # Queue order rules 1-2 without popping: below a queue A of the preemptor's path whose child towards the
-    # preemptor holds no victim and is within deserved with each job it pops up to the preemptor (po: its
-    # allocation is the state's), a child over its fair share or over deserved in some resource already loses
-    # every comparison at A until the preemptor pops (its allocation only rises as victims return, its jobs
-    # only add to it): its victims are not simulated (they stay evicted) and its jobs are left out.
-    holding: set[int] = set()  # the victims' queues and their ancestors
-    for v in chunks:
-        holding.update(ancestors[int(st.pg_queue[v])])
-    beaten: dict[int, int] = {}  # queue A (-1: the top level) -> its child towards the preemptor (see above)
-    for i, c in enumerate(g_path):
-        if c not in holding and po.starved_until(c, g):
-            beaten[g_path[i + 1] if i + 1 < len(g_path) else -1] = c
-    allocated, fair, deserved = sess.ledger.allocated, po.order.fair_share, po.order.deserved
+    sim = _Simulation(sess, g, accumulated, po)
+    if not sim.chunks:
+        return set()
+    sim.lay_out()
+    return sim.run()
 
-    def lost(parent: int, c: int) -> bool:
-        """Whether queue c (a child of parent) pops nothing before the preemptor (see above)."""
-        towards = beaten.get(parent)
+
+class _Simulation:
+    """One reclaim scenario's simulation (_victims_ahead): which queues take part, their heads and keys as
+    victims return, and the pop loop."""
+
+    def __init__(self, sess: Session, g: int, accumulated: list[list[int]], po: _PendingOrder) -> None:
+        st = sess.state
+        self.sess, self.g, self.accumulated, self.po = sess, g, accumulated, po
+        chunks: dict[int, list[int]] = {}  # victim job -> the indices of its chunks in `accumulated`
+        for n, chunk in enumerate(accumulated):
+            chunks.setdefault(int(st.pod_pg[chunk[0]]), []).append(n)
+        self.ancestors = ancestors = sess.ledger.ancestors  # queue -> itself, then its ancestors up to the top
+        self.g_path = g_path = ancestors[int(st.pg_queue[g])]
+        # Queue order rules 1-2 without popping: below a queue A of the preemptor's path whose child towards the
+        # preemptor holds no victim and is within deserved with each job it pops up to the preemptor (po: its
+        # allocation is the state's), a child over its fair share or over deserved in some resource already loses
+        # every comparison at A until the preemptor pops (its allocation only rises as victims return, its jobs
+        # only add to it): its victims are not simulated (they stay evicted) and its jobs are left out.
+        self.holding: set[int] = set()  # the victims' queues and their ancestors
+        holding = self.holding
+        for v in chunks:
+            holding.update(ancestors[int(st.pg_queue[v])])
+        self.beaten: dict[int, int] = {}  # queue A (-1: the top level) -> its child towards the preemptor
+        for i, c in enumerate(g_path):
+            if c not in holding and po.starved_until(c, g):
+                self.beaten[g_path[i + 1] if i + 1 < len(g_path) else -1] = c
+        self.every = set(chunks)  # every victim job: its subtree's allocation is not the state's, even if not
+        # simulated
+        if self.beaten:
+            for v in list(chunks):
+                path = ancestors[int(st.pg_queue[v])]
+                if any(self.lost(path[k + 1] if k + 1 < len(path) else -1, path[k]) for k in range(len(path))):
+                    del chunks[v]
+        self.chunks = chunks
+
+    def lost(self, parent: int, c: int) -> bool:
+        """Whether queue c (a child of parent) pops nothing before the preemptor (see __init__)."""
+        towards = self.beaten.get(parent)
         if towards is None or c == towards:
             return False
-        a = allocated[c].tolist()
-        return less_all(fair[c], a) or not le(a, deserved[c])
+        a = self.sess.ledger.allocated[c].tolist()
+        return less_all(self.po.order.fair_share[c], a) or not le(a, self.po.order.deserved[c])
 
-    every = set(chunks)  # every victim job: its subtree's allocation is not the state's, even if not simulated
-    if beaten:
-        for v in list(chunks):
-            path = ancestors[int(st.pg_queue[v])]
-            if any(lost(path[k + 1] if k + 1 < len(path) else -1, path[k]) for k in range(len(path))):
-                del chunks[v]
-        if not chunks:
-            return set()
-    special = holding  # queues whose allocation or jobs differ from po's (victims evicted, victims queued)
-    roots: set[int] = set()  # the queues below the common ancestors, towards a victim or the preemptor
-    request: dict[int, np.ndarray] = {}  # victim job -> what the scenario evicted of it (when first read)
-    queued: dict[int, list[int]] = {}  # queue -> its victim jobs
-    mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # queue -> its victim jobs in job order (when read)
-    job_key = po.probe.job_key
-    for v in chunks:
-        q = int(st.pg_queue[v])
-        path = ancestors[q]
-        i = next((k for k, a in enumerate(path) if a in g_at), len(path))  # path[i]: the common ancestor
-        roots.add(path[max(i - 1, 0)])
-        j = g_at[path[i]] if i < len(path) else len(g_path)
-        roots.add(g_path[max(j - 1, 0)])
-        queued.setdefault(q, []).append(v)
-    order = po.live  # keys of special queues read their allocation now (unevictions change it)
-    children, count = po.children, po.count
-    in_r = {s: any(a in roots for a in ancestors[s]) for s in special}
-    # per special queue: its own pending jobs' next index (victims skipped), its victims' next index, the jobs
-    # left in it (included subtrees only); per included victim-free queue: its next index in po
-    own_at: dict[int, int] = {}
-    victim_at: dict[int, int] = {}
-    left_in: dict[int, int] = {}
-    at: dict[int, int] = {}
-    included: dict[int, list[int]] = {}  # special queue (-1: the top level) -> its children taking part
+    def lay_out(self) -> None:
+        """The queues that take part: the special ones (queues whose allocation or jobs differ from po's: victims
+        evicted, victims queued), the roots below the common ancestors (towards a victim or the preemptor) and
+        the subtrees under them, with the jobs left in each."""
+        st, po, ancestors, g_path = self.sess.state, self.po, self.ancestors, self.g_path
+        g_at = {a: i for i, a in enumerate(g_path)}
+        self.special = special = self.holding
+        roots: set[int] = set()
+        self.queued: dict[int, list[int]] = {}  # queue -> its victim jobs
+        for v in self.chunks:
+            q = int(st.pg_queue[v])
+            path = ancestors[q]
+            i = next((k for k, a in enumerate(path) if a in g_at), len(path))  # path[i]: the common ancestor
+            roots.add(path[max(i - 1, 0)])
+            j = g_at[path[i]] if i < len(path) else len(g_path)
+            roots.add(g_path[max(j - 1, 0)])
+            self.queued.setdefault(q, []).append(v)
+        self.in_r = in_r = {s: any(a in roots for a in ancestors[s]) for s in special}
+        children, count = po.children, po.count
+        # per special queue: its own pending jobs' next index (victims skipped), its victims' next index, the jobs
+        # left in it (included subtrees only); per included victim-free queue: its next index in po
+        self.own_at: dict[int, int] = {}
+        self.victim_at: dict[int, int] = {}
+        self.left_in: dict[int, int] = {}
+        self.at: dict[int, int] = {}
+        self.included: dict[int, list[int]] = {}  # special queue (-1: the top level) -> its children taking part
 
-    def incl(parent: int, kids: list[int]) -> list[int]:
-        under = parent >= 0 and in_r[parent]
-        return [c for c in kids if (c in special or ((under or c in roots) and count[c] > 0))
-                and not (parent in beaten and lost(parent, c))]
+        def incl(parent: int, kids: list[int]) -> list[int]:
+            under = parent >= 0 and in_r[parent]
+            return [c for c in kids if (c in special or ((under or c in roots) and count[c] > 0))
+                    and not (parent in self.beaten and self.lost(parent, c))]
 
-    included[-1] = incl(-1, po.tops)
-    for s in sorted(special, key=lambda s: -len(ancestors[s])):  # deepest first
-        kids = included[s] = incl(s, children[s])
-        n = len(queued.get(s, ())) + sum(left_in[c] if c in special else count[c] for c in kids)
-        if in_r[s]:
-            n += sum(1 for _, x in po.own.get(s, ()) if x not in every)
-        left_in[s] = n
-    head_key: dict[int, tuple[int, tuple[Any, ...]]] = {}  # special queue -> (its head job, its key)
-    alloc: dict[int, tuple[float, ...]] = {}  # special queue -> its allocation now
-    known = po.live_keys
-    best_of: dict[int, int] = {}  # special queue (-1: top level) -> its child that goes first
+        self.included[-1] = incl(-1, po.tops)
+        for s in sorted(special, key=lambda s: -len(ancestors[s])):  # deepest first
+            kids = self.included[s] = incl(s, children[s])
+            n = len(self.queued.get(s, ())) + sum(self.left_in[c] if c in special else count[c] for c in kids)
+            if in_r[s]:
+                n += sum(1 for _, x in po.own.get(s, ()) if x not in self.every)
+            self.left_in[s] = n
+        self.request: dict[int, np.ndarray] = {}  # victim job -> what the scenario evicted of it (when first read)
+        self.mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # queue -> its victim jobs in job order
+        self.head_key: dict[int, tuple[int, tuple[Any, ...]]] = {}  # special queue -> (its head job, its key)
+        self.alloc: dict[int, tuple[float, ...]] = {}  # special queue -> its allocation now
+        self.best_of: dict[int, int] = {}  # special queue (-1: top level) -> its child that goes first
+        # the special queues that may have jobs of their own (leaf queues with victims or taking part)
+        self.owns = {s for s in special if s in self.queued or (in_r[s] and po.own.get(s))}
 
-    # the special queues that may have jobs of their own (leaf queues with victims or taking part)
-    owns = {s for s in special if s in queued or (in_r[s] and po.own.get(s))}
-
-    def own_head(s: int) -> int | None:
+    def own_head(self, s: int) -> int | None:
         """The special queue's own next job (pending or victim), if any."""
         best: tuple[tuple[Any, ...], int] | None = None
-        if in_r[s]:
-            own = po.own.get(s)
+        if self.in_r[s]:
+            own = self.po.own.get(s)
             if own:
-                k = own_at.get(s, 0)
-                while k < len(own) and own[k][1] in every:
+                k = self.own_at.get(s, 0)
+                while k < len(own) and own[k][1] in self.every:
                     k += 1
-                own_at[s] = k
+                self.own_at[s] = k
                 if k < len(own):
                     best = own[k]
-        vs = mine.get(s)
-        if vs is None and s in queued:
-            vs = mine[s] = sorted((job_key(v), v) for v in queued[s])
+        vs = self.mine.get(s)
+        if vs is None and s in self.queued:
+            job_key = self.po.probe.job_key
+            vs = self.mine[s] = sorted((job_key(v), v) for v in self.queued[s])
         if vs:
-            k = victim_at.get(s, 0)
+            k = self.victim_at.get(s, 0)
             if k < len(vs) and (best is None or vs[k] < best):
                 best = vs[k]
         return None if best is None else best[1]
 
-    def head(s: int) -> tuple[int, tuple[Any, ...]]:
-        hit = head_key.get(s)
+    def head(self, s: int) -> tuple[int, tuple[Any, ...]]:
+        """The special queue's head job and its key with that job at its head (remembered until it pops)."""
+        hit = self.head_key.get(s)
         if hit is None:
-            x = own_head(s) if s in owns else None
+            po, order = self.po, self.po.live  # keys of special queues read their allocation now
+            x = self.own_head(s) if s in self.owns else None
             if x is None:
-                c = best(s)
-                x = head(c)[0] if c in special else po.item(c, at.get(c, 0))
-            if x in chunks:  # a victim: its request grows from scenario to scenario
-                r = request.get(x)
+                c = self.best(s)
+                x = self.head(c)[0] if c in self.special else po.item(c, self.at.get(c, 0))
+            if x in self.chunks:  # a victim: its request grows from scenario to scenario
+                r = self.request.get(x)
                 if r is None:
-                    r = request[x] = sess.queue_request([p for k in chunks[x] for p in accumulated[k]]).sum(axis=0)
+                    r = self.request[x] = self.sess.queue_request(
+                        [p for k in self.chunks[x] for p in self.accumulated[k]]).sum(axis=0)
                 hit = (x, order.key(s, r))
             else:  # a pending job: its key depends on the queue's allocation only, remembered per state
-                a = alloc.get(s)
+                a = self.alloc.get(s)
                 if a is None:
-                    a = alloc[s] = tuple(sess.ledger.allocated[s].tolist())
+                    a = self.alloc[s] = tuple(self.sess.ledger.allocated[s].tolist())
                 mk = (s, x, a)
-                k = known.get(mk)
+                k = po.live_keys.get(mk)
                 if k is None:
-                    k = known[mk] = order.key(s, po.request[x])
+                    k = po.live_keys[mk] = order.key(s, po.request[x])
                 hit = (x, k)
-            head_key[s] = hit
+            self.head_key[s] = hit
         return hit
 
-    def best(s: int) -> int:
-        hit = best_of.get(s)
+    def best(self, s: int) -> int:
+        """The child of special queue s (-1: the top level) that pops next (remembered until something pops)."""
+        hit = self.best_of.get(s)
         if hit is None:
+            po, special, head_key, at, keys_of = self.po, self.special, self.head_key, self.at, self.po.keys
             b, bk = -1, None
-            for c in included[s]:
+            for c in self.included[s]:
                 if c in special:
-                    if not left_in[c]:
+                    if not self.left_in[c]:
                         continue
                     hk = head_key.get(c)
-                    kc = (hk if hk is not None else head(c))[1]
+                    kc = (hk if hk is not None else self.head(c))[1]
                 else:
                     i = at.get(c, 0)
-                    if i >= count[c]:
+                    if i >= po.count[c]:
                         continue
                     ks = keys_of.get(c)
                     kc = ks[i] if ks is not None and i < len(ks) else po.key(c, i)
-                if bk is None or ((kc < bk) if kc != bk else order.tie(c, b) < 0):
+                if bk is None or ((kc < bk) if kc != bk else po.live.tie(c, b) < 0):
                     b, bk = c, kc
-            hit = best_of[s] = b
+            hit = self.best_of[s] = b
         return hit
 
-    keys_of = po.keys
-    ahead: set[int] = set()
-    left = len(chunks)
-    while left:
-        s = -1
-        walked: list[int] = []
-        x: int | None = None
-        while True:
-            if s in owns:
-                x = own_head(s)
-                if x is not None:
-                    if x in chunks:
-                        victim_at[s] = victim_at.get(s, 0) + 1
-                    else:
-                        own_at[s] += 1
+    def run(self) -> set[int]:
+        """Pop jobs until the preemptor: each victim job popped first is allocated again (its chunks returned)."""
+        chunks, owns, special, at, po = self.chunks, self.owns, self.special, self.at, self.po
+        ahead: set[int] = set()
+        left = len(chunks)
+        while left:
+            s = -1
+            walked: list[int] = []
+            x: int | None = None
+            while True:
+                if s in owns:
+                    x = self.own_head(s)
+                    if x is not None:
+                        if x in chunks:
+                            self.victim_at[s] = self.victim_at.get(s, 0) + 1
+                        else:
+                            self.own_at[s] += 1
+                        break
+                nxt = self.best(s)
+                if nxt < 0:
                     break
-            nxt = best(s)
-            if nxt < 0:
+                if nxt not in special:
+                    k = at.get(nxt, 0)
+                    x = po.item(nxt, k)
+                    at[nxt] = k + 1
+                    break
+                walked.append(nxt)
+                s = nxt
+            self.best_of.pop(-1, None)
+            for s in walked:
+                self.left_in[s] -= 1
+                self.head_key.pop(s, None)
+                self.best_of.pop(s, None)
+            if x is None or x == self.g:
                 break
-            if nxt not in special:
-                k = at.get(nxt, 0)
-                x = po.item(nxt, k)
-                at[nxt] = k + 1
-                break
-            walked.append(nxt)
-            s = nxt
-        best_of.pop(-1, None)
-        for s in walked:
-            left_in[s] -= 1
-            head_key.pop(s, None)
-            best_of.pop(s, None)
-        if x is None or x == g:
-            break
-        back = chunks.get(x)
-        if back is None:
-            continue  # a pending job that is neither victim nor preemptor
-        sess.unevict_many([p for k in back for p in accumulated[k]])
-        for s in walked:
-            alloc.pop(s, None)
-        ahead.update(back)
-        left -= 1
-    return ahead
+            back = chunks.get(x)
+            if back is None:
+                continue  # a pending job that is neither victim nor preemptor
+            self.sess.unevict_many([p for k in back for p in self.accumulated[k]])
+            for s in walked:
+                self.alloc.pop(s, None)
+            ahead.update(back)
+            left -= 1
+        return ahead
 
 
 def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,
