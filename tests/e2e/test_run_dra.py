@@ -111,6 +111,15 @@ def shared_template(name: str, memory: str, count: int = 1) -> dict[str, Any]:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}}}
 
 
+def assert_two_shares_of_50gi(c: dict[str, Any] | None) -> None:
+    """The claim holds a 50Gi share of each of n0's two shared devices, each with its own shareID."""
+    assert c is not None
+    results = c["status"]["allocation"]["devices"]["results"]
+    assert sorted((r["pool"], r["device"]) for r in results) == [("n0-shared", "shared-0"), ("n0-shared", "shared-1")]
+    assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"50Gi"}, {str(50 * 2**30)})
+    assert len({r["shareID"] for r in results}) == 2
+
+
 def claim(name: str, count: int, product: str | None = None) -> dict[str, Any]:
     return {"apiVersion": V, "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
             "spec": claim_spec(count, product)}
@@ -283,13 +292,7 @@ def test_consumable_capacity_a_claim_for_two_shares_gets_two_distinct_devices(dr
             time.sleep(1.5)  # more cycles: the second has no room for two shares
             placed = bound(api)
         assert len(placed) == 1 and set(placed.values()) == {"n0"}
-        c = claim_of(api, next(iter(placed)))
-        assert c is not None
-        results = c["status"]["allocation"]["devices"]["results"]
-        assert sorted((r["pool"], r["device"]) for r in results) == [("n0-shared", "shared-0"),
-                                                                      ("n0-shared", "shared-1")]
-        assert {str(r["consumedCapacity"]["memory"]) for r in results} in ({"50Gi"}, {str(50 * 2**30)})
-        assert len({r["shareID"] for r in results}) == 2
+        assert_two_shares_of_50gi(claim_of(api, next(iter(placed))))
         assert claim_of(api, next(f"m{i}" for i in range(2) if f"m{i}" not in placed)) is None
 
 
