@@ -88,19 +88,20 @@ class VictimAction(Action):
         reason = self.eviction_reason
         assert reason is not None, f"{self.name} evicts, so it declares an eviction reason"
         jq = JobQueue(sess, ctx.pending_groups(preemptible_only=self.preemptible_only))
-        failed = FailedJobs() if sess.cfg.use_scheduling_signatures else None
+        failed = FailedJobs()  # (a job without a signature is never skipped nor remembered)
+        signatures, after = sess.cfg.use_scheduling_signatures, self.signatures_after_admits
         for g, tasks in queued_groups(ctx, jq):
             if ctx.satisfied_now(g):
                 continue
-            sig = None if failed is None else signature(sess, g, int(st.pg_queue[g]) if self.signatures_per_queue
-                                                        else -1)
-            if failed is not None and not self.signatures_after_admits and self._skipped(ctx, g, failed, sig):
+            sig = signature(sess, g, int(st.pg_queue[g]) if self.signatures_per_queue else -1) if signatures \
+                else None
+            if not after and self._skipped(ctx, g, failed, sig):
                 continue
             if not self.admits(ctx, g, tasks):
-                if failed is not None and not self.signatures_after_admits:
+                if not after:
                     failed.failed(sess, g, sig, None)
                 continue
-            if failed is not None and self.signatures_after_admits and self._skipped(ctx, g, failed, sig):
+            if after and self._skipped(ctx, g, failed, sig):
                 continue
             key = ctx.search_key(self.name, g, tasks)
             if ctx.failed_before(g, key):
@@ -119,8 +120,7 @@ class VictimAction(Action):
             if why is not None:
                 ctx.add_reason(g, why)
             ctx.remember_failure(key, why)
-            if failed is not None:
-                failed.failed(sess, g, sig, why)
+            failed.failed(sess, g, sig, why)
 
     def _skipped(self, ctx: ActionContext, g: int, failed: FailedJobs, sig: Signature | None) -> bool:
         """Whether g is not tried (KAI's scheduling signatures); it then gets the failed job's reason."""
