@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from kai_opt.checker import check_plan
 from kai_opt.config import Config, Engine
 from kai_opt.fairshare import FairShare, compute_fair_share
@@ -16,9 +18,11 @@ from kai_opt.fairshare.history import HistoricalUsage
 from kai_opt.gcpause import gc_paused
 from kai_opt.heuristics.cycle import ACTION_ORDER, Progress, greedy_plan, plan_from_session
 from kai_opt.plan import Plan, SolverInfo
-from kai_opt.state import ClusterState
+from kai_opt.state import ClusterState, PodStatus
 
 log = logging.getLogger("kai_opt.solver")
+
+FORK_EARLY_WORK = 1_000_000  # pending groups x nodes from which fork_early holds
 
 __all__ = ["ACTION_ORDER", "Progress", "greedy_plan", "plan_from_session", "run_cycle"]
 
@@ -32,6 +36,17 @@ def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = No
     state)."""
     with gc_paused():
         return _run_cycle(state, config, engine=engine, actions=actions, progress=progress, history=history)
+
+
+def fork_early(state: ClusterState) -> bool:
+    """Whether the greedy cycle is long enough for the CP-SAT worker and the second hint to be forked at its start:
+    the fork and the pages the cycle writes afterwards are then paid beside it, and the second hint has the other
+    core for as long. A short cycle would pay two forks for nothing when its greedy plan is unbeatable (the model is
+    not run) and computes the FGD-scored plan inline for less. Measured by pending groups x nodes, the size of
+    the greedy's placement work (docs/DESIGN-NOTES.md, CP-SAT engine)."""
+    pending = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
+    groups = len(np.unique(state.pod_pg[pending]))
+    return groups * state.n_nodes >= FORK_EARLY_WORK
 
 
 def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
@@ -48,8 +63,10 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     engine = engine or config.engine
     second = None
     worker = None
-    if engine == Engine.cpsat:  # the FGD-scored greedy plan, computed beside on the other core (second_hint),
-        # and the CP-SAT worker, forked now and waiting for the greedy plan (it inherits the second hint's pipe)
+    if engine == Engine.cpsat and fork_early(state):  # the FGD-scored greedy plan, computed beside on the other
+        # core (second_hint), and the CP-SAT worker, forked now and waiting for the greedy plan (it inherits the
+        # second hint's pipe); a short cycle forks its worker only when it runs the model and computes the
+        # FGD-scored plan inline
         from kai_opt.formulation.second_hint import SecondHint
         from kai_opt.formulation.solve import prepare_worker
 
@@ -65,10 +82,11 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         check_plan(state, plan, fs, config)
         if engine == Engine.cpsat:
             say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
-            from kai_opt.formulation.solve import cpsat_plan, kept_unbeatable, unbeatable_note
+            from kai_opt.formulation.solve import cpsat_plan, kept_unbeatable
+            from kai_opt.formulation.unbeatable import unbeatable_note
 
             try:
-                unbeatable = unbeatable_note(state, plan)
+                unbeatable = unbeatable_note(state, fs, config, plan)
                 if unbeatable:  # the model could only tie: it is stopped (finally); the FGD-scored plan may
                     # still win the tie on fragmentation
                     plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable,

@@ -167,6 +167,7 @@ def main() -> int:
     ap.add_argument("--engine", default="greedy")
     ap.add_argument("--time-budget", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--notes", action="store_true", help="print each cycle's solver note")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="cProfile the measured cycles (with --status: StatusWriter.update alone), top N rows")
     ap.add_argument("--status", action="store_true",
@@ -290,6 +291,7 @@ def main() -> int:
                   f"snapshot {row['snapshot']:.3f}, state {row['state']:.3f}, engine {row['engine']:.3f}, "
                   f"binds {row['binds']:.3f}); "
                   f"{row['n_binds']} binds, {row['pending']} groups pending, {plan.solver.status}"
+                  + (f" ({plan.solver.note[:160]})" if args.notes else "")
                   + (f"; status: positions {row['positions']:.3f}, update {row['update']:.3f} s "
                      f"(cpu {row['cpu_update']:.3f}), {int(row['n_writes'])} writes" if writer else ""),
                   flush=True)

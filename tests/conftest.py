@@ -1,4 +1,15 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def fork_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CP-SAT engine forks its worker and the second hint at the cycle start whatever the cycle's size
+    (engine.fork_early): for tests of that machinery on clusters small enough to skip it otherwise."""
+    from kai_opt import engine
+
+    monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)

@@ -4,6 +4,7 @@ share; and a late second hint is computed in the worker when that is cheap."""
 
 from __future__ import annotations
 
+import pytest
 from builders import node, pod, podgroup, queue, state
 
 from kai_opt.config import Engine, parse_config
@@ -69,6 +70,7 @@ def test_a_late_cheap_second_hint_is_computed_in_the_worker(monkeypatch) -> None
     assert solve._inline_is_cheap(config, greedy) is True
 
 
+@pytest.mark.usefixtures("fork_early")
 def test_an_unbeatable_cycle_uses_its_free_budget_for_the_fgd_plan(monkeypatch) -> None:
     # the greedy plan places the one pending pod without evictions: no model runs, so the budget is free for the
     # FGD-scored plan even when it is neither ready nor cheap by the worker's rule (INLINE_SHARE of the budget)
@@ -93,3 +95,23 @@ def test_the_time_no_model_needs_bounds_the_inline_fgd_plan() -> None:
     assert solve._inline_is_cheap(config, greedy) is False
     assert solve._inline_is_cheap(config, greedy, 0.5) is True
     assert solve._inline_is_cheap(config, greedy, 0.3) is False
+
+
+def test_a_short_cycle_forks_nothing_and_computes_the_fgd_plan_inline(monkeypatch) -> None:
+    # pending groups x nodes below engine.FORK_EARLY_WORK: neither the second hint nor the worker is forked at the
+    # cycle start; the unbeatable plan still gets the FGD-scored tie-break, computed in the engine's process
+    from kai_opt import engine
+
+    st = _stranding_cluster()
+    assert not engine.fork_early(st)
+    started: list[str] = []
+    monkeypatch.setattr(second_hint.SecondHint, "start", classmethod(lambda cls, *a: started.append("hint")))
+    monkeypatch.setattr(solve, "prepare_worker", lambda *a: started.append("worker"))
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": False, "time_budget_s": 2}})
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert started == []
+    assert plan.solver.status == "GREEDY_KEPT" and "the model was not run" in (plan.solver.note or "")
+    assert plan.solver.hint == "fgd" and [st.node_names[p.node] for p in plan.placements] == ["b"]
+    monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)  # large enough: both forked at the start
+    run_cycle(st, config, engine=Engine.cpsat)
+    assert started == ["hint", "worker"]

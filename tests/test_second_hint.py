@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+import pytest
+
 from kai_opt.bench.instances import Instance
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
@@ -12,6 +14,9 @@ from kai_opt.engine import run_cycle
 from kai_opt.formulation import second_hint, solve
 from kai_opt.formulation.solve import plan_score
 from kai_opt.state import build_state
+
+# the second hint and the worker forked at the cycle start, as on clusters large enough for it
+pytestmark = pytest.mark.usefixtures("fork_early")
 
 WALL = {"deterministic": False, "time_budget_s": 3, "seed": 0}
 

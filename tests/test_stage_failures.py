@@ -25,6 +25,9 @@ from kai_opt.formulation.decode import DecodeError
 from kai_opt.plan import FAILURE_KINDS, FAILURE_STAGES, Plan
 from kai_opt.state import ClusterState, build_state
 
+# the second hint and the worker forked at the cycle start, as on clusters large enough for it
+pytestmark = pytest.mark.usefixtures("fork_early")
+
 BUDGET = 1.0
 SLACK = 5.0  # s past the budget a failed cycle may take (fork, kill and join on 2 shared, loaded cores); the
 # hanging faults sleep 60 s

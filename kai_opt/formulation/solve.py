@@ -10,8 +10,6 @@ import time
 import traceback
 from collections.abc import Callable
 
-import numpy as np
-
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
@@ -36,7 +34,7 @@ from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo, failure_note
-from kai_opt.state import ClusterState, PodStatus
+from kai_opt.state import ClusterState
 
 log = logging.getLogger("kai_opt.solver")
 
@@ -217,26 +215,10 @@ def _second_at_the_end(state: ClusterState, fs: FairShare, config: Config, greed
     return alt
 
 
-def unbeatable_note(state: ClusterState, plan: Plan) -> str:
-    """Why no plan of the cycle can beat `plan` on the primary objective ('' when one might): it places every
-    pending pod of ours that a plan could place (tier 1 at its maximum) and evicts nothing (tier 2 at its minimum).
-    The model could only tie, and a tie keeps the greedy plan (or the less fragmented FGD-scored one: kept_unbeatable),
-    so it is not worth running."""
-    if plan.evictions:
-        return ""
-    placeable = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
-    placed = np.zeros(state.n_pods, dtype=bool)
-    placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
-    if (placeable & ~placed).any():
-        return ""
-    return (f"greedy plan kept: it places all {int(placeable.sum())} pending pods without evictions, so no plan "
-            "scores higher on placed work or evictions (the model was not run)")
-
-
 def kept_unbeatable(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
                     actions: tuple[str, ...] | None, second: SecondHint | None, note: str,
                     deadline: float | None = None) -> Plan:
-    """The plan of a cycle whose greedy plan nothing beats on the primary objective (unbeatable_note): the model is
+    """The plan of a cycle whose greedy plan nothing beats on the primary objective (unbeatable.py): the model is
     not run, and the FGD-scored plan still stands in on a tie when it leaves less fragmented GPU share. No model
     uses the budget, so until `deadline` (the cycle's budget, a time.perf_counter() value; None: now) the plan is
     computed here when it fits in the time left, else waited for (_starting_plan)."""
@@ -384,9 +366,10 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     if second is not None and (ready or not _inline_is_cheap(config, greedy, free_s)):
         # ready: taken; with time no model needs: waited for until the deadline; else left (the model may use it)
         alt = second.take() if ready else second.take(free_s) if free_s is not None else None
-    elif second is not None or config.solver.deterministic:
-        # late but cheap (or deterministic mode): computed here, at the worker's priority, rather than waited for
-        # at nice 10 on a loaded machine (docs/DESIGN-NOTES.md, CP-SAT engine: the second hint inline)
+    elif second is not None or config.solver.deterministic or _inline_is_cheap(config, greedy, free_s):
+        # late but cheap, not started beside (a short cycle: engine.fork_early), or deterministic mode: computed
+        # here, at the worker's priority, rather than waited for at nice 10 on a loaded machine
+        # (docs/DESIGN-NOTES.md, CP-SAT engine: the second hint inline)
         if second is not None and free_s is not None:
             second.close()  # (the engine's process started it, so it may stop it; the worker may not)
         phase("the greedy engine with FGD scoring (a second hint)")
