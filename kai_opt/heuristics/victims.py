@@ -610,14 +610,15 @@ class _PendingOrder:
         self.live.ledger = sess.ledger
         self.children = st.q_children
         self.tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
-        self.request = {x: probe.request(x) for x in pending}
+        values = _pending_values(sess, probe, pending)
+        self.request = {x: v[1] for x, v in zip(pending, values, strict=True)}
         # queue -> its own jobs in job order (job key, group): leaf queues' jobs
         self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = [0] * st.n_queues  # pending jobs in each queue's subtree
         ancestors = sess.ledger.ancestors
-        for x in pending:
+        for x, v in zip(pending, values, strict=True):
             q = int(st.pg_queue[x])
-            self.own.setdefault(q, []).append((probe.job_key(x), x))
+            self.own.setdefault(q, []).append((v[2], x))
             for a in ancestors[q]:
                 self.count[a] += 1
         for jobs in self.own.values():
@@ -682,6 +683,24 @@ class _PendingOrder:
             i = at.get(best, 0)
             items.append(self.item(best, i))
             at[best] = i + 1
+
+
+def _pending_values(sess: Session, probe: Any, pending: list[int]) -> list[tuple[bytes, np.ndarray, tuple[Any, ...]]]:
+    """Per pending job: (its pods' statuses, its request, its job key). The request and the key read nothing but
+    the statuses of the job's own pods, so they are kept for the whole session (Session.static) and made again only
+    for a job whose pods changed: a state's pending order (_PendingOrder, one per state a search starts from) then
+    costs a status comparison per untouched job instead of its tasks and key."""
+    st, status = sess.state, sess.status
+    known: dict[int, tuple[bytes, np.ndarray, tuple[Any, ...]]] = sess.static("pending_job_values", dict)
+    start, members = st.pg_pod_start, st.pg_pods
+    out = []
+    for x in pending:
+        now = status[members[start[x]:start[x + 1]]].tobytes()
+        hit = known.get(x)
+        if hit is None or hit[0] != now:
+            hit = known[x] = (now, _read_only(probe.request(x)), probe.job_key(x))
+        out.append(hit)
+    return out
 
 
 def _victims_ahead(sess: Session, g: int, accumulated: list[list[int]], po: _PendingOrder) -> set[int]:
