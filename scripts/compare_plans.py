@@ -13,12 +13,14 @@ sizes, --no-scale to leave it out) and every kai_opt.bench.instances family x se
   scripts/compare_plans.py HEAD .               # before (HEAD) vs the working tree
   scripts/compare_plans.py 8cac8d3 /tmp/mytree --no-scale
   scripts/compare_plans.py 0d997a7 . --scale 10000 --no-families   # the 10,000-node digest only
+  scripts/compare_plans.py HEAD . --placement fgd   # the greedy engine with FGD scoring (placement gpu/cpu fgd)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,8 @@ def child(names: list[str]) -> None:
     from kai_opt.state import build_state
     from models.generators import FAMILIES, as_snapshot, scale
 
+    placement = os.environ.get("KAI_OPT_CMP_PLACEMENT")
+    config = Config.model_validate({"placement": {"gpu": placement, "cpu": placement}}) if placement else Config()
     tree = Path(sys.path[0]).resolve()
     if not Path(kai_opt.__file__).resolve().is_relative_to(tree):
         sys.exit(f"kai_opt imported from {kai_opt.__file__}, not from {tree}")
@@ -62,7 +66,7 @@ def child(names: list[str]) -> None:
             objs = FAMILIES[fam].generate(int(nodes), int(seed))
         state = build_state(as_snapshot(objs))
         t = time.process_time()
-        plan, _fs = run_cycle(state, Config(), engine=Engine.greedy)
+        plan, _fs = run_cycle(state, config, engine=Engine.greedy)
         cpu = time.process_time() - t
         out[name] = {
             "binds": sorted([p.pod, p.node, list(p.devices), p.moved] for p in plan.placements if not p.pipelined),
@@ -102,9 +106,13 @@ def main() -> int:
     ap.add_argument("--no-scale", action="store_true", help="leave out the scale instance")
     ap.add_argument("--scale", default="1000", help="node counts of the scale instances, comma-separated")
     ap.add_argument("--no-families", action="store_true", help="leave out the family instances")
+    ap.add_argument("--placement", choices=("binpack", "spread", "fgd"),
+                    help="the greedy engine's placement strategy for GPUs and CPUs (default: the config's)")
     args = ap.parse_args()
     sizes = [] if args.no_scale else [int(x) for x in args.scale.split(",") if x]
     names = _instances(sizes, not args.no_families)
+    if args.placement:
+        os.environ["KAI_OPT_CMP_PLACEMENT"] = args.placement
     with tempfile.TemporaryDirectory(prefix="kai-opt-cmp-") as d:
         tmp = Path(d)
         made: list[Path] = []

@@ -90,6 +90,11 @@ def test_fgd_cache_follows_the_session() -> None:
         fresh = FgdScorer(placer)
         for name in ("cnt", "below", "free", "cpu", "frag"):
             assert np.allclose(getattr(placer.fgd, name), getattr(fresh, name)), name
+        # the growths remembered per pod shape and node equal a fresh scorer's, for a subset of nodes too
+        every = np.arange(st.n_nodes)
+        for q in range(st.n_pods):
+            for nodes in (every, every[::2], every[1:]):
+                assert np.array_equal(placer.fgd.growth(q, nodes), fresh.growth(q, nodes)), (q, nodes)
 
     same()
     cp = 0

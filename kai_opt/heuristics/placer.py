@@ -21,7 +21,7 @@ from kai_opt.config import Strategy
 from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
 from kai_opt.heuristics.nodefilter import NodeFilter
 from kai_opt.heuristics.session import DEV, Session
-from kai_opt.state import R_CPU, R_GPU, PodStatus
+from kai_opt.state import R_CPU, R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
 
 TIER_PREFERRED_AFFINITY = 100_000
@@ -239,6 +239,15 @@ def fgd_score(growth: np.ndarray) -> np.ndarray:
     return np.floor(100.0 / (1.0 + np.exp(np.clip(growth, -1e5, 1e5) / 1000.0)))
 
 
+GROWTH_SHAPES = 4096  # pod shapes whose growths FgdScorer remembers (N floats each); others are computed each time
+
+
+def growth_key(st: ClusterState, p: int) -> tuple[int, ...]:
+    """What FgdScorer.growth reads of pod p: its CPU, whole GPUs, GPU share (fraction or memory) and devices."""
+    return (int(st.pod_req[p, R_CPU]), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]), int(st.pod_gpu_mem[p]),
+            int(st.pod_gpu_ndev[p]))
+
+
 class FgdScorer:
     """FGD (Weng et al., ATC '23) over a session: the target workload is the shapes (CPU, per-device GPU share,
     device count, scheduling signature) of our pods in the cycle, running and pending, the most popular covering
@@ -279,6 +288,10 @@ class FgdScorer:
         self.free = np.zeros(n, dtype=np.int64)
         self.cpu = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n)
+        # pod shape (growth_key) -> each node's growth for that shape (nan: not known); a node's entries are
+        # dropped whenever its statistics are refreshed, so a gang's identical pods, and pods of one shape across
+        # gangs, pay for the nodes that changed only
+        self._growth: dict[tuple[int, ...], np.ndarray] = {}
         self._refresh(np.arange(n))
         self._seen = len(sess.caches.touched)  # how much of sess.touched the cache reflects
 
@@ -300,6 +313,8 @@ class FgdScorer:
         cpu = self._cpu_free(nodes)
         self.cnt[nodes], self.below[nodes], self.free[nodes], self.cpu[nodes] = cnt, below, free, cpu
         self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
+        for known in self._growth.values():
+            known[nodes] = np.nan
 
     def _sync(self) -> None:
         """Bring the cache up to date: every change of node resources logs its node in sess.caches.touched."""
@@ -329,8 +344,25 @@ class FgdScorer:
 
     def growth(self, p: int, nodes: np.ndarray) -> np.ndarray:
         """(C,) growth of each node's expected fragmentation (milli-GPU) when pod p goes there (a GPU share: onto
-        the node's best device; inf where no device holds it now)."""
+        the node's best device; inf where no device holds it now). Remembered per pod shape and node until the
+        node changes (each node's value depends on that node and the shape alone)."""
         self._sync()
+        key = growth_key(self.sess.state, p)
+        known = self._growth.get(key)
+        if known is None:
+            if len(self._growth) >= GROWTH_SHAPES:
+                return self._growth_of(p, nodes)
+            known = self._growth[key] = np.full(self.sess.state.n_nodes, np.nan)
+        got = known[nodes]
+        miss = np.isnan(got)
+        if miss.any():
+            fresh = self._growth_of(p, nodes[miss])
+            known[nodes[miss]] = fresh
+            got[miss] = fresh
+        return got
+
+    def _growth_of(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """growth, computed."""
         st, model = self.sess.state, self.model
         x = int(st.pod_req[p, R_CPU])
         cpu = self.cpu[nodes] - x
