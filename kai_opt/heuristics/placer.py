@@ -80,7 +80,8 @@ class Placer(NodeFilter):
             per = self.per_device(p, candidates)
             dev, owner = self._devices_of(candidates)
             used = sess.dev_held[dev] + sess.dev_rel[dev]
-            hit = (used > 0) & (DEV - used >= per[owner])
+            # a device whose pods are all being released is a whole GPU being released, not a shared one (KAI)
+            hit = (sess.dev_held[dev] > 0) & (DEV - used >= per[owner])
             shared = np.bincount(owner[hit], minlength=len(candidates)) > 0
             tier += np.where(shared, TIER_GPU_SHARING, 0)
         pod = st.pods[p]
@@ -135,6 +136,9 @@ class Placer(NodeFilter):
         used_now = sess.dev_held[a:b] + sess.dev_rel[a:b]
         used = sess.dev_held[a:b] if pipelined else used_now
         fits = np.nonzero(DEV - used >= per)[0]
+        # the order's measure: how full a shared device is; one whose pods are all being released is a whole GPU
+        # being released (KAI's fully released GPU group), as empty as an idle one
+        used_now = np.where(sess.dev_held[a:b] > 0, used_now, 0)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and int(st.pod_gpu_ndev[p]) == 1 and len(fits):
             # the device whose share grows the node's fragmentation least; the fullest among equals
