@@ -194,9 +194,11 @@ def victim_pods(sess: Session) -> np.ndarray:
 def _victim_pods(sess: Session) -> np.ndarray:
     st = sess.state
     out = sess.status == PodStatus.BOUND
-    placed = [p for p in sess.placements if sess.status[p] == PodStatus.PIPELINED]
-    if placed:
-        pods = np.asarray(placed, dtype=np.int64)
+    if not sess.placements:
+        return out
+    pods = np.fromiter(sess.placements, dtype=np.int64, count=len(sess.placements))
+    pods = pods[sess.status[pods] == int(PodStatus.PIPELINED)]
+    if len(pods):
         with_bound = np.zeros(st.n_groups, dtype=bool)
         with_bound[st.pod_pg[out & (st.pod_pg >= 0)]] = True
         g = st.pod_pg[pods]
