@@ -12,6 +12,8 @@ GPUs times the workload's CPU per GPU), then node name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,20 @@ class Placer(NodeFilter):
         self._fgd: FgdScorer | None = None
         # the topology tier per node of the (sub)group being placed (None: no preferred level applies)
         self.topology_score: np.ndarray | None = None
+        # bin-packing measures a node by what is not allocated (KAI's NonAllocatedResource: idle plus releasing)
+        # instead of what is free now; on only inside consolidation's scenario simulation (heuristics/
+        # consolidation.py, KAI's literal simulation): see docs/DESIGN-NOTES.md, "Consolidation is KAI's search"
+        self._releasing_free = False
+
+    @contextmanager
+    def releasing_free(self) -> Iterator[None]:
+        """Inside: bin-packing measures a node by its resources idle or being released (spread and fgd as
+        outside)."""
+        outer, self._releasing_free, self._last = self._releasing_free, True, None
+        try:
+            yield
+        finally:
+            self._releasing_free, self._last = outer, None
 
     @property
     def fgd(self) -> FgdScorer:
@@ -93,8 +109,11 @@ class Placer(NodeFilter):
         if self.topology_score is not None:
             tier += self.topology_score[candidates]
         col = R_GPU if gpu_pod else R_CPU
-        free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
+        free = sess.alloc[candidates, col] - sess.held[candidates, col]
+        if not (self._releasing_free and strategy == Strategy.binpack):
+            free = free - sess.rel[candidates, col]
+        free = free.astype(float)
         if strategy == Strategy.fgd and len(candidates):
             # least fragmentation growth first, scored as FGD does; among equals (docs/DESIGN-NOTES.md, FGD scoring)
             # a CPU-only pod takes the node with the fewest free GPUs (then bin-packs CPU) and a GPU pod the node
