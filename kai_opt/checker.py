@@ -8,7 +8,8 @@ an eviction reason is held to is read from the actions' declaration, kai_opt.act
 - gangs: a group (and each leaf sub-group) that receives placements ends with at least its minimum active;
 - queues: no queue or ancestor ends above a limit the plan pushed it over; new non-preemptible placements keep
   the queue's non-preemptible usage within its deserved quota;
-- evictions: a known reason; a beneficiary placed in the same plan (except stale-gang); a victim gang keeps at
+- evictions: a known reason; a beneficiary placed in the same plan (except stale-gang; or placed in this cycle and
+  then taken back by a later victim search, which its pending reason says); a victim gang keeps at
   least its minimum or goes whole; victims preemptible,
   not younger than their min runtime, and for preempt of lower priority in the same queue; consolidated pods
   re-placed in the same plan (another node, or other devices of the same node);
@@ -30,7 +31,7 @@ from kai_opt.config import Config
 from kai_opt.dra.allocate import shares_on, take_share
 from kai_opt.dra.prepare import query_of
 from kai_opt.fairshare.share import FairShare
-from kai_opt.plan import Plan
+from kai_opt.plan import WITHDRAWN, Plan, Reason
 from kai_opt.state import R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
 
@@ -88,7 +89,7 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
     active_after[list(dec.moved)] = True  # a consolidated pod ends on its new node
     problems += _gang_problems(state, dec, active_after)
     problems += _queue_problems(state, fs, dec, names)
-    problems += _eviction_problems(state, config, dec, active_after, names)
+    problems += _eviction_problems(state, config, dec, active_after, names, plan.pending)
     if state.dra is not None:
         problems += _dra_problems(state, dec, active_after, names)
     if problems:
@@ -312,7 +313,7 @@ def _queue_problems(state: ClusterState, fs: FairShare, dec: _Decisions, names: 
 
 
 def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, active_after: np.ndarray,
-                       names: _PodNames) -> list[str]:
+                       names: _PodNames, pending: dict[int, list[Reason]]) -> list[str]:
     """A known reason; a beneficiary placed in the same plan (except stale-gang); a victim gang keeps at least its
     minimum or goes whole; victims preemptible, not younger than their min runtime, and for preempt of lower
     priority in the same queue; consolidated pods re-placed in the same plan."""
@@ -327,6 +328,9 @@ def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, act
             problems.append(f"podgroup {state.pg_keys[g]} is left with {left} pods after evictions, below its "
                             f"minMember {int(state.pg_min_member[g])} (a victim gang goes whole)")
     placed_groups = {int(state.pod_pg[p]) for p in dec.placed}
+    # a group placed in this cycle whose placement a later victim search took back (KAI's victims include pods
+    # placed in the same session) still counts as the beneficiary of what was evicted for it before
+    placed_groups |= {g for g, rs in pending.items() if any(r.code == WITHDRAWN for r in rs)}
     runtimes: dict[int, float] = {}
     for p, (reason, b) in evicted.items():
         rules = EVICTION_RULES.get(reason)

@@ -37,6 +37,11 @@ class Eviction:
     beneficiary: int = -1  # podgroup index the eviction makes room for (-1: none, stale-gang)
 
 
+# a pending reason: the group was placed in this cycle, then a later victim search took the placement back (KAI's
+# victims include pods placed in the same session); its evictions' beneficiaries may be such groups (the checker)
+WITHDRAWN = "PlacementWithdrawn"
+
+
 @dataclass(frozen=True)
 class Reason:
     """Why a podgroup stays pending: a machine-readable code, a message, optional details."""

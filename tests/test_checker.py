@@ -11,7 +11,7 @@ from builders import node, pod, podgroup, queue, state
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare.share import compute_fair_share
-from kai_opt.plan import Eviction, Placement, Plan
+from kai_opt.plan import WITHDRAWN, Eviction, Placement, Plan, Reason
 from kai_opt.snapshot import RawObject
 from kai_opt.state import ClusterState
 
@@ -107,6 +107,22 @@ def test_evictions_need_a_beneficiary_a_preemptible_victim_and_a_whole_gang() ->
     assert "evicted with unknown reason 'tidy-up'" in text
     text = _problems(st, [], [Eviction(p["run-0"], "consolidate", g["gang"])])
     assert "consolidated but not re-placed" in text
+
+
+def test_a_beneficiary_whose_placement_was_taken_back_still_counts() -> None:
+    """KAI's victims include pods placed in the same session: a consolidation may move a pod for a group that a
+    later reclaim takes back. The group is then pending with a PlacementWithdrawn reason, and the move's
+    eviction keeps its beneficiary; any other pending reason does not do."""
+    st = _cluster()
+    p, g, n = _ids(st)
+    evictions = [Eviction(p["run-0"], "consolidate", g["big"]), Eviction(p["run-1"], "consolidate", g["big"])]
+    moves = [Placement(p["run-0"], n["n2"], (1,), True, True), Placement(p["run-1"], n["n2"], (2,), True, True)]
+    fs = compute_fair_share(st)
+    taken = Reason(WITHDRAWN, "placed in this cycle, then taken back as a victim (reclaim) for default/gang")
+    check_plan(st, Plan("test", placements=moves, evictions=evictions, pending={g["big"]: [taken]}), fs, CFG)
+    other = Reason("Unschedulable", "no room")
+    with pytest.raises(PlanViolation, match="without a beneficiary placed in the plan"):
+        check_plan(st, Plan("test", placements=moves, evictions=evictions, pending={g["big"]: [other]}), fs, CFG)
 
 
 def test_only_our_pending_ungated_pods_are_placed_on_ready_nodes() -> None:

@@ -64,6 +64,21 @@ def test_fractions_share_one_device() -> None:
     assert len(plan.placements) == 2 and len(devs) == 1
 
 
+def test_a_share_joins_a_shared_device_not_one_whose_pods_all_leave() -> None:
+    """KAI's GPU order for a share: a device whose pods are all being released is a whole GPU being released
+    (score 0 under gpupack), not a shared device; the share packs onto the device a running share holds."""
+    objs = [node("a", gpus=2), queue("q", gpu=(2, 1, -1)),
+            podgroup("r", "q"), pod("r-0", "r", gpus=0.3, node_name="a", labels={"runai-gpu-group": "g0"}),
+            podgroup("d", "q"), pod("d-0", "d", gpus=0.4, node_name="a", labels={"runai-gpu-group": "g1"},
+                                    deleting=True),
+            podgroup("p", "q", created_min=1), pod("p-0", "p", gpus=0.4)]
+    st, plan = plan_of(objs)
+    (p,) = plan.placements
+    assert st.pods[p.pod].name == "p-0" and not p.pipelined
+    running = int(st.pod_devices(st.pod_index["default/r-0"])[0]) - int(st.dev_start[0])
+    assert p.devices == (running,)
+
+
 def test_required_topology_keeps_the_gang_in_one_rack() -> None:
     objs = [node(f"n{i}", gpus=4, labels={"rack": f"r{i // 2}"}) for i in range(4)]
     objs.append(RawObject("Topology", {"metadata": {"name": "racks"}, "spec": {"levels": [{"nodeLabel": "rack"}]}}))

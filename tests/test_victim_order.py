@@ -114,3 +114,21 @@ def test_a_gang_whose_pods_were_moved_keeps_its_minimum_counting_them() -> None:
     plan, _ = run_cycle(st_, Config(engine=Engine.greedy))  # the checker holds
     assert sorted((st_.pods[e.pod].name, e.reason) for e in plan.evictions) == [("v-2", "consolidate")]
     assert sorted(st_.pods[p.pod].name for p in plan.placements) == ["p1-0", "v-2"]
+
+
+def test_a_gang_pipelined_this_cycle_is_a_victim_and_its_placement_is_withdrawn() -> None:
+    """KAI's victims are jobs' active allocated pods, pods pipelined in the same session included (integration/063:
+    its reclaim takes a job consolidation pipelined). Allocate pipelines a onto the room of a pod being deleted;
+    reclaim for b (queue qb, below its share) needs that room and x's: it takes x and a's pipelined pod. The
+    plan neither places nor evicts a-0; a stays pending, saying its placement was taken back."""
+    objs = [node("n", gpus=4), queue("qa", gpu=(0, 1, -1)), queue("qb", gpu=(4, 1, -1)),
+            podgroup("leaving", "qa"), pod("leaving-0", "leaving", gpus=2, node_name="n", deleting=True),
+            podgroup("x", "qa", priority_class="build-preemptible"), pod("x-0", "x", gpus=2, node_name="n"),
+            podgroup("a", "qa", created_min=1), pod("a-0", "a", gpus=2),
+            podgroup("b", "qb", created_min=2), pod("b-0", "b", gpus=4)]
+    st_ = state(objs)
+    plan, _ = run_cycle(st_, Config(engine=Engine.greedy))  # the checker holds
+    assert [(st_.pods[p.pod].name, p.pipelined) for p in plan.placements] == [("b-0", True)]
+    assert [(st_.pods[e.pod].name, e.reason) for e in plan.evictions] == [("x-0", "reclaim")]
+    (reason,) = plan.pending[st_.pg_index["default/a"]]
+    assert reason.code == "PlacementWithdrawn" and reason.details == {"action": "reclaim", "for": "default/b"}

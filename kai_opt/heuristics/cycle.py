@@ -13,7 +13,7 @@ from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
 from kai_opt.heuristics.actions import REGISTRY, ActionContext, enabled_actions
 from kai_opt.heuristics.session import Session
-from kai_opt.plan import Eviction, Placement, Plan, Reason, SolverInfo
+from kai_opt.plan import WITHDRAWN, Eviction, Placement, Plan, Reason, SolverInfo
 from kai_opt.state import ClusterState, PodStatus
 
 Progress = Callable[[str], None]  # told what a long cycle is doing now (a phase name), for a status line
@@ -43,13 +43,26 @@ def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
 
 def plan_from_session(sess: Session, reasons: dict[int, list[Reason]], engine: str) -> Plan:
     st = sess.state
-    turns = list(dict.fromkeys(int(st.pod_pg[p]) for p in sess.placements))  # (insertion order: decision order)
-    placements: list[Placement] = sorted(sess.placements.values(), key=lambda p: p.pod)
+    # placements of this cycle that a later victim search took back (kai_opt.heuristics.victims.victim_pods): the
+    # pods are neither placed nor evicted, and their groups stay pending, saying so
+    withdrawn = {p: e for p, e in sess.evictions.items() if p in sess.placements}
+    turns = list(dict.fromkeys(int(st.pod_pg[p]) for p in sess.placements  # (insertion order: decision order)
+                               if p not in withdrawn))
+    placements: list[Placement] = sorted((pl for pl in sess.placements.values() if pl.pod not in withdrawn),
+                                         key=lambda p: p.pod)
     placements += sorted(sess.moves.values(), key=lambda p: p.pod)
-    evictions: list[Eviction] = sorted(sess.evictions.values(), key=lambda e: e.pod)
+    evictions: list[Eviction] = sorted((e for e in sess.evictions.values() if e.pod not in withdrawn),
+                                       key=lambda e: e.pod)
     pending: dict[int, list[Reason]] = {}
     still = (sess.status == PodStatus.PENDING) & (st.pod_pg >= 0)
     for g in sorted(set(st.pod_pg[still].tolist())):
         pending[g] = reasons.get(g) or [Reason("Pending", "waiting for its turn: earlier pods of this elastic "
                                                           "group were placed this cycle")]
+    for p, e in sorted(withdrawn.items()):
+        g = int(st.pod_pg[p])
+        rs = pending.setdefault(g, list(reasons.get(g, [])))
+        if all(r.code != WITHDRAWN for r in rs):
+            by = st.pg_keys[e.beneficiary] if e.beneficiary >= 0 else ""
+            rs.append(Reason(WITHDRAWN, f"placed in this cycle, then taken back as a victim ({e.reason}) for {by}",
+                             {"action": e.reason, "for": by}))
     return Plan(engine=engine, placements=placements, evictions=evictions, pending=pending, turns=turns)

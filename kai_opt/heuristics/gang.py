@@ -229,10 +229,11 @@ class GangPlacer:
             s = int(st.sg_parent[s])
         return mask
 
-    def move_unit(self, unit: list[int]) -> bool:
+    def move_unit(self, unit: list[int], *, home: bool = False, within: np.ndarray | None = None) -> bool:
         """Re-place evicted pods of one group (a consolidation move, pipelined), all or nothing, each off its
-        whole-GPU node, inside the required domains: those its group's active (or already moved) pods sit in,
-        else each domain in bin-pack order. On failure the session is unchanged."""
+        whole-GPU node (`home`: its own node allowed too), on `within` nodes (None: any), inside the required
+        domains: those its group's active (or already moved) pods sit in, else each domain in bin-pack order. On
+        failure the session is unchanged."""
         sess, st = self.sess, self.sess.state
         g = int(st.pod_pg[unit[0]])
         topo, lvl = int(st.pg_topology[g]), int(st.pg_required_level[g])
@@ -242,13 +243,15 @@ class GangPlacer:
             outer = [d for _, d in _ordered_domains(sess, topo, lvl, None, need, self._spread(unit),
                                                     fitting_only=True)]
         for d in outer:
-            domain = None if d is None else _domain_mask(sess, topo, lvl, d, None)
+            domain = None if d is None else _domain_mask(sess, topo, lvl, d, within)
+            if domain is None:
+                domain = within
             cp = sess.checkpoint()
             for p in unit:
                 mask = self.domain_for_move(p)
                 if domain is not None:
                     mask = domain if mask is None else mask & domain
-                away = int(sess.node[p]) if st.pod_gpu_whole[p] else -1
+                away = int(sess.node[p]) if st.pod_gpu_whole[p] and not home else -1
                 choice = self.placer.choose(p, mask, allow_pipeline=True, exclude=away)
                 if choice is None:
                     break

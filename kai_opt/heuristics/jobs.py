@@ -21,7 +21,9 @@ class JobQueue:
     def __init__(self, sess: Session, jobs: list[int]) -> None:
         self.sess = sess
         st = sess.state
-        self.order = QueueOrder(sess.fs, sess.ledger, st.q_names, st.q_creation, st.q_priority)
+        # the rules read the session's ledger live (one object, updated in place): one per session
+        self.order = sess.static("queue_order", lambda: QueueOrder(sess.fs, sess.ledger, st.q_names, st.q_creation,
+                                                                   st.q_priority))
         self.leaf: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = np.zeros(st.n_queues, dtype=np.int64)  # jobs in each queue's subtree
         self._request: dict[int, np.ndarray] = {}

@@ -12,6 +12,8 @@ GPUs times the workload's CPU per GPU), then node name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,20 @@ class Placer(NodeFilter):
         self._fgd: FgdScorer | None = None
         # the topology tier per node of the (sub)group being placed (None: no preferred level applies)
         self.topology_score: np.ndarray | None = None
+        # bin-packing measures a node by what is not allocated (KAI's NonAllocatedResource: idle plus releasing)
+        # instead of what is free now; on only inside consolidation's scenario simulation (heuristics/
+        # consolidation.py, KAI's literal simulation): see docs/DESIGN-NOTES.md, "Consolidation is KAI's search"
+        self._releasing_free = False
+
+    @contextmanager
+    def releasing_free(self) -> Iterator[None]:
+        """Inside: bin-packing measures a node by its resources idle or being released (spread and fgd as
+        outside)."""
+        outer, self._releasing_free, self._last = self._releasing_free, True, None
+        try:
+            yield
+        finally:
+            self._releasing_free, self._last = outer, None
 
     @property
     def fgd(self) -> FgdScorer:
@@ -80,7 +96,8 @@ class Placer(NodeFilter):
             per = self.per_device(p, candidates)
             dev, owner = self._devices_of(candidates)
             used = sess.dev_held[dev] + sess.dev_rel[dev]
-            hit = (used > 0) & (DEV - used >= per[owner])
+            # a device whose pods are all being released is a whole GPU being released, not a shared one (KAI)
+            hit = (sess.dev_held[dev] > 0) & (DEV - used >= per[owner])
             shared = np.bincount(owner[hit], minlength=len(candidates)) > 0
             tier += np.where(shared, TIER_GPU_SHARING, 0)
         pod = st.pods[p]
@@ -92,8 +109,11 @@ class Placer(NodeFilter):
         if self.topology_score is not None:
             tier += self.topology_score[candidates]
         col = R_GPU if gpu_pod else R_CPU
-        free = (sess.alloc[candidates, col] - sess.held[candidates, col] - sess.rel[candidates, col]).astype(float)
         strategy = self._strategy(p)
+        free = sess.alloc[candidates, col] - sess.held[candidates, col]
+        if not (self._releasing_free and strategy == Strategy.binpack):
+            free = free - sess.rel[candidates, col]
+        free = free.astype(float)
         if strategy == Strategy.fgd and len(candidates):
             # least fragmentation growth first, scored as FGD does; among equals (docs/DESIGN-NOTES.md, FGD scoring)
             # a CPU-only pod takes the node with the fewest free GPUs (then bin-packs CPU) and a GPU pod the node
@@ -135,6 +155,9 @@ class Placer(NodeFilter):
         used_now = sess.dev_held[a:b] + sess.dev_rel[a:b]
         used = sess.dev_held[a:b] if pipelined else used_now
         fits = np.nonzero(DEV - used >= per)[0]
+        # the order's measure: how full a shared device is; one whose pods are all being released is a whole GPU
+        # being released (KAI's fully released GPU group), as empty as an idle one
+        used_now = np.where(sess.dev_held[a:b] > 0, used_now, 0)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and int(st.pod_gpu_ndev[p]) == 1 and len(fits):
             # the device whose share grows the node's fragmentation least; the fullest among equals

@@ -80,12 +80,22 @@ def readiness_problems(sess: Session, groups: list[int]) -> dict[int, str]:
     return out
 
 
-def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) -> list[int]:
+def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None, *,
+                      also: set[int] | None = None) -> list[int]:
     """Pending pods to place in one go: enough to satisfy every minimum, or one more for an elastic group; none
-    when the pending pods cannot reach the minimums (e.g. its running pods were evicted this cycle)."""
+    when the pending pods cannot reach the minimums (e.g. its running pods were evicted this cycle). `also`: pods
+    to count as pending too (a victim job's pods evicted in a consolidation scenario, which KAI's simulation
+    allocates again like pending ones)."""
     shape = shape or group_shape(sess, g)
     st = sess.state
-    pending_all = shape.pods[pending_mask(sess, shape.pods)]
+
+    def allocatable(pods: np.ndarray) -> np.ndarray:
+        mask = pending_mask(sess, pods)
+        if also:
+            mask |= np.fromiter((int(p) in also for p in pods.tolist()), dtype=bool, count=len(pods))
+        return mask
+
+    pending_all = shape.pods[allocatable(shape.pods)]
     if len(pending_all) == 0:
         return []
     chosen: list[int] = []
@@ -93,7 +103,7 @@ def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None) ->
     for s, pods in shape.leaves:
         deficit = int(st.sg_min_member[s]) - int(active_mask(sess, pods).sum())
         if deficit > 0:
-            ready = pods[pending_mask(sess, pods)]
+            ready = pods[allocatable(pods)]
             if len(ready) < deficit:
                 return []
             for p in ready[:deficit].tolist():

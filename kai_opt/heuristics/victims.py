@@ -182,25 +182,51 @@ class _Replay:
             items.append(nxt)
 
 
+def victim_pods(sess: Session) -> np.ndarray:
+    """bool[P]: the pods a victim search may take (read-only, shared while the session's state stays the same).
+    KAI's victims are a job's active allocated pods, pods placed in this session included: a group's bound pods,
+    and, for a group with no bound pod, its pods placed in this cycle (bound now or pipelined), which nothing runs
+    yet (taking one back withdraws the placement: kai_opt.heuristics.cycle). A group with bound pods keeps the
+    ones placed in this cycle (they count towards its minimum; see _chunk_order)."""
+    return sess.memo("victim_pods", lambda: _read_only(_victim_pods(sess)))
+
+
+def _victim_pods(sess: Session) -> np.ndarray:
+    st = sess.state
+    out = sess.status == PodStatus.BOUND
+    if not sess.placements:
+        return out
+    pods = np.fromiter(sess.placements, dtype=np.int64, count=len(sess.placements))
+    pods = pods[sess.status[pods] == int(PodStatus.PIPELINED)]
+    if len(pods):
+        with_bound = np.zeros(st.n_groups, dtype=bool)
+        with_bound[st.pod_pg[out & (st.pod_pg >= 0)]] = True
+        g = st.pod_pg[pods]
+        out[pods[(g >= 0) & ~with_bound[np.maximum(g, 0)]]] = True
+    return out
+
+
 def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
     compared level by level from the top of the tree; inside a queue, jobs above their minimum first (they give
-    up one pod, the last in task order, and go back in line), then lower priority, then newer. A job's bound pods
-    up to its minimum are its core, which goes whole, and only while the job has no pods placed, pipelined or moved
-    in this cycle (the model's rule: a group placed this cycle keeps its core; evicting it would stop running pods
-    of the job the cycle grows). Lazy: the caller stops taking chunks once the beneficiary fits."""
+    up one pod, the last in task order, and go back in line), then lower priority, then newer. A job's victim pods
+    (victim_pods: its bound pods, or, with none bound, its pods placed in this cycle) up to its minimum are its
+    core, which goes whole, and only while the job has no other pods placed, pipelined or moved in this cycle (the
+    model's rule: a group placed this cycle keeps its core; evicting it would stop running pods of the job the
+    cycle grows). Lazy: the caller stops taking chunks once the beneficiary fits."""
     st = sess.state
     status = sess.status[st.pg_pods]
-    bound_c = np.concatenate([[0], np.cumsum(status == PodStatus.BOUND)])
+    victim = victim_pods(sess)[st.pg_pods]
+    bound_c = np.concatenate([[0], np.cumsum(victim)])
     active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[status])])
     start = st.pg_pod_start
-    remaining: dict[int, list[int]] = {}  # the group's bound pods in task order, made when first needed
+    remaining: dict[int, list[int]] = {}  # the group's victim pods in task order, made when first needed
     gs = np.asarray(groups, dtype=np.int64)
     left_all = bound_c[start[1:]] - bound_c[start[:-1]]
-    # pods this cycle already placed (or pipelined) for a group count towards its gang (the victim order) but cannot
-    # be victims, and keep its core; so do its pods moved (re-placed) by consolidating victims, which keep their
-    # releasing status where they were
+    # pods this cycle already placed (or pipelined) for a group with bound pods count towards its gang (the victim
+    # order) but cannot be victims, and keep its core; so do its pods moved (re-placed) by consolidating victims,
+    # which keep their releasing status where they were
     newly_all = active_c[start[1:]] - active_c[start[:-1]] - left_all
     if sess.moves:
         moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
@@ -214,7 +240,7 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         pods = remaining.get(g)
         if pods is None:
             a, b = int(start[g]), int(start[g + 1])
-            pods = remaining[g] = st.pg_pods[a:b][status[a:b] == PodStatus.BOUND].tolist()
+            pods = remaining[g] = st.pg_pods[a:b][victim[a:b]].tolist()
         return pods
 
     def elastic(g: int) -> int:
@@ -239,13 +265,13 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         q = int(st.pg_queue[g])
         pods = bound_pods(g)
         if len(pods) > int(min_member[g]):
-            chunk = [pods.pop()]  # a bound pod above the minimum
+            chunk = [pods.pop()]  # a victim pod above the minimum
         elif newly[g] == 0:
             chunk = list(pods)
             pods.clear()
         else:
             tree.refresh(q)
-            continue  # its core (bound pods up to the minimum) stays while the group has pods placed or moved
+            continue  # its core (victim pods up to the minimum) stays while the group has pods placed or moved
         left[g] = len(pods)
         yield g, chunk
         tree.release(q, sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0))
@@ -380,7 +406,7 @@ class _FitCount:
         return all(self.count[s] >= self.need[s] for s in self.sizes)
 
     def ok_without(self, groups: np.ndarray) -> bool:
-        """Whether it could hold with every bound pod of `groups` gone: the bound on what any victims can do."""
+        """Whether it could hold with every victim pod of `groups` gone: the bound on what any victims can do."""
         if not self.sizes:
             return True
         gs = np.asarray(groups, dtype=np.int64)
@@ -429,10 +455,16 @@ class _DryRun:
 
 
 def _whole_without(sess: Session, groups: np.ndarray) -> np.ndarray:
-    """int64[N]: whole devices per node free once every bound pod of `groups` is gone (and releases finish)."""
+    """int64[N]: whole devices per node free once every victim pod of `groups` is gone (and releases finish)."""
     st = sess.state
-    pods = _bound_pods(sess, groups)
+    pods = _victim_pods_of(sess, groups)
     held = sess.dev_held.copy()
+    placed = sess.status[pods] != PodStatus.BOUND  # (the victims that are not bound were placed in this cycle)
+    for p in pods[placed].tolist():  # placed in this cycle: the devices the session gave it
+        per_dev = sess.gpu_per_device(p, int(sess.node[p]))
+        for d in sess.devices[p]:
+            held[d] -= per_dev
+    pods = pods[~placed]
     starts, ends = st.pod_dev_start[pods], st.pod_dev_start[pods + 1]
     counts = ends - starts
     if counts.sum():
@@ -947,14 +979,14 @@ def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible:
     return freed
 
 
-def _bound_pods(sess: Session, groups: list[int] | np.ndarray) -> np.ndarray:
+def _victim_pods_of(sess: Session, groups: list[int] | np.ndarray) -> np.ndarray:
     st = sess.state
     if not len(groups):
         return np.zeros(0, dtype=np.int64)
     member = np.zeros(st.n_groups, dtype=bool)
     member[np.asarray(groups, dtype=np.int64)] = True
     pods = st.pg_pods[np.repeat(member, np.diff(st.pg_pod_start))]
-    return pods[sess.status[pods] == PodStatus.BOUND]
+    return pods[victim_pods(sess)[pods]]
 
 
 def _queue_capacity(sess: Session, g: int, tasks: list[int]) -> str | None:

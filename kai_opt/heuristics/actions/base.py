@@ -109,10 +109,7 @@ class VictimAction(Action):
             search = self.search(ctx, g, tasks)
             if search is None:
                 continue
-            feasible = ctx.placer.static_mask(int(st.pod_sig[tasks[0]]))
-            out = solve_with_victims(sess, ctx.gang, g, tasks, search.candidates, reason, search.rules,
-                                     feasible=feasible, max_victim_jobs=search.max_victim_jobs,
-                                     within=search.within)
+            out = self.solve(ctx, g, tasks, search, reason)
             if out.ok:
                 ctx.finish(g, out.attempt if self.pipeline_group else None, jq)
                 continue
@@ -141,6 +138,13 @@ class VictimAction(Action):
     @abstractmethod
     def search(self, ctx: ActionContext, g: int, tasks: list[int]) -> Search | None:
         """The victim search for g's tasks, or None to leave g be (nothing remembered)."""
+
+    def solve(self, ctx: ActionContext, g: int, tasks: list[int], search: Search, reason: str) -> Outcome:
+        """The job solver for g's tasks (KAI's JobSolver): victims from the search's candidates under its rules.
+        The session is unchanged unless it succeeds."""
+        feasible = ctx.placer.static_mask(int(ctx.sess.state.pod_sig[tasks[0]]))
+        return solve_with_victims(ctx.sess, ctx.gang, g, tasks, search.candidates, reason, search.rules,
+                                  feasible=feasible, max_victim_jobs=search.max_victim_jobs, within=search.within)
 
     def failure_reason(self, ctx: ActionContext, g: int, search: Search, out: Outcome) -> Reason | None:
         """Why g stays pending after a failed search (recorded and remembered), or None."""

@@ -1,24 +1,16 @@
 """Consolidate: move preemptible running pods (each re-placed in the same plan) so pending work fits, only to
-defragment: the GPUs must be idle already, and the work within its queue's fair share (KAI's consolidation)."""
+defragment: the GPUs must be idle or being released already (KAI's consolidation). The search is KAI's
+(kai_opt/heuristics/consolidation.py): by-node scenarios simulated in allocation order."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.reclaim import can_reclaim
-from kai_opt.heuristics.actions.base import MoveVictims, Search, VictimAction
+from kai_opt.heuristics.actions.base import Search, VictimAction
 from kai_opt.heuristics.actions.context import ActionContext
-from kai_opt.heuristics.session import Session
-from kai_opt.heuristics.victims import active_group_mask
-from kai_opt.state import R_GPU
-
-
-class AllMoved(MoveVictims):
-    """Consolidation: every evicted pod must be re-placed in the same plan."""
-
-    def validate(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
-        return "a consolidated pod could not be re-placed" if victims else None
+from kai_opt.heuristics.consolidation import consolidate
+from kai_opt.heuristics.victims import Outcome, ScenarioFilter
+from kai_opt.state import R_GPU, PodStatus
 
 
 class Consolidate(VictimAction):
@@ -33,21 +25,25 @@ class Consolidate(VictimAction):
         super().run(ctx)
 
     def admits(self, ctx: ActionContext, g: int, tasks: list[int]) -> bool:
+        """KAI's IsEnoughGPUsAllocatableForJob: the cluster's GPUs idle or being released cover the tasks' GPUs.
+        No fair-share test: the queue's capacity (limits, non-preemptible quota) is judged when the job is placed
+        in a scenario, as KAI's AllocateJob does."""
         sess, st = ctx.sess, ctx.sess.state
-        idle_gpus = float((sess.alloc[st.node_ok, R_GPU] - sess.held[st.node_ok, R_GPU]
-                           - sess.rel[st.node_ok, R_GPU]).sum())
-        if idle_gpus + 1e-9 < float(st.pod_req[tasks, R_GPU].sum()):
-            return False  # consolidation only defragments: the cluster must have the GPUs idle
-        # moving running pods for work above its queue's fair share would only be undone by the next reclaim:
-        # churn, not defragmentation
-        return can_reclaim(sess.fs, sess.ledger, int(st.pg_queue[g]), sess.queue_request(tasks).sum(axis=0),
-                           preemptible=True)
+        free = float((sess.alloc[st.node_ok, R_GPU] - sess.held[st.node_ok, R_GPU]).sum())
+        return free + 1e-9 >= float(st.pod_req[tasks, R_GPU].sum())
 
     def search(self, ctx: ActionContext, g: int, tasks: list[int]) -> Search | None:
+        """Preemptible groups with bound pods. (KAI also moves jobs pipelined earlier in the session; here such a
+        pod re-placed would be a new placement, not a move of running work: not done.)"""
         sess, st = ctx.sess, ctx.sess.state
-        cand = active_group_mask(sess) & st.pg_preemptible.astype(bool)
+        cand = np.zeros(st.n_groups, dtype=bool)
+        cand[st.pod_pg[(sess.status == PodStatus.BOUND) & (st.pod_pg >= 0)]] = True
+        cand &= st.pg_preemptible.astype(bool)
         cand[g] = False
-        return Search(np.flatnonzero(cand), AllMoved(ctx), max_victim_jobs=sess.cfg.max_consolidation_preemptees)
+        return Search(np.flatnonzero(cand), ScenarioFilter(), max_victim_jobs=sess.cfg.max_consolidation_preemptees)
+
+    def solve(self, ctx: ActionContext, g: int, tasks: list[int], search: Search, reason: str) -> Outcome:
+        return consolidate(ctx, g, tasks, search.candidates, reason, max_victim_jobs=search.max_victim_jobs)
 
 
 ACTION = Consolidate()

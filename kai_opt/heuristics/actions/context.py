@@ -111,12 +111,14 @@ class ActionContext:
     def move_victims(self, sess: Session, chunks: list[list[int]]) -> list[int]:
         """Re-place evicted pods (pipelined) where they fit: another node, or other devices of their node. Per
         victim group, in task order, as KAI re-allocates a victim job: the pods it needs to stay at its minimum
-        first, all or nothing, then its elastic pods one by one. Returns the pods moved."""
+        first, all or nothing, then its elastic pods one by one. A placement of this cycle taken back is not
+        re-placed (nothing of it runs: it stays pending). Returns the pods moved."""
         st = sess.state
         by_group: dict[int, list[int]] = {}
         for chunk in chunks:
             for p in chunk:
-                by_group.setdefault(int(st.pod_pg[p]), []).append(p)
+                if p not in sess.placements:
+                    by_group.setdefault(int(st.pod_pg[p]), []).append(p)
         moved: list[int] = []
         for g, pods in by_group.items():
             order = {int(p): i for i, p in enumerate(st.group_pods(g).tolist())}
