@@ -10,7 +10,8 @@ watch (field selector spec.nodeName!=) timestamps every binding. Reported per ru
   bind pods/s   mean of the per-second binding counts from the first to the last binding (scheduler_perf's
                 SchedulingThroughput statistic, sampled the same way)
   create pods/s how fast this client created the pods (an upper bound of e2e on this machine)
-  cpu ms/pod    CPU time of the scheduler process per bound pod (robust when the machine is shared)
+  cpu ms/pod    CPU time of the scheduler process and its reaped children per bound pod (robust when the
+                machine is shared)
 The 1-minute load average before and after each run is in the JSON (`extra`) and the log.
 
 Workloads: `single` = `--pods` one-pod workloads (1 GPU each); kube-scheduler gets plain pods, kai-opt the same
@@ -270,10 +271,11 @@ def log(msg: str) -> None:
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a running process (0 when it is gone)."""
+    """User + system CPU seconds of a running process and of the children it has reaped (kai-opt's forked CP-SAT
+    workers and second hints: the cpsat engine's work beside the cycle), 0 when it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 
