@@ -72,6 +72,7 @@ def unbeatable_note(state: ClusterState, fs: FairShare, config: Config, plan: Pl
     if len(hopeless) < len(left_groups):
         return ""
     return (f"greedy plan kept: it places {total - int(left.sum())} of {total} pending pods without evictions, and "
-            f"no plan places the other {int(left.sum())} (their {len(left_groups)} groups are refused by queue "
-            "capacity at the cycle start, or cannot reach their minimum), so no plan scores higher on placed work or "
-            "evictions (the model was not run)")
+            f"no plan without evictions places the other {int(left.sum())} (their {len(left_groups)} groups are "
+            "refused by queue capacity at the cycle start, or cannot reach their minimum), so no plan the model may "
+            "return (it evicts only what the greedy plan evicts) scores higher on placed work or evictions (the "
+            "model was not run)")
