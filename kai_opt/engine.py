@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from kai_opt.gcpause import gc_paused
 from kai_opt.heuristics.cycle import ACTION_ORDER, Progress, greedy_plan, plan_from_session
 from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState, PodStatus
+
+if TYPE_CHECKING:
+    from kai_opt.formulation.second_hint import SecondHint
 
 log = logging.getLogger("kai_opt.solver")
 
@@ -47,6 +51,18 @@ def fork_early(state: ClusterState) -> bool:
     pending = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
     groups = len(np.unique(state.pod_pg[pending]))
     return groups * state.n_nodes >= FORK_EARLY_WORK
+
+
+def _second_hint_late(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
+                      greedy: Plan) -> SecondHint | None:
+    """The second hint of a cycle that forked nothing at its start (fork_early), started when the model is to run:
+    it has the model's budget on the other core, so only when SLOWDOWN x the greedy cycle fits in it."""
+    from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint
+
+    greedy_s = sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+    if SLOWDOWN * greedy_s > config.solver.time_budget_s:
+        return None
+    return SecondHint.start(state, fs, config, actions)
 
 
 def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
@@ -92,6 +108,9 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
                     plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable,
                                             deadline=t0 + config.solver.time_budget_s)
                 else:
+                    if worker is None and second is None:  # a short cycle that runs the model: the FGD-scored
+                        # plan beside it now, weighed against the model's plan at the end
+                        second = _second_hint_late(state, fs, config, actions, plan)
                     plan = cpsat_plan(state, fs, config, greedy=plan, actions=actions, second=second,
                                       waiting=worker)
             except Exception as exc:  # an optional stage never loses the cycle (cpsat_plan names what it knows

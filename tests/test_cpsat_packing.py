@@ -15,14 +15,18 @@ from kai_opt.formulation.packing import PlanFragmentation, less_fragmented
 from kai_opt.heuristics.cycle import greedy_plan
 
 
-def _stranding_cluster():
+def _stranding_objects():
     # a: 2 GPUs and 4 CPUs, b: 2 GPUs and 64 CPUs; one running 1-GPU pod (2 CPUs) on b, so the workload has a GPU
     # shape; pending: a CPU-only pod of 4 CPUs. KAI's bin-pack sends it to a (fewest free CPUs): a's 2 GPUs are left
     # without CPU for the GPU shape. FGD scoring sends it to b. Both plans place the same pod.
     objs = [node("a", gpus=2, cpu="4"), node("b", gpus=2, cpu="64"), queue("q", gpu=(4, 1, -1))]
     objs += [podgroup("r", "q"), pod("r-0", group="r", gpus=1, cpu="2", node_name="b")]
     objs += [podgroup("c", "q", created_min=1), pod("c-0", group="c", cpu="4")]
-    return state(objs)
+    return objs
+
+
+def _stranding_cluster():
+    return state(_stranding_objects())
 
 
 def test_the_less_fragmented_fgd_plan_stands_in_for_an_equal_kai_plan() -> None:
@@ -115,3 +119,23 @@ def test_a_short_cycle_forks_nothing_and_computes_the_fgd_plan_inline(monkeypatc
     monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)  # large enough: both forked at the start
     run_cycle(st, config, engine=Engine.cpsat)
     assert started == ["hint", "worker"]
+
+
+def test_a_short_cycle_that_runs_the_model_starts_the_fgd_plan_beside_it(monkeypatch) -> None:
+    # a pending pod no node holds (not refused by its queue): the plan is not unbeatable, the model runs; nothing
+    # was forked at the cycle start, so the second hint is started then, beside the model, and weighed at the end
+    st = state(_stranding_objects() + [podgroup("big", "q", created_min=2), pod("big-0", group="big", gpus=4)])
+    started: list[str] = []
+    real_start = second_hint.SecondHint.start.__func__
+
+    def spy(cls, *a):
+        started.append("hint")
+        return real_start(cls, *a)
+
+    monkeypatch.setattr(second_hint.SecondHint, "start", classmethod(spy))
+    monkeypatch.setattr(solve, "prepare_worker", lambda *a: started.append("worker"))
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": False, "time_budget_s": 2}})
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert started == ["hint"]
+    assert "the model was not run" not in (plan.solver.note or "")
+    assert [st.node_names[p.node] for p in plan.placements] == ["b"]  # the FGD-scored plan's choice
