@@ -124,7 +124,7 @@ def test_a_short_cycle_forks_nothing_and_computes_the_fgd_plan_inline(monkeypatc
 def test_a_short_cycle_that_runs_the_model_starts_the_fgd_plan_beside_it(monkeypatch) -> None:
     # a pending pod no node holds (not refused by its queue): the plan is not unbeatable, the model runs; nothing
     # was forked at the cycle start, so the second hint is started then, beside the model, and weighed at the end
-    st = state(_stranding_objects() + [podgroup("big", "q", created_min=2), pod("big-0", group="big", gpus=4)])
+    st = state([*_stranding_objects(), podgroup("big", "q", created_min=2), pod("big-0", group="big", gpus=4)])
     started: list[str] = []
     real_start = second_hint.SecondHint.start.__func__
 
