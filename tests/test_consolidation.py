@@ -109,3 +109,17 @@ def test_the_idle_gpu_filter_matches_tasks_to_the_freest_nodes_greedily() -> Non
     assert not idle.ok()  # a: 3 free, b: 1, c: 0 -> the second 2-GPU task fits on neither of the top two
     idle.add([st.pod_index["default/x-0"]])
     assert idle.ok()  # b: 2
+
+
+def test_a_group_of_an_unknown_queue_is_never_a_victim() -> None:
+    # orphan's queue does not exist (QueueDoesNotExist: not in KAI's session), so its running pods use capacity but
+    # are neither moved by consolidation nor reclaimed; the 2-GPU job that would need orphan-0 moved stays pending
+    objs = [node("n", gpus=2), node("m", gpus=2), queue("q", gpu=(4, 1, -1))]
+    objs += [podgroup("orphan", "missing"), pod("orphan-0", group="orphan", gpus=1, node_name="n"),
+             podgroup("other", "q"), pod("other-0", group="other", gpus=1, node_name="m")]
+    objs += [podgroup("want", "q", created_min=1), pod("want-0", group="want", gpus=2)]
+    st = state(objs)
+    for actions in (("consolidate",), ("reclaim",), None):
+        plan, _ = run_cycle(st, GREEDY, actions=actions)
+        placed, evicted = _summary(st, plan)
+        assert "orphan-0" not in placed and "orphan-0" not in evicted, actions

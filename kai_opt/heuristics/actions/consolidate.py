@@ -38,7 +38,7 @@ class Consolidate(VictimAction):
         sess, st = ctx.sess, ctx.sess.state
         cand = np.zeros(st.n_groups, dtype=bool)
         cand[st.pod_pg[(sess.status == PodStatus.BOUND) & (st.pod_pg >= 0)]] = True
-        cand &= st.pg_preemptible.astype(bool)
+        cand &= st.pg_preemptible.astype(bool) & (st.pg_queue >= 0)  # (a group of no known queue: see reclaim)
         cand[g] = False
         return Search(np.flatnonzero(cand), ScenarioFilter(), max_victim_jobs=sess.cfg.max_consolidation_preemptees)
 

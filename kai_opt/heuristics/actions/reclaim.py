@@ -101,8 +101,10 @@ class Reclaim(VictimAction):
         sess, st = ctx.sess, ctx.sess.state
         q = int(st.pg_queue[g])
         # every queue's candidates (one victim order shared by all reclaim searches from this state), less q's
+        # a group whose queue is unknown (QueueDoesNotExist: not in KAI's session) uses capacity but is no victim
         every_queue = sess.memo("reclaim_candidates", lambda: np.flatnonzero(
-            active_group_mask(sess) & st.pg_preemptible.astype(bool) & ~protected_mask(sess, "reclaim")))
+            active_group_mask(sess) & st.pg_preemptible.astype(bool) & ~protected_mask(sess, "reclaim")
+            & (st.pg_queue >= 0)))
         candidates = every_queue[st.pg_queue[every_queue] != q]
         other = active_group_mask(sess) & (st.pg_queue != q)
         protected = protected_mask(sess, "reclaim")
