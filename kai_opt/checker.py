@@ -9,10 +9,10 @@ an eviction reason is held to is read from the actions' declaration, kai_opt.act
 - queues: no queue or ancestor ends above a limit the plan pushed it over; new non-preemptible placements keep
   the queue's non-preemptible usage within its deserved quota;
 - evictions: a known reason; a beneficiary placed in the same plan (except stale-gang; or placed in this cycle and
-  then taken back by a later victim search, which its pending reason says); a victim gang keeps at
-  least its minimum or goes whole; victims preemptible,
-  not younger than their min runtime, and for preempt of lower priority in the same queue; consolidated pods
-  re-placed in the same plan (another node, or other devices of the same node);
+  then taken back by a later victim search for a group so served, which its pending reason says); a victim gang
+  keeps at least its minimum or goes whole; victims preemptible, not younger than their min runtime, and for
+  preempt of lower priority in the same queue; consolidated pods re-placed in the same plan (another node, or
+  other devices of the same node);
 - placements only for our pending, ungated pods; evictions only for our running pods; no pod twice;
 - a gpu-memory pod only on a node with a GPU-memory label whose devices hold its request (KAI's rule).
 """
@@ -312,6 +312,25 @@ def _queue_problems(state: ClusterState, fs: FairShare, dec: _Decisions, names: 
     return problems
 
 
+def _served(state: ClusterState, pending: dict[int, list[Reason]], placed: set[int]) -> set[int]:
+    """The groups an eviction may name as its beneficiary: the placed ones, and a group placed in this cycle whose
+    placement a later victim search took back (KAI's victims include pods placed in the same session; its pending
+    reason names the group it was taken for) when that group is itself served: the room evicted for the first went
+    to the second."""
+    index = {k: i for i, k in enumerate(state.pg_keys)}
+    taken = {g: index.get(str((r.details or {}).get("for", ""))) for g, rs in pending.items() for r in rs
+             if r.code == WITHDRAWN}
+    out = set(placed)
+    grew = True
+    while grew:
+        grew = False
+        for g, by in taken.items():
+            if g not in out and by is not None and by in out:
+                out.add(g)
+                grew = True
+    return out
+
+
 def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, active_after: np.ndarray,
                        names: _PodNames, pending: dict[int, list[Reason]]) -> list[str]:
     """A known reason; a beneficiary placed in the same plan (except stale-gang); a victim gang keeps at least its
@@ -327,10 +346,7 @@ def _eviction_problems(state: ClusterState, config: Config, dec: _Decisions, act
                                                               if p in evicted):
             problems.append(f"podgroup {state.pg_keys[g]} is left with {left} pods after evictions, below its "
                             f"minMember {int(state.pg_min_member[g])} (a victim gang goes whole)")
-    placed_groups = {int(state.pod_pg[p]) for p in dec.placed}
-    # a group placed in this cycle whose placement a later victim search took back (KAI's victims include pods
-    # placed in the same session) still counts as the beneficiary of what was evicted for it before
-    placed_groups |= {g for g, rs in pending.items() if any(r.code == WITHDRAWN for r in rs)}
+    placed_groups = _served(state, pending, {int(state.pod_pg[p]) for p in dec.placed})
     runtimes: dict[int, float] = {}
     for p, (reason, b) in evicted.items():
         rules = EVICTION_RULES.get(reason)

@@ -111,18 +111,26 @@ def test_evictions_need_a_beneficiary_a_preemptible_victim_and_a_whole_gang() ->
 
 def test_a_beneficiary_whose_placement_was_taken_back_still_counts() -> None:
     """KAI's victims include pods placed in the same session: a consolidation may move a pod for a group that a
-    later reclaim takes back. The group is then pending with a PlacementWithdrawn reason, and the move's
-    eviction keeps its beneficiary; any other pending reason does not do."""
+    later reclaim takes back. The group is then pending with a PlacementWithdrawn reason naming the group it was
+    taken for, and the move's eviction keeps its beneficiary while that group is placed; any other pending reason
+    does not do."""
     st = _cluster()
     p, g, n = _ids(st)
     evictions = [Eviction(p["run-0"], "consolidate", g["big"]), Eviction(p["run-1"], "consolidate", g["big"])]
     moves = [Placement(p["run-0"], n["n2"], (1,), True, True), Placement(p["run-1"], n["n2"], (2,), True, True)]
     fs = compute_fair_share(st)
-    taken = Reason(WITHDRAWN, "placed in this cycle, then taken back as a victim (reclaim) for default/gang")
-    check_plan(st, Plan("test", placements=moves, evictions=evictions, pending={g["big"]: [taken]}), fs, CFG)
+    # the group it was taken for (gang) is placed: on n1, where the moved pods' room went
+    gang = [Placement(p[f"gang-{i}"], n["n1"], (i,), True) for i in range(3)]
+    taken = Reason(WITHDRAWN, "placed in this cycle, then taken back as a victim (reclaim) for default/gang",
+                   {"action": "reclaim", "for": "default/gang"})
+    check_plan(st, Plan("test", placements=moves + gang, evictions=evictions, pending={g["big"]: [taken]}), fs, CFG)
+    # taken for a group the plan does not place: the moves served nobody
+    with pytest.raises(PlanViolation, match="without a beneficiary placed in the plan"):
+        check_plan(st, Plan("test", placements=moves, evictions=evictions, pending={g["big"]: [taken]}), fs, CFG)
     other = Reason("Unschedulable", "no room")
     with pytest.raises(PlanViolation, match="without a beneficiary placed in the plan"):
-        check_plan(st, Plan("test", placements=moves, evictions=evictions, pending={g["big"]: [other]}), fs, CFG)
+        check_plan(st, Plan("test", placements=moves + gang, evictions=evictions, pending={g["big"]: [other]}), fs,
+                   CFG)
 
 
 def test_only_our_pending_ungated_pods_are_placed_on_ready_nodes() -> None:
