@@ -125,8 +125,6 @@ def test_states_built_with_the_memos_equal_fresh_builds_over_changing_cycles(fam
     for step in range(8):
         snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
         with_memo = build_state(snap, now=snap.now)
-        build_mod._last_rows.clear()
-        build_mod._last_nodes.clear()
-        build_mod._last_groups.clear()
+        build_mod.reset_memos()
         _same(with_memo, build_state(snap, now=snap.now))
         _mutate(c, rng, step)

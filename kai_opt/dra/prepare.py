@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from kai_opt.api import Node, Pod
@@ -217,8 +218,11 @@ class DraState:
         return all(have.get(qualify(k, driver), -1) >= v for k, v in cap.items())
 
 
+_CLAIMS = attrgetter("resource_claims")
+
+
 def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
-    return bool(slices) or any(p.resource_claims for p in pods)
+    return bool(slices) or any(map(_CLAIMS, pods))
 
 
 def _newest(slices: list[ResourceSlice]) -> list[ResourceSlice]:

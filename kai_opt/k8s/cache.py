@@ -30,8 +30,9 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,11 +41,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
+from kai_opt.gcpause import gc_paused
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
 from kai_opt.k8s.coexist import kubelet_rejection
 from kai_opt.k8s.shard import ShardFilter, filter_snapshot, pod_group_of
 from kai_opt.k8s.sharing import APP_LABEL, without_gpu
-from kai_opt.snapshot import RawObject, Snapshot
+from kai_opt.snapshot import DEFAULT_SCHEDULER_NAMES, KINDS, Issue, Links, RawObject, Snapshot, is_constrained, read_raw
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ class _Store:
     resource_version: str = ""
     relists: int = 0
     errors: int = 0
+    changed: set[str] = field(default_factory=set)  # keys written since the last snapshot's look (snapshot views)
 
 
 @dataclass(frozen=True)
@@ -160,13 +163,8 @@ class ClusterCache:
         self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
-        # the RawObject of each stored object the last snapshot used as is, by the object's id (the RawObject holds
-        # the object, so the id stays its own while the entry lives; snapshot thread only)
-        self._raw: dict[int, RawObject] = {}
-        # per pod object (by id, holding it): (pod, key, uid, annotated, bound, plain, RawObject as it is), for the
-        # snapshot's pass; `plain`: nothing but an assumption, a hold or a group of this cycle can change it
-        self._pod_raw: dict[int, tuple[Any, ...]] = {}
-        self._pod_raw_for: tuple[Any, ...] = ()
+        # what the last snapshot made of each store's objects (snapshot thread only)
+        self._views: dict[tuple[str, str], _View] = {}
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
 
@@ -356,6 +354,7 @@ class ClusterCache:
             if rv:
                 store.resource_version = rv
             old = store.items.get(key)
+            store.changed.add(key)
             if etype == "DELETED":
                 store.items.pop(key, None)
                 if is_pod:
@@ -603,119 +602,302 @@ class ClusterCache:
         (KAI semantics), the nomination is only informational. `pod_groups` ("ns/pod" -> PodGroup name): the
         group of pods whose `pod-group-name` annotation is not written yet; `hold`: unbound pods ("ns/pod") left
         out of this snapshot (the grouper could not group them yet)."""
-        groups = pod_groups or {}
+        return [r for _kind, view, keys in self._look(scheduler_names, pod_groups or {}, hold)
+                for r in map(view.raw.get, keys) if r is not None]
+
+    def _look(self, scheduler_names: tuple[str, ...], groups: Mapping[str, str],
+              hold: Collection[str]) -> _Looks:
+        """Each scheduling kind's view brought up to date, with the store's keys in order. Only what may have
+        changed is made again: objects written since the last look, pods whose assumption, release, hold or
+        group of this cycle changed, releasing pods (their deletion stamp is now), claims a bind holds."""
         with self._lock:
             self._expire()
             bound = dict(self._bound)
             releasing = set(self._releasing)
             kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
-            per_kind = [(k, list(s.items.values())) for k, s in self._stores.items() if k in kinds]
-        stamp = _now_rfc3339()
-        ours = set(scheduler_names)
-        reservation_app = self.reservation_app
-        out: list[RawObject] = []
-        raw_before, raw_now = self._raw, {}
-
-        def as_is(kind: str, o: dict[str, Any]) -> RawObject:
-            raw = raw_before.get(id(o))
-            if raw is None or raw.obj is not o:
-                raw = RawObject(kind, o, "cluster", memo_key=_memo_key(kind, o))
-            raw_now[id(o)] = raw
-            return raw
-
+            looks = []
+            for k, st in self._stores.items():
+                if k in kinds:
+                    looks.append((k, st.items, dict(st.items), st.changed))
+                    st.changed = set()
+        ctx = _PodContext(set(scheduler_names), self.reservation_app, bound, releasing, groups, set(hold),
+                          _now_rfc3339())
         held = {(a.namespace, claim): (alloc, a.name, uid) for uid, a in bound.items() for claim, alloc in a.claims}
-        for (_av, kind), items in per_kind:
-            if kind == "ResourceClaim" and held:
-                out.extend(_held_claim(o, held) or as_is(kind, o) for o in items)
-                continue
-            if kind != "Pod":
-                out.extend(as_is(kind, o) for o in items)
-                continue
-            pod_before = self._pod_raw if self._pod_raw_for == (ours, reservation_app) else {}
-            pod_now: dict[int, tuple[Any, ...]] = {}
-            for pod in items:
-                e = pod_before.get(id(pod))
-                if e is None:
-                    e = self._pod_entry(pod, ours, reservation_app)
-                pod_now[id(pod)] = e
-                _pod, key, uid, annotated, has_node, plain, raw = e
-                if plain and uid not in bound and uid not in releasing and (annotated or key not in groups) and (
-                        not hold or has_node or key not in hold):
-                    out.append(raw)
-                    continue
-                meta = pod.get("metadata") or {}
-                spec = pod.get("spec") or {}
-                status = pod.get("status") or {}
-                a = bound.get(uid)
-                if hold and key in hold and a is None and not spec.get("nodeName"):
-                    continue
-                changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
-                if reservation_app and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app:
-                    pod = without_gpu(pod)  # a GPU reservation pod: the pods sharing its device account for it
-                    changes += ("reservation",)
-                group = groups.get(key)
-                if group and not (meta.get("annotations") or {}).get(PODGROUP_ANNOTATION):
-                    meta = {**meta, "annotations": {**(meta.get("annotations") or {}), PODGROUP_ANNOTATION: group}}
-                    pod = {**pod, "metadata": meta}
-                    changes += ("group", group)
-                if a is not None and not spec.get("nodeName"):
-                    ann = dict(meta.get("annotations") or {})
-                    devices = ",".join(str(d) for d in a.devices)
-                    if devices:
-                        ann[GPU_DEVICES_ANNOTATION] = devices
-                    else:
-                        ann.pop(GPU_DEVICES_ANNOTATION, None)
-                    status = {k: v for k, v in status.items() if k != "nominatedNodeName"}
-                    pod = {**pod, "metadata": {**meta, "annotations": ann}, "spec": {**spec, "nodeName": a.node},
-                           "status": status}
-                    changes += ("bound", a.node, devices)
-                elif (not spec.get("nodeName") and status.get("nominatedNodeName")
-                      and spec.get("schedulerName") in ours):
-                    pod = {**pod, "status": {k: v for k, v in status.items() if k != "nominatedNodeName"}}
-                    changes += ("unnominated",)
-                if uid in releasing and not meta.get("deletionTimestamp"):
-                    pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": stamp}}
-                    changes += ("releasing", stamp)
-                if not changes:
-                    out.append(raw)
-                    continue
-                memo_key = _memo_key("Pod", pod)
-                out.append(RawObject("Pod", pod, "cluster",
-                                     memo_key=memo_key + changes if memo_key is not None else None))
-            self._pod_raw, self._pod_raw_for = pod_now, (ours, reservation_app)
-        self._raw = raw_now
+        out = []
+        for k, src, items, changed in looks:
+            kind = k[1]
+            view = self._views.get(k)
+            if view is None:
+                view = self._views[k] = _View(kind)
+            if view.src is not src or (kind == "Pod" and view.for_ != (ctx.ours, ctx.reservation_app)):
+                view.reset(src, (ctx.ours, ctx.reservation_app))
+                changed = set(items)
+            if kind == "Pod":
+                changed |= view.pods_touched(ctx)
+            elif kind == "ResourceClaim" and (held or view.held):
+                changed = changed | view.held | {f"{ns}/{name}" for ns, name in held}
+                view.held = {f"{ns}/{name}" for ns, name in held}
+            for key in changed:
+                obj = items.get(key)
+                if obj is None:
+                    view.drop(key)
+                elif kind == "Pod":
+                    view.put_pod(key, obj, ctx)
+                else:
+                    raw = view.raw.get(key)
+                    if raw is None or raw.obj is not obj:
+                        raw = RawObject(kind, obj, "cluster", memo_key=_memo_key(kind, obj))
+                    view.put(key, (_held_claim(obj, held) if kind == "ResourceClaim" and held else None) or raw)
+            if kind == "Pod":
+                view.last = ctx
+            out.append((kind, view, list(items)))
         return out
-
-    @staticmethod
-    def _pod_entry(pod: dict[str, Any], ours: set[str], reservation_app: str | None) -> tuple[Any, ...]:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
-        annotated = bool((meta.get("annotations") or {}).get(PODGROUP_ANNOTATION))
-        reservation = bool(reservation_app) and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app
-        nominated = (not spec.get("nodeName") and status.get("nominatedNodeName")
-                     and spec.get("schedulerName") in ours)
-        plain = not reservation and not nominated and not meta.get("deletionTimestamp")
-        return (pod, f"{meta.get('namespace') or 'default'}/{meta.get('name')}", meta.get("uid"), annotated,
-                bool(spec.get("nodeName")), plain, RawObject("Pod", pod, "cluster", memo_key=_memo_key("Pod", pod)))
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
                  pod_groups: Mapping[str, str] | None = None, hold: Collection[str] = (),
                  shard: ShardFilter | None = None) -> Snapshot:
         """The cycle's `Snapshot` (lenient: a bad object is set aside in `rejected`, the rest is scheduled);
-        with a `shard`, only that shard's part of it (kai_opt.k8s.shard.filter_snapshot)."""
-        objects = self.scheduling_objects(scheduler_names, pod_groups=pod_groups, hold=hold)
-        snap = Snapshot.from_objects(objects, strict=False, scheduler_names=scheduler_names,
-                                     now=now if now is not None else time.time(), source="cluster",
-                                     memo=self._memo)
+        with a `shard`, only that shard's part of it (kai_opt.k8s.shard.filter_snapshot). Objects whose view did
+        not change keep their models; the others are read (`read_raw`, with the memo by uid and
+        resourceVersion)."""
+        with gc_paused():
+            looks = self._look(scheduler_names, pod_groups or {}, hold)
+            snap = Snapshot(now=now if now is not None else time.time(), source="cluster",
+                            scheduler_names=tuple(scheduler_names) or DEFAULT_SCHEDULER_NAMES)
+            buckets: dict[str, list[Any]] = {kind: [] for kind in KINDS}
+            total = 0
+            for kind, view, keys in looks:
+                for key in view.unread:
+                    raw = view.raw.get(key)
+                    if raw is not None:
+                        view.read(key, *read_raw(raw, strict=False, memo=self._memo, source="cluster"))
+                view.unread = set()
+                total += len(keys)
+                models = view.model
+                if len(models) == len(keys):  # (every key has its model: the common case)
+                    buckets[kind].extend(map(models.__getitem__, keys))
+                else:
+                    buckets[kind].extend(m for m in map(models.get, keys) if m is not None)
+                if view.issues:
+                    for key in keys:
+                        issue = view.issues.get(key)
+                        if issue is not None:
+                            (snap.warnings if issue.reason == "UnsupportedAPIVersion" else snap.rejected).append(issue)
+            snap.fill(buckets, strict=False, unique=True, links=_links(looks))
         snap = filter_snapshot(snap, shard)
-        if len(self._memo) > 2 * len(objects):  # forget objects that changed or went away
+        if len(self._memo) > 2 * total:  # forget objects that changed or went away
             with self._lock:
                 kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
                 present = {_memo_key(k[1], o) for k, st in self._stores.items() if k in kinds
                            for o in st.items.values()}
             self._memo = {k: v for k, v in self._memo.items() if k[:3] in present}
         return snap
+
+
+_Looks = list[tuple[str, "_View", list[str]]]  # (kind, its view, the store's keys in order)
+
+
+def _links(looks: _Looks) -> Links | None:
+    """The cross-object checks' inputs from the Pod and PodGroup views (None: a kind is not watched)."""
+    by_kind = {kind: (view, keys) for kind, view, keys in looks}
+    if "Pod" not in by_kind or "PodGroup" not in by_kind:
+        return None
+    (pv, pod_keys), (gv, group_keys) = by_kind["Pod"], by_kind["PodGroup"]
+
+    def pods_naming(groups: set[str]) -> list[Any]:
+        return [pv.model[k] for k in pod_keys if k in pv.facts and pv.facts[k][0] in groups]
+
+    def groups_naming(queues: set[str]) -> list[Any]:
+        return [gv.model[k] for k in group_keys if k in gv.facts and gv.facts[k][1] in queues]
+
+    def constrained() -> list[Any]:
+        return [gv.model[k] for k in group_keys if k in gv.constrained] if gv.constrained else []
+
+    return Links(pv.counts[0].keys(), gv.counts[0].keys(), gv.counts[1].keys(), pods_naming, groups_naming,
+                 constrained)
+
+
+@dataclass
+class _PodContext:
+    """What a pod's snapshot object depends on besides the pod: the cycle's assumptions, releases, holds, groups."""
+
+    ours: set[str]
+    reservation_app: str | None
+    bound: dict[str, Assumed]
+    releasing: set[str]
+    groups: Mapping[str, str]
+    hold: set[str]
+    stamp: str
+
+
+class _View:
+    """What the last snapshot made of one store's objects, by key: the object as the snapshot reads it (`raw`;
+    absent: left out) and its model (`model`; absent: left out, skipped or rejected, with `issues`). The view
+    follows one `items` dict of the store (a relist replaces it: the view starts again)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.reset(None, None)
+
+    def reset(self, src: dict[str, Any] | None, for_: Any) -> None:
+        self.src, self.for_ = src, for_
+        self.raw: dict[str, RawObject] = {}
+        self.model: dict[str, Any] = {}
+        self.issues: dict[str, Issue] = {}
+        self.unread: set[str] = set()
+        self.held: set[str] = set()
+        # what the cross-object checks read (`Links`), by key: pods: (group key,); PodGroups: (key, queue), with
+        # counts of each value, and the keys of constrained PodGroups
+        self.facts: dict[str, tuple[Any, ...]] = {}
+        self.counts: tuple[Counter[Any], ...] = (Counter(), Counter())
+        self.constrained: set[str] = set()
+        # pods: (pod, key, uid, annotated, bound, plain, RawObject as it is) by key; the keys by uid; the keys
+        # whose group of this cycle matters (not annotated); what the last look used
+        self.entry: dict[str, tuple[Any, ...]] = {}
+        self.key_of: dict[str, str] = {}
+        self.unannotated: set[str] = set()
+        self.last: _PodContext | None = None
+
+    def put(self, key: str, raw: RawObject | None) -> None:
+        old = self.raw.get(key)
+        if raw is None:
+            self.drop(key)
+        elif raw is not old:
+            self.raw[key] = raw
+            self.unread.add(key)
+
+    def drop(self, key: str) -> None:
+        self.raw.pop(key, None)
+        self._forget(key)
+        self.model.pop(key, None)
+        self.issues.pop(key, None)
+        e = self.entry.pop(key, None)
+        if e is not None and self.key_of.get(e[2]) == key:
+            del self.key_of[e[2]]
+        self.unannotated.discard(key)
+
+    def read(self, key: str, model: Any, warning: Issue | None, rejection: Issue | None) -> None:
+        self._forget(key)
+        if model is not None:
+            self.model[key] = model
+            self.issues.pop(key, None)
+            facts = (model.group_key,) if self.kind == "Pod" else (model.key, model.queue) \
+                if self.kind == "PodGroup" else None
+            if facts is not None:
+                self.facts[key] = facts
+                for c, v in zip(self.counts, facts, strict=False):
+                    c[v] += 1
+                if self.kind == "PodGroup" and is_constrained(model):
+                    self.constrained.add(key)
+        else:
+            self.model.pop(key, None)
+            issue = warning or rejection
+            if issue is not None:
+                self.issues[key] = issue
+
+    def _forget(self, key: str) -> None:
+        facts = self.facts.pop(key, None)
+        if facts is not None:
+            for c, v in zip(self.counts, facts, strict=False):
+                c[v] -= 1
+                if not c[v]:
+                    del c[v]
+        self.constrained.discard(key)
+
+    def pods_touched(self, ctx: _PodContext) -> set[str]:
+        """Keys of pods whose snapshot object may differ from the last look's for reasons outside the pod."""
+        last = self.last
+        if last is None:
+            return set(self.entry)
+        out: set[str] = set()
+        for uid in ctx.bound.keys() | last.bound.keys():
+            a, b = ctx.bound.get(uid), last.bound.get(uid)
+            if a is not b:
+                for x in (a, b):
+                    if x is not None:
+                        out.add(f"{x.namespace}/{x.name}")
+        for uid in ctx.releasing | last.releasing:  # a releasing pod carries this look's stamp
+            key = self.key_of.get(uid)
+            if key is not None:
+                out.add(key)
+        out |= ctx.hold ^ last.hold
+        out.update(k for k in self.unannotated if ctx.groups.get(k) != last.groups.get(k))
+        return out
+
+    def put_pod(self, key: str, pod: dict[str, Any], ctx: _PodContext) -> None:
+        e = self.entry.get(key)
+        if e is None or e[0] is not pod:
+            if e is not None and self.key_of.get(e[2]) == key:
+                del self.key_of[e[2]]
+            e = self.entry[key] = _pod_entry(pod, ctx.ours, ctx.reservation_app)
+            if e[2]:
+                self.key_of[e[2]] = key
+            if e[3]:
+                self.unannotated.discard(key)
+            else:
+                self.unannotated.add(key)
+        self.put(key, _pod_object(e, ctx))
+
+
+def _pod_entry(pod: dict[str, Any], ours: set[str], reservation_app: str | None) -> tuple[Any, ...]:
+    """(pod, key, uid, annotated, bound, plain, RawObject as it is); `plain`: nothing but an assumption, a hold or
+    a group of this cycle can change it."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotated = bool((meta.get("annotations") or {}).get(PODGROUP_ANNOTATION))
+    reservation = bool(reservation_app) and (meta.get("labels") or {}).get(APP_LABEL) == reservation_app
+    nominated = (not spec.get("nodeName") and status.get("nominatedNodeName")
+                 and spec.get("schedulerName") in ours)
+    plain = not reservation and not nominated and not meta.get("deletionTimestamp")
+    return (pod, f"{meta.get('namespace') or 'default'}/{meta.get('name')}", meta.get("uid"), annotated,
+            bool(spec.get("nodeName")), plain, RawObject("Pod", pod, "cluster", memo_key=_memo_key("Pod", pod)))
+
+
+def _pod_object(e: tuple[Any, ...], ctx: _PodContext) -> RawObject | None:
+    """A pod as this cycle's snapshot reads it (None: held out of it)."""
+    pod, key, uid, annotated, has_node, plain, raw = e
+    bound, releasing, groups, hold = ctx.bound, ctx.releasing, ctx.groups, ctx.hold
+    if plain and uid not in bound and uid not in releasing and (annotated or key not in groups) and (
+            not hold or has_node or key not in hold):
+        return raw
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    a = bound.get(uid)
+    if hold and key in hold and a is None and not spec.get("nodeName"):
+        return None
+    changes: tuple[str, ...] = ()  # what was changed here: part of the memo key of the result
+    if ctx.reservation_app and (meta.get("labels") or {}).get(APP_LABEL) == ctx.reservation_app:
+        pod = without_gpu(pod)  # a GPU reservation pod: the pods sharing its device account for it
+        changes += ("reservation",)
+    group = groups.get(key)
+    if group and not (meta.get("annotations") or {}).get(PODGROUP_ANNOTATION):
+        meta = {**meta, "annotations": {**(meta.get("annotations") or {}), PODGROUP_ANNOTATION: group}}
+        pod = {**pod, "metadata": meta}
+        changes += ("group", group)
+    if a is not None and not spec.get("nodeName"):
+        ann = dict(meta.get("annotations") or {})
+        devices = ",".join(str(d) for d in a.devices)
+        if devices:
+            ann[GPU_DEVICES_ANNOTATION] = devices
+        else:
+            ann.pop(GPU_DEVICES_ANNOTATION, None)
+        status = {k: v for k, v in status.items() if k != "nominatedNodeName"}
+        pod = {**pod, "metadata": {**meta, "annotations": ann}, "spec": {**spec, "nodeName": a.node},
+               "status": status}
+        changes += ("bound", a.node, devices)
+    elif (not spec.get("nodeName") and status.get("nominatedNodeName")
+          and spec.get("schedulerName") in ctx.ours):
+        pod = {**pod, "status": {k: v for k, v in status.items() if k != "nominatedNodeName"}}
+        changes += ("unnominated",)
+    if uid in releasing and not meta.get("deletionTimestamp"):
+        pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "deletionTimestamp": ctx.stamp}}
+        changes += ("releasing", ctx.stamp)
+    if not changes:
+        return raw
+    memo_key = _memo_key("Pod", pod)
+    return RawObject("Pod", pod, "cluster", memo_key=memo_key + changes if memo_key is not None else None)
 
 
 def _held_claim(claim: dict[str, Any], held: Mapping[tuple[str, str], tuple[Any, str, str]]) -> RawObject | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -19,11 +19,26 @@ from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
 from kai_opt.state.gpu import assign_devices
 from kai_opt.state.gpu_memory import gpu_memory_warnings
-from kai_opt.state.resources import BASE_RESOURCES, QR_COLUMN, QR_DIVISOR, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
-from kai_opt.units import GPU_RESOURCE, gpu_milli_from_fraction
+from kai_opt.state.pod_rows import GroupRows, PodRows
+from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
 
 DEFAULT_QUEUE = "default-queue"
 NAN = float("nan")
+
+
+# what pods and PodGroups alone gave the last build, kept by identity (the in-cluster cache hands the same models every
+# cycle while their objects do not change)
+_POD_ROWS = PodRows()
+_GROUP_ROWS = GroupRows()
+
+
+def reset_memos() -> None:
+    """Forget what earlier builds read (the next build reads every object)."""
+    _POD_ROWS.__init__()  # type: ignore[misc]
+    _GROUP_ROWS.__init__()  # type: ignore[misc]
+    _last_nodes.clear()
+    _last_names.clear()
+    _last_queues.clear()
 
 
 def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: str = DEFAULT_QUEUE) -> ClusterState:
@@ -34,25 +49,26 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     if has_dra(snapshot.pods, snapshot.resource_slices):  # DRA devices become columns, claims requests and pins
         dra_nodes, dra_pods, dra = prepare_dra(snapshot.nodes, snapshot.pods, snapshot, warnings)
         snapshot = dataclasses.replace(snapshot, nodes=dra_nodes, pods=dra_pods)
-    node_names = [n.name for n in snapshot.nodes]
-    node_index = {n: i for i, n in enumerate(node_names)}
-    pods, status, resources, rows = _kept_pods(snapshot, ours_names, node_index, warnings)
+    node_names, node_index, node_resources = _node_names(snapshot)
+    kept, resources = _kept_pods(snapshot, ours_names, node_index, node_resources, warnings)
+    pods = kept.pods
     col = {r: i for i, r in enumerate(resources)}
     nodes = _node_arrays(snapshot, col)
     views = nodes.views
     topologies = [_view(views, ("topology", t.name, t.levels), lambda t=t: _topology_index(t.name, t.levels, snapshot))
                   for t in snapshot.topologies]
-    queues = _queue_arrays(snapshot)
+    queues = _queues_of(snapshot)
     pc_value = dict(DEFAULT_PRIORITY_CLASSES)
     pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
     global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
-    declared_keys = [g.key for g in snapshot.podgroups]
-    declared: dict[str, PodGroup] = dict(zip(declared_keys, snapshot.podgroups, strict=True))
-    values = _pod_values(pods, rows, status, ours_names, node_index, col, declared)
-    groups = _podgroups(declared_keys, pods, values, declared, topologies, queues, pc_value, global_default,
-                        default_queue)
-    arrays = _pod_arrays(values, status, len(pods), len(resources))
-    pod_pg, pod_sg = _pod_groups(pods, values, groups, warnings)
+    group_rows = _GROUP_ROWS.columns(snapshot.podgroups, pc_value, global_default)
+    declared_keys: list[str] = group_rows["key"].tolist()
+    values = _pod_values(kept, col, declared_keys)
+    pod_pg = _group_index(values, declared_keys)
+    groups = _podgroups(snapshot.podgroups, group_rows, declared_keys, kept, values, pod_pg, topologies, queues,
+                        pc_value, global_default, default_queue)
+    arrays = _pod_arrays(kept, values, len(resources))
+    pod_sg = _pod_groups(pods, values, groups, pod_pg, warnings)
     pg_pod_start, pg_pods = _membership_csr(pod_pg, arrays.creation, arrays.prio, len(groups.keys))
     usage = _node_usage(pods, nodes, arrays, node_names, values, warnings)
     node_class = _node_classes(snapshot, values.sigs, views)  # nodes that every pod signature treats alike
@@ -71,15 +87,11 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
         pod_dev_start=usage.pod_dev_start, pod_dev=usage.pod_dev, pod_pg=pod_pg, pod_sg=pod_sg,
         pod_sig=arrays.sig, pod_priority=arrays.prio, pod_creation=arrays.creation, pod_start=arrays.start,
         sigs=values.sigs,
-        pg_keys=groups.keys, pg_queue=np.array(groups.queue, dtype=np.int32),
-        pg_min_member=np.array(groups.min_member, dtype=np.int32),
-        pg_priority=np.array(groups.prio, dtype=np.int32), pg_preemptible=np.array(groups.preempt, dtype=bool),
-        pg_creation=np.array(groups.creation, dtype=np.float64),
-        pg_last_start=np.array(groups.last_start, dtype=np.float64),
-        pg_stale_since=np.array(groups.stale, dtype=np.float64), pg_implicit=groups.implicit_arr,
-        pg_pod_start=pg_pod_start, pg_pods=pg_pods, pg_topology=np.array(groups.topo, dtype=np.int32),
-        pg_required_level=np.array(groups.req, dtype=np.int32),
-        pg_preferred_level=np.array(groups.pref, dtype=np.int32), pg_problem=groups.problem,
+        pg_keys=groups.keys, pg_queue=groups.queue, pg_min_member=groups.min_member, pg_priority=groups.prio,
+        pg_preemptible=groups.preempt, pg_creation=groups.creation, pg_last_start=groups.last_start,
+        pg_stale_since=groups.stale, pg_implicit=groups.implicit, pg_pod_start=pg_pod_start, pg_pods=pg_pods,
+        pg_topology=groups.topo, pg_required_level=groups.req, pg_preferred_level=groups.pref,
+        pg_problem=groups.problem,
         pg_problem_message=groups.problem_msg,
         sg_pg=np.array(groups.sg_pg, dtype=np.int32), sg_names=groups.sg_names,
         sg_min_member=np.array(groups.sg_min, dtype=np.int32), sg_parent=np.array(groups.sg_parent, dtype=np.int32),
@@ -93,41 +105,53 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     )
 
 
-def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, int],
-               warnings: list[str]) -> tuple[list[Pod], list[int], tuple[str, ...], list[tuple[Any, ...]]]:
-    """The pods that matter, their status and rows (`_rows`), and the resource axis (node and pod resources), in
-    one pass over the snapshot's pods: finished pods, foreign pending pods and deleted pending pods play no part."""
-    names: set[str] = set()
-    for node in snapshot.nodes:
-        names.update(node.allocatable)
-    pods: list[Pod] = []
-    status: list[int] = []
-    kept: list[tuple[Any, ...]] = []
-    bound, releasing, pipelined, gated, pending = (PodStatus.BOUND, PodStatus.RELEASING, PodStatus.PIPELINED,
-                                                   PodStatus.GATED, PodStatus.PENDING)
-    for pod, row in zip(snapshot.pods, _rows(snapshot.pods), strict=True):
-        finished, deleted, nominated, gates = row[10]
-        if finished:
-            continue
-        if row[2]:
-            names.update(r for r, _x in row[2])
-        node_name = row[1]
-        if node_name:
-            if node_name not in node_index:
-                warnings.append(f"Pod {pod.key}: bound to unknown node {node_name!r}; ignored")
-                continue
-            status.append(releasing if deleted else bound)
-        elif deleted or row[5] not in ours_names:
-            continue
-        elif nominated and nominated in node_index and not gates:
-            status.append(pipelined)
-        elif gates:
-            status.append(gated)
-        else:
-            status.append(pending)
-        pods.append(pod)
-        kept.append(row)
-    return pods, status, resource_axis(names), kept
+@dataclass
+class _Kept:
+    """The pods that matter (finished pods, foreign pending pods and deleted pending pods play no part) with their
+    status, node (bound: its node; pipelined: the nominated one; else -1) and rows (`PodRows`)."""
+
+    pods: list[Pod]
+    status: np.ndarray  # int8[P]
+    node: np.ndarray  # int32[P]
+    ours: np.ndarray  # bool[P]
+    c: dict[str, np.ndarray]
+
+
+def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, int], node_resources: set[str],
+               warnings: list[str]) -> tuple[_Kept, tuple[str, ...]]:
+    """The kept pods and the resource axis (node and pod resources), from the pods' rows."""
+    names = set(node_resources)
+    every = snapshot.pods
+    c = _POD_ROWS.columns(every)
+    alive = c["finished"] == 0
+    for extra in c["extra"][np.flatnonzero(alive & (c["has_extra"] != 0))].tolist():
+        names.update(r for r, _x in extra)
+    on_node = alive & (c["has_node"] != 0)
+    node = np.full(len(every), -1, dtype=np.int32)
+    where = np.flatnonzero(on_node)
+    node[where] = np.fromiter(map(node_index.get, c["node_name"][where].tolist(), repeat(-1)), dtype=np.int32,
+                              count=len(where))
+    for i in where[node[where] < 0].tolist():
+        warnings.append(f"Pod {every[i].key}: bound to unknown node {c['node_name'][i]!r}; ignored")
+    known = _POD_ROWS.names.ids
+    ours = np.isin(c["sched"], [known[n] for n in ours_names if n in known])
+    deleted, gated = c["deleted"] != 0, c["gated"] != 0
+    waiting = alive & ~on_node & ~deleted & ours
+    status = np.full(len(every), PodStatus.PENDING, dtype=np.int8)
+    status[on_node] = np.where(deleted[on_node], PodStatus.RELEASING, PodStatus.BOUND)
+    status[waiting & gated] = PodStatus.GATED
+    nominated = c["nominated"]
+    for i in np.flatnonzero(waiting & ~gated & (c["nominated_set"] != 0)).tolist():
+        at = node_index.get(nominated[i])
+        if at is not None:
+            status[i], node[i] = PodStatus.PIPELINED, at
+    keep = (on_node & (node >= 0)) | waiting
+    kept = np.flatnonzero(keep)
+    pods = list(compress(every, keep.tolist()))
+    if len(kept) == len(every):  # (every pod is kept)
+        return _Kept(pods, status, node, ours, c), resource_axis(names)
+    return _Kept(pods, status[kept], node[kept], ours[kept], {k: v[kept] for k, v in c.items()}), \
+        resource_axis(names)
 
 
 @dataclass
@@ -146,6 +170,46 @@ class _Nodes:
 # the last build's node arrays and what they were read from: the in-cluster cache hands the same Node models every
 # cycle while the nodes do not change, so the arrays are read once (read-only: every state shares them)
 _last_nodes: list[tuple[tuple[Node, ...], tuple[tuple[str, int], ...], _Nodes]] = []
+
+
+# the last build's node names, their index and the nodes' resource names, with the nodes they were read from
+_last_names: list[tuple[list[Node], tuple[list[str], dict[str, int], set[str]]]] = []
+
+
+def _node_names(snapshot: Snapshot) -> tuple[list[str], dict[str, int], set[str]]:
+    """The nodes' names, their index and the resources nodes have (the same as the last build's while the Node
+    models are the same; read-only)."""
+    last = _last_names[0] if _last_names else None
+    nodes = snapshot.nodes
+    if last is not None and len(last[0]) == len(nodes) and all(a is b for a, b in zip(last[0], nodes, strict=True)):
+        return last[1]
+    names = [n.name for n in nodes]
+    resources: set[str] = set()
+    for n in nodes:
+        resources.update(n.allocatable)
+    out = (names, {n: i for i, n in enumerate(names)}, resources)
+    _last_names[:] = [(list(nodes), out)]
+    return out
+
+
+# the last build's queue arrays, with the queues they were read from
+_last_queues: list[tuple[list[Any], _Queues]] = []
+
+
+def _queues_of(snapshot: Snapshot) -> _Queues:
+    """`_queue_arrays`, the same as the last build's while the Queue models are the same (read-only)."""
+    last = _last_queues[0] if _last_queues else None
+    queues = snapshot.queues
+    if last is not None and len(last[0]) == len(queues) and all(
+            a is b for a, b in zip(last[0], queues, strict=True)):
+        return last[1]
+    out = _queue_arrays(snapshot)
+    for f in dataclasses.fields(out):
+        v = getattr(out, f.name)
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)  # every state shares them
+    _last_queues[:] = [(list(queues), out)]
+    return out
 
 
 def _node_arrays(snapshot: Snapshot, col: dict[str, int]) -> _Nodes:
@@ -237,162 +301,94 @@ def _priority_of(pods: list[Pod], pc_value: dict[str, int], global_default: int)
 
 @dataclass
 class _PodValues:
-    """What the one pass over the kept pods reads: per-pod values as Python lists (arrays are made once
-    afterwards), group membership of our pods, and the scheduling signatures."""
+    """What the kept pods' rows give besides arrays: extended requests, annotated devices, GPU groups, the
+    scheduling signatures, each pod's group and the keys of groups that no PodGroup declares."""
 
-    ours: list[bool]
-    node: list[int]
-    cpu: list[int]
-    mem: list[int]
-    gpu: list[int]
-    npods: list[int]
     extra: list[tuple[int, int, int]]  # (pod, column, value) of extended resources
-    whole: list[int]
-    frac: list[int]
-    gmem: list[int]
-    ndev: list[int]
-    prio: list[int]
-    sig: list[int]
-    creation: list[float]
-    start: list[float]
-    with_subgroup: list[int]
-    sigs: list[SchedulingSig]
     explicit: dict[int, tuple[int, ...]]  # pod -> annotated device indexes within its node
     gpu_groups: dict[int, str]
-    members: dict[str, list[int]]  # podgroup key -> our pods in it
+    sig: np.ndarray  # int32[P]
+    sigs: list[SchedulingSig]
+    with_subgroup: list[int]
+    kid: np.ndarray  # int64[P] each pod's group key id (PodRows.keys), -1 for pods not ours
+    decl_ids: np.ndarray  # int64[D] the declared groups' key ids
+    undeclared: list[str]  # sorted keys of our pods' groups that no PodGroup declares
     implicit: set[str]  # keys of the implicit groups of lone pods
     missing: set[str]  # keys pods name that no podgroup declares
 
 
-_NO_SIG: tuple[Any, ...] = ((), (), ())
-_BASE_KEYS = frozenset(BASE_RESOURCES)
-
-# the last build's per-pod rows by id(pod), with the pods they were read from (held, so no id is reused while an
-# entry exists): the in-cluster cache hands the same Pod models every cycle while a pod does not change
-_last_rows: list[tuple[list[Pod], dict[int, tuple[Any, ...]]]] = []
-
-
-def _pod_row(pod: Pod) -> tuple[Any, ...]:
-    """What a pod alone gives the state: (numbers, node name, extended requests, GPU devices, GPU group,
-    scheduler name, group key or None, implicit group key, signature key, in a subgroup, (finished, deleted,
-    nominated node, gated)))."""
-    req = pod.requests
-    get = req.get
-    gpu = whole = frac = gmem = 0
-    ndev = 1
-    v = get(GPU_RESOURCE)
-    if v is not None:
-        gpu, whole = v, v // 1000
-    if pod.gpu_fraction is not None:
-        frac = gpu_milli_from_fraction(pod.gpu_fraction)
-        ndev = pod.gpu_fraction_num_devices
-        gpu = frac * ndev
-    elif pod.gpu_memory_mib is not None:
-        gmem = pod.gpu_memory_mib
-        ndev = pod.gpu_fraction_num_devices
-    meta = pod.meta
-    numbers = (get("cpu", 0), get("memory", 0), get("pods", 0), gpu, whole, frac, gmem, ndev,
-               pod.priority if pod.priority is not None else 0,
-               meta.creation_timestamp if meta.creation_timestamp is not None else NAN,
-               pod.start_time if pod.start_time is not None else NAN)
-    extra = () if _BASE_KEYS.issuperset(req) else tuple((r, x) for r, x in req.items() if r not in _BASE_KEYS)
-    ns = meta.namespace or "default"
-    selector, affinity, tolerations = pod.node_selector, pod.node_affinity, pod.tolerations
-    skey = _NO_SIG if not (selector or affinity or tolerations or pod.dra_nodes is not None) else (
-        tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
-        frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
-    return (numbers, pod.node_name, extra, pod.gpu_devices, pod.gpu_group, pod.scheduler_name,
-            f"{ns}/{pod.podgroup}" if pod.podgroup else None, f"{ns}/pg-{meta.name}", skey, bool(pod.subgroup),
-            (pod.finished, meta.deletion_timestamp is not None, pod.nominated_node, bool(pod.scheduling_gates)))
-
-
-# the last build's rows of declared podgroups whose values come from the PodGroup alone (by id, the PodGroups held),
-# valid while the priority classes are the same
-_last_groups: list[tuple[list[PodGroup], dict[int, tuple[Any, ...]], tuple[dict[str, int], int]]] = []
-
-
-def _rows(pods: list[Pod]) -> list[tuple[Any, ...]]:
-    """Each pod's row: from the last build where the pod is the same object, else read now."""
-    memo = _last_rows[0][1] if _last_rows else {}
-    get = memo.get
-    rows = [get(id(p)) or _pod_row(p) for p in pods]
-    _last_rows[:] = [(pods, dict(zip(map(id, pods), rows, strict=True)))]
-    return rows
-
-
-def _pod_values(pods: list[Pod], rows: list[tuple[Any, ...]], status: list[int], ours_names: set[str],
-                node_index: dict[str, int], col: dict[str, int], declared: dict[str, PodGroup]) -> _PodValues:
-    """Per-pod values and group membership, column-wise from the pods' rows (`_rows`)."""
-    P = len(pods)
-    members: dict[str, list[int]] = {}
-    implicit: set[str] = set()
-    missing: set[str] = set()
-    cols: list[tuple[Any, ...]] = list(zip(*(r[0] for r in rows), strict=True)) if P else [()] * 11
-    cpu_l, mem_l, npods_l, gpu_l, whole_l, frac_l, gmem_l, ndev_l, prio_l, creation_l, start_l = (
-        list(c) for c in cols)
-    ni = node_index.get
-    node_l = [ni(r[1], -1) if r[1] else -1 for r in rows]
-    pipelined_status = PodStatus.PIPELINED
-    for i in [i for i, st in enumerate(status) if st == pipelined_status]:
-        node_l[i] = node_index[pods[i].nominated_node]  # type: ignore[index]
-    extra = [(i, col[r], x) for i, row in enumerate(rows) if row[2] for r, x in row[2]]
-    explicit = {i: r[3] for i, r in enumerate(rows) if r[3] is not None}
-    gpu_groups = {i: r[4] for i, r in enumerate(rows) if r[4]}
-    ours_l = [r[5] in ours_names for r in rows]
-    sig_l = [0] * P
-    with_subgroup: list[int] = []
-    sig_ids: dict[tuple[Any, ...], int] = {}
+def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str]) -> _PodValues:
+    """Per-pod values and group keys from the kept pods' rows."""
+    c, ours = kept.c, kept.ours
+    extra = [(i, col[r], x) for i in np.flatnonzero(c["has_extra"]).tolist() for r, x in c["extra"][i]]
+    dev_at = np.flatnonzero(c["has_devices"])
+    explicit = dict(zip(dev_at.tolist(), c["devices"][dev_at].tolist(), strict=True))
+    grp_at = np.flatnonzero(c["has_gpu_group"])
+    gpu_groups = dict(zip(grp_at.tolist(), c["gpu_group"][grp_at].tolist(), strict=True))
+    # signatures in the order our pods first use them
+    P = len(kept.pods)
+    sig = np.zeros(P, dtype=np.int32)
+    ours_at = np.flatnonzero(ours)
     sigs: list[SchedulingSig] = []
-    for i in [i for i, o in enumerate(ours_l) if o]:
-        r = rows[i]
-        key = r[6]
-        if key is not None:
-            if key not in declared:
-                missing.add(key)
-        else:
-            key = r[7]
-            while key in declared:
-                key += "-implicit"
-            implicit.add(key)
-        m = members.get(key)
-        if m is None:
-            members[key] = [i]
-        else:
-            m.append(i)
-        skey = r[8]
-        s = sig_ids.get(skey)
-        if s is None:
-            s = sig_ids[skey] = len(sigs)
-            sigs.append(SchedulingSig(*skey))
-        sig_l[i] = s
-        if r[9]:
-            with_subgroup.append(i)
+    if len(ours_at):
+        skey = c["skey"][ours_at]
+        used, first = np.unique(skey, return_index=True)
+        used = used[np.argsort(first)]
+        objects, values = _POD_ROWS.sig_objects, _POD_ROWS.sigs.values
+        sigs = [objects.get(k) or objects.setdefault(k, SchedulingSig(*values[k])) for k in used.tolist()]
+        remap = np.zeros(int(used.max()) + 1, dtype=np.int32)
+        remap[used] = np.arange(len(used), dtype=np.int32)
+        sig[ours_at] = remap[skey]
     if not sigs:
         sigs.append(SchedulingSig((), (), ()))
-    return _PodValues(ours_l, node_l, cpu_l, mem_l, gpu_l, npods_l, extra, whole_l, frac_l, gmem_l, ndev_l, prio_l,
-                      sig_l, creation_l, start_l, with_subgroup, sigs, explicit, gpu_groups, members, implicit,
+    with_subgroup = np.flatnonzero(ours & (c["subgroup"] != 0)).tolist()
+    # group keys: the named PodGroup, else the pod's implicit group ("-implicit" added while a PodGroup holds it)
+    keys = _POD_ROWS.keys
+    decl_ids = keys.ids_of(declared_keys)
+    gkey, ikey = c["gkey"], c["ikey"]
+    named = ours & (gkey >= 0)
+    lone = ours & (gkey < 0)
+    kid = np.where(named, gkey, np.where(lone, ikey, -1))
+    is_decl = np.zeros(len(keys), dtype=bool)
+    is_decl[decl_ids] = True
+    clashes = np.flatnonzero(lone & is_decl[ikey]).tolist()
+    declared = set(declared_keys) if clashes else set()
+    for i in clashes:
+        key = keys.values[int(ikey[i])]
+        while key in declared:
+            key += "-implicit"
+        kid[i] = keys.id(key)
+    if len(is_decl) < len(keys):
+        is_decl = np.concatenate([is_decl, np.zeros(len(keys) - len(is_decl), dtype=bool)])
+    values_of = keys.values
+    implicit = {values_of[k] for k in np.unique(kid[lone]).tolist()}
+    named_ids = np.unique(kid[named])
+    missing = {values_of[k] for k in named_ids[~is_decl[named_ids]].tolist()}
+    used_ids = np.unique(kid[kid >= 0])
+    undeclared = sorted(values_of[k] for k in used_ids[~is_decl[used_ids]].tolist())
+    return _PodValues(extra, explicit, gpu_groups, sig, sigs, with_subgroup, kid, decl_ids, undeclared, implicit,
                       missing)
 
 
 @dataclass
 class _Groups:
-    """Per-podgroup and per-subgroup values as Python lists, filled group by group."""
+    """Per-podgroup values as arrays and per-subgroup values as lists; groups the rows do not give are filled one
+    by one."""
 
     keys: list[str]
-    index: dict[str, int]
     topologies: list[TopologyIndex]
     topo_by_name: dict[str, int]
-    queue: list[int] = field(init=False)  # [G]
-    min_member: list[int] = field(init=False)  # [G]
-    prio: list[int] = field(init=False)  # [G]
-    preempt: list[bool] = field(init=False)  # [G]
-    creation: list[float] = field(init=False)  # [G]
-    last_start: list[float] = field(init=False)  # [G]
-    stale: list[float] = field(init=False)  # [G]
-    implicit: list[bool] = field(init=False)  # [G]
-    topo: list[int] = field(init=False)  # [G]
-    req: list[int] = field(init=False)  # [G]
-    pref: list[int] = field(init=False)  # [G]
+    queue: np.ndarray = field(init=False)  # int32[G]
+    min_member: np.ndarray = field(init=False)  # int32[G]
+    prio: np.ndarray = field(init=False)  # int32[G]
+    preempt: np.ndarray = field(init=False)  # bool[G]
+    creation: np.ndarray = field(init=False)  # float64[G]
+    last_start: np.ndarray = field(init=False)  # float64[G]
+    stale: np.ndarray = field(init=False)  # float64[G]
+    implicit: np.ndarray = field(init=False)  # bool[G]
+    topo: np.ndarray = field(init=False)  # int32[G]
+    req: np.ndarray = field(init=False)  # int32[G]
+    pref: np.ndarray = field(init=False)  # int32[G]
     problem: list[str | None] = field(init=False)  # [G]
     problem_msg: list[str | None] = field(init=False)  # [G]
     sg_pg: list[int] = field(default_factory=list)
@@ -403,14 +399,15 @@ class _Groups:
     sg_req: list[int] = field(default_factory=list)
     sg_pref: list[int] = field(default_factory=list)
     sg_lookup: dict[tuple[int, str], int] = field(default_factory=dict)
-    implicit_arr: np.ndarray = field(init=False)  # bool[G], once every group is filled
 
     def __post_init__(self) -> None:
         G = len(self.keys)
-        self.queue, self.min_member, self.prio, self.preempt = [-1] * G, [1] * G, [0] * G, [False] * G
-        self.creation, self.last_start, self.stale = [NAN] * G, [NAN] * G, [NAN] * G
-        self.implicit = [False] * G
-        self.topo, self.req, self.pref = [-1] * G, [-1] * G, [-1] * G
+        self.queue = np.full(G, -1, dtype=np.int32)
+        self.min_member = np.ones(G, dtype=np.int32)
+        self.prio = np.zeros(G, dtype=np.int32)
+        self.preempt, self.implicit = np.zeros(G, dtype=bool), np.zeros(G, dtype=bool)
+        self.creation, self.last_start, self.stale = (np.full(G, NAN) for _ in range(3))
+        self.topo, self.req, self.pref = (np.full(G, -1, dtype=np.int32) for _ in range(3))
         self.problem, self.problem_msg = [None] * G, [None] * G
 
     def set_problem(self, g: int, reason: str, message: str) -> None:
@@ -464,34 +461,40 @@ class _Groups:
                 self.sg_parent[self.sg_lookup[(g, sg.name)]] = self.sg_lookup[(g, sg.parent)]
 
 
-def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, declared: dict[str, PodGroup],
-               topologies: list[TopologyIndex], queues: _Queues, pc_value: dict[str, int], global_default: int,
-               default_queue: str) -> _Groups:
+def _podgroups(specs: list[PodGroup], rows: dict[str, np.ndarray], declared_keys: list[str], kept: _Kept,
+               values: _PodValues, pod_pg: np.ndarray, topologies: list[TopologyIndex], queues: _Queues,
+               pc_value: dict[str, int], global_default: int, default_queue: str) -> _Groups:
     """Podgroups: the declared ones, then (sorted) placeholders for missing ones and implicit ones for lone
     pods; each group's queue, priority, preemptibility, times, topology and first problem."""
-    members, implicit, missing = values.members, values.implicit, values.missing
-    keys = declared_keys + sorted(k for k in members if k not in declared)
-    out = _Groups(keys, {k: i for i, k in enumerate(keys)}, topologies,
-                  {t.name: i for i, t in enumerate(topologies)})
-    no_members: list[int] = []
-    last = _last_groups[0] if _last_groups and _last_groups[0][2] == (pc_value, global_default) else None
-    memo = last[1] if last is not None else {}
-    rows: dict[int, tuple[Any, ...]] = {}
-    mm, pr, pe, cr, ls, st = out.min_member, out.prio, out.preempt, out.creation, out.last_start, out.stale
-    for g, key in enumerate(keys):
-        idx = members.get(key, no_members)
-        spec = declared.get(key)
-        queue_name: str | None = None
-        if spec is not None and (row := memo.get(id(spec))) is not None:
-            mm[g], pr[g], pe[g], cr[g], ls[g], st[g] = row
-            rows[id(spec)] = row
-            queue_name = spec.queue
-        elif spec is not None:
+    implicit, missing, pods = values.implicit, values.missing, kept.pods
+    keys = declared_keys + values.undeclared
+    G, D = len(keys), len(declared_keys)
+    out = _Groups(keys, topologies, {t.name: i for i, t in enumerate(topologies)})
+    alone = np.flatnonzero(rows["alone"])
+    for name, col in (("min_member", "min_member"), ("prio", "prio"), ("preempt", "preempt"),
+                      ("creation", "creation"), ("last_start", "last_start"), ("stale", "stale")):
+        getattr(out, name)[alone] = rows[col][alone]
+    named = _GROUP_ROWS.queues.values
+    q_of_name = np.array([queues.index.get(n, -1) for n in named], dtype=np.int32)
+    spec_queue = rows["queue"]
+    out.queue[:D] = np.where(spec_queue >= 0, q_of_name[np.maximum(spec_queue, 0)] if len(named) else -1, -1)
+    # our pods of each group, in pod order
+    ours_at = np.flatnonzero(pod_pg >= 0)
+    by_group = ours_at[np.argsort(pod_pg[ours_at], kind="stable")]
+    bounds = np.searchsorted(pod_pg[by_group], np.arange(G + 1))
+
+    def members(g: int) -> list[Pod]:
+        return [pods[i] for i in by_group[bounds[g]:bounds[g + 1]].tolist()]
+
+    queue_names: dict[int, str] = {}  # groups without a queue in their spec: the queue their pods name
+    spec_rows = rows["alone"]
+    for g in [*np.flatnonzero(spec_rows == 0).tolist(), *range(D, G)]:
+        spec = specs[g] if g < D else None
+        key = keys[g]
+        if spec is not None:
             out.min_member[g] = spec.min_member
-            queue_name = spec.queue
             pc = spec.priority_class_name
-            prio = pc_value[pc] if pc and pc in pc_value else _priority_of([pods[i] for i in idx], pc_value,
-                                                                           global_default)
+            prio = pc_value[pc] if pc and pc in pc_value else _priority_of(members(g), pc_value, global_default)
             out.prio[g] = prio
             out.preempt[g] = (spec.preemptibility == "preemptible") if spec.preemptibility else \
                 prio < NON_PREEMPTIBLE_PRIORITY
@@ -503,10 +506,8 @@ def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, de
                                                                        "topologyConstraint")
             if spec.sub_groups:  # (usually none)
                 out.add_subgroups(g, spec)
-            elif spec.topology_constraint is None and pc and pc in pc_value:  # a row of the spec alone
-                rows[id(spec)] = (mm[g], pr[g], pe[g], cr[g], ls[g], st[g])
         else:
-            mem = [pods[i] for i in idx]
+            mem = members(g)
             out.min_member[g] = 1 if key in implicit else max(1, len(mem))
             prio = out.prio[g] = _priority_of(mem, pc_value, global_default)
             out.preempt[g] = prio < NON_PREEMPTIBLE_PRIORITY
@@ -514,16 +515,18 @@ def _podgroups(declared_keys: list[str], pods: list[Pod], values: _PodValues, de
             out.implicit[g] = key in implicit
             if key in missing:
                 out.set_problem(g, "PodGroupDoesNotExist", f"podgroup {key} does not exist")
-        if queue_name is None:
-            queue_name = next((q for q in (pods[i].queue for i in idx) if q), None) or default_queue
-        q = queues.index.get(queue_name, -1)
-        out.queue[g] = q
-        if q < 0:
-            out.set_problem(g, "QueueDoesNotExist", f"queue {queue_name!r} does not exist")
-        elif not queues.leaf[q]:
-            out.set_problem(g, "QueueIsNotLeaf", f"queue {queue_name!r} has child queues; only leaf queues hold work")
-    out.implicit_arr = np.array(out.implicit, dtype=bool)
-    _last_groups[:] = [(list(declared.values()), rows, (dict(pc_value), global_default))]
+    for g in [*np.flatnonzero(spec_queue < 0).tolist(), *range(D, G)]:
+        name = next((q for q in (p.queue for p in members(g)) if q), None) or default_queue
+        queue_names[g] = name
+        out.queue[g] = queues.index.get(name, -1)
+    leaf = np.array(queues.leaf, dtype=bool)
+    for g in np.flatnonzero((out.queue < 0) | ~leaf[np.maximum(out.queue, 0)] if len(leaf) else out.queue < 0
+                            ).tolist():
+        name = queue_names.get(g) or specs[g].queue or ""
+        if out.queue[g] < 0:
+            out.set_problem(g, "QueueDoesNotExist", f"queue {name!r} does not exist")
+        else:
+            out.set_problem(g, "QueueIsNotLeaf", f"queue {name!r} has child queues; only leaf queues hold work")
     return out
 
 
@@ -543,46 +546,41 @@ class _PodArrays:
     start: np.ndarray
 
 
-def _pod_arrays(v: _PodValues, status: list[int], P: int, R: int) -> _PodArrays:
-    """The per-pod lists as arrays, each made once."""
+def _pod_arrays(kept: _Kept, v: _PodValues, R: int) -> _PodArrays:
+    """The kept pods' rows as the state's arrays."""
+    c = kept.c
+    P = len(kept.pods)
     req = np.zeros((P, R), dtype=np.int64)
-    if P:
-        req[:, R_CPU] = v.cpu
-        req[:, R_MEM] = v.mem
-        req[:, R_GPU] = v.gpu
-        req[:, R_PODS] = v.npods
-    for i, c, x in v.extra:
-        req[i, c] = x
+    req[:, R_CPU], req[:, R_MEM], req[:, R_GPU], req[:, R_PODS] = c["cpu"], c["mem"], c["gpu"], c["npods"]
+    for i, col, x in v.extra:
+        req[i, col] = x
     return _PodArrays(
-        status=np.array(status, dtype=np.int8), ours=np.array(v.ours, dtype=bool),
-        node=np.array(v.node, dtype=np.int32), req=req,
-        whole=np.array(v.whole, dtype=np.int32), frac=np.array(v.frac, dtype=np.int32),
-        mem=np.array(v.gmem, dtype=np.int64), ndev=np.array(v.ndev, dtype=np.int32),
-        sig=np.array(v.sig, dtype=np.int32), prio=np.array(v.prio, dtype=np.int32),
-        creation=np.array(v.creation, dtype=np.float64), start=np.array(v.start, dtype=np.float64))
+        status=kept.status, ours=kept.ours, node=kept.node, req=req,
+        whole=c["whole"].astype(np.int32), frac=c["frac"].astype(np.int32), mem=c["gmem"].copy(),
+        ndev=c["ndev"].astype(np.int32), sig=v.sig, prio=c["prio"].astype(np.int32),
+        creation=c["creation"].copy(), start=c["start"].copy())
 
 
-def _pod_groups(pods: list[Pod], v: _PodValues, groups: _Groups,
-                warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Each pod's podgroup and subgroup (-1: none), in bulk from the membership lists; a subgroup the pod's
-    declared group does not declare is warned about."""
-    P = len(pods)
-    members, pg_index = v.members, groups.index
-    pod_pg = np.full(P, -1, dtype=np.int32)
-    if members:
-        lens = np.fromiter((len(idx) for idx in members.values()), dtype=np.int64, count=len(members))
-        flat = np.fromiter(chain.from_iterable(members.values()), dtype=np.int64, count=int(lens.sum()))
-        pod_pg[flat] = np.repeat(np.fromiter((pg_index[k] for k in members), dtype=np.int64, count=len(members)),
-                                 lens)
-    pod_sg = np.full(P, -1, dtype=np.int32)
-    pg_implicit = groups.implicit_arr
+def _pod_groups(pods: list[Pod], v: _PodValues, groups: _Groups, pod_pg: np.ndarray,
+                warnings: list[str]) -> np.ndarray:
+    """Each pod's subgroup (-1: none); a subgroup the pod's declared group does not declare is warned about."""
+    pod_sg = np.full(len(pods), -1, dtype=np.int32)
     for i in v.with_subgroup:
         pod = pods[i]
         sgi = groups.sg_lookup.get((int(pod_pg[i]), pod.subgroup), -1)  # type: ignore[arg-type]
-        if sgi < 0 and pod_pg[i] >= 0 and not pg_implicit[pod_pg[i]]:
+        if sgi < 0 and pod_pg[i] >= 0 and not groups.implicit[pod_pg[i]]:
             warnings.append(f"Pod {pod.key}: subgroup {pod.subgroup!r} is not declared by its podgroup")
         pod_sg[i] = sgi
-    return pod_pg, pod_sg
+    return pod_sg
+
+
+def _group_index(v: _PodValues, declared_keys: list[str]) -> np.ndarray:
+    """Each pod's podgroup index (-1: none): declared groups first, then the undeclared ones in sorted order."""
+    keys = _POD_ROWS.keys
+    to_g = np.full(len(keys), -1, dtype=np.int32)
+    to_g[v.decl_ids] = np.arange(len(declared_keys), dtype=np.int32)
+    to_g[keys.ids_of(v.undeclared)] = len(declared_keys) + np.arange(len(v.undeclared), dtype=np.int32)
+    return np.where(v.kid >= 0, to_g[np.maximum(v.kid, 0)], -1).astype(np.int32)
 
 
 def _membership_csr(pod_pg: np.ndarray, pod_creation: np.ndarray, pod_prio: np.ndarray,
