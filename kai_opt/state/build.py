@@ -17,9 +17,9 @@ from kai_opt.dra.prepare import has_dra
 from kai_opt.dra.prepare import prepare as prepare_dra
 from kai_opt.snapshot import Snapshot
 from kai_opt.state.cluster import ClusterState, PodStatus, SchedulingSig, TopologyIndex
-from kai_opt.state.gpu import assign_devices
+from kai_opt.state.gpu import ExplicitDevices, assign_devices
 from kai_opt.state.gpu_memory import gpu_memory_warnings
-from kai_opt.state.pod_rows import GroupRows, PodRows
+from kai_opt.state.pod_rows import FLAT, LEN, GroupRows, PodRows, take_rows
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
 
 DEFAULT_QUEUE = "default-queue"
@@ -150,8 +150,7 @@ def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, i
     pods = list(compress(every, keep.tolist()))
     if len(kept) == len(every):  # (every pod is kept)
         return _Kept(pods, status, node, ours, c), resource_axis(names)
-    return _Kept(pods, status[kept], node[kept], ours[kept], {k: v[kept] for k, v in c.items()}), \
-        resource_axis(names)
+    return _Kept(pods, status[kept], node[kept], ours[kept], take_rows(c, kept)), resource_axis(names)
 
 
 @dataclass
@@ -305,7 +304,7 @@ class _PodValues:
     scheduling signatures, each pod's group and the keys of groups that no PodGroup declares."""
 
     extra: list[tuple[int, int, int]]  # (pod, column, value) of extended resources
-    explicit: dict[int, tuple[int, ...]]  # pod -> annotated device indexes within its node
+    explicit: ExplicitDevices  # pod -> annotated device indexes within its node
     gpu_groups: dict[int, str]
     sig: np.ndarray  # int32[P]
     sigs: list[SchedulingSig]
@@ -321,8 +320,10 @@ def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str]) -> _
     """Per-pod values and group keys from the kept pods' rows."""
     c, ours = kept.c, kept.ours
     extra = [(i, col[r], x) for i in np.flatnonzero(c["has_extra"]).tolist() for r, x in c["extra"][i]]
-    dev_at = np.flatnonzero(c["has_devices"])
-    explicit = dict(zip(dev_at.tolist(), c["devices"][dev_at].tolist(), strict=True))
+    lens = c["devices" + LEN]
+    start = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=start[1:])
+    explicit = ExplicitDevices(c["has_devices"] != 0, start, c["devices" + FLAT])
     grp_at = np.flatnonzero(c["has_gpu_group"])
     gpu_groups = dict(zip(grp_at.tolist(), c["gpu_group"][grp_at].tolist(), strict=True))
     # signatures in the order our pods first use them

@@ -14,6 +14,37 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass
+class ExplicitDevices:
+    """Each pod's annotated device indexes within its node, as CSR: pod p has devices dev[start[p]:start[p+1]]
+    when has[p]. Read as a mapping pod -> tuple by the per-node path."""
+
+    has: np.ndarray  # bool[P]
+    start: np.ndarray  # int64[P+1]
+    dev: np.ndarray  # int64
+
+    def __post_init__(self) -> None:
+        self.any = bool(self.has.any())
+
+    def __bool__(self) -> bool:
+        return self.any
+
+    def __contains__(self, p: int) -> bool:
+        return bool(self.has[p])
+
+    def __getitem__(self, p: int) -> tuple[int, ...]:
+        return tuple(self.dev[self.start[p]:self.start[p + 1]].tolist())
+
+    def count(self, pods: np.ndarray) -> np.ndarray:
+        return self.start[pods + 1] - self.start[pods]
+
+    def of(self, pods: np.ndarray) -> np.ndarray:
+        """The devices of `pods`, concatenated in their order."""
+        lens = self.count(pods)
+        at = np.cumsum(lens) - lens
+        return self.dev[np.repeat(self.start[pods] - at, lens) + np.arange(int(lens.sum()))]
+
+
 def assign_devices(
     *,
     dev_start: np.ndarray,
@@ -25,7 +56,7 @@ def assign_devices(
     frac: np.ndarray,  # int32[P] milli per device
     mem: np.ndarray,  # int64[P] MiB per device
     ndev: np.ndarray,  # int32[P]
-    explicit: dict[int, tuple[int, ...]],  # pod -> device indexes within its node (annotation)
+    explicit: ExplicitDevices,  # pod -> device indexes within its node (annotation)
     groups: dict[int, str],  # pod -> GPU group label
     n_pods: int,
     pod_name: Callable[[int], str] = str,
@@ -75,7 +106,7 @@ class _Assign:
     frac: np.ndarray
     mem: np.ndarray
     ndev: np.ndarray
-    explicit: dict[int, tuple[int, ...]]
+    explicit: ExplicitDevices
     groups: dict[int, str]
     piped: np.ndarray
     pod_name: Callable[[int], str]
@@ -92,8 +123,7 @@ def _fast_path(a: _Assign, gpu_holders: np.ndarray) -> np.ndarray:
     which of gpu_holders it placed."""
     whole, explicit, pod_node, dev_start, per_pod = a.whole, a.explicit, a.pod_node, a.dev_start, a.per_pod
     nodes_of = pod_node[gpu_holders]
-    simple_whole = (whole[gpu_holders] > 0) & np.array([p not in explicit for p in gpu_holders.tolist()], dtype=bool) \
-        if explicit else whole[gpu_holders] > 0
+    simple_whole = (whole[gpu_holders] > 0) & ~explicit.has[gpu_holders]
     complex_nodes = np.zeros(len(dev_start) - 1, dtype=bool)
     complex_nodes[nodes_of[~simple_whole | a.piped[gpu_holders]]] = True
     fast = simple_whole & ~complex_nodes[nodes_of]
@@ -128,7 +158,7 @@ def _apply_explicit_now(a: _Assign, ex_pods: np.ndarray, ex_devs: np.ndarray) ->
     """Explicit devices of pods holding them now (not pipelined): they come first on their node and do not
     depend on anything else there, so they are applied at once (when a device index is out of range,
     _explicit_now gives none, and the careful path reports it in node order). Returns each pod's device count."""
-    counts_ex = np.array([len(a.explicit[p]) for p in ex_pods.tolist()], dtype=np.int64)
+    counts_ex = a.explicit.count(ex_pods)
     amount = _per_device(ex_pods, a.frac, a.mem, a.node_gpu_mem_mib[a.pod_node[ex_pods]])
     np.add.at(a.dev_used, ex_devs, np.repeat(amount, counts_ex))
     rel_mask = np.repeat(a.releasing[ex_pods], counts_ex)
@@ -243,19 +273,18 @@ def _per_device(pods: np.ndarray, frac: np.ndarray, mem: np.ndarray, gpu_mem_mib
     return np.where(f > 0, f, np.where(m > 0, by_mem, 1000))
 
 
-def _explicit_now(pods: np.ndarray, explicit: dict[int, tuple[int, ...]], piped: np.ndarray, dev_start: np.ndarray,
+def _explicit_now(pods: np.ndarray, explicit: ExplicitDevices, piped: np.ndarray, dev_start: np.ndarray,
                   pod_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pods (sorted) with explicit devices that are not pipelined, and their global devices (concatenated in pod
     order); empty when there are none or any index is out of range on its node."""
     empty = np.zeros(0, dtype=np.int64)
     if not explicit or not len(pods):
         return empty, empty
-    sel = [p for p in pods.tolist() if p in explicit and not piped[p]]
-    if not sel:
+    ex = pods[explicit.has[pods] & ~piped[pods]].astype(np.int64)
+    if not len(ex):
         return empty, empty
-    ex = np.array(sel, dtype=np.int64)
-    counts = np.array([len(explicit[p]) for p in sel], dtype=np.int64)
-    local = np.fromiter((d for p in sel for d in explicit[p]), dtype=np.int64, count=int(counts.sum()))
+    counts = explicit.count(ex)
+    local = explicit.of(ex)
     nodes = np.repeat(pod_node[ex].astype(np.int64), counts)
     size = dev_start[nodes + 1] - dev_start[nodes]
     if ((local < 0) | (local >= size)).any():

@@ -9,7 +9,7 @@ scheduling signatures, queue names) are interned to integers once, so the build 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ POD_INTS = ("cpu", "mem", "npods", "gpu", "whole", "frac", "gmem", "ndev", "prio
             "finished", "deleted", "gated", "subgroup", "has_node", "has_extra", "has_devices", "has_gpu_group",
             "nominated_set", "sched", "gkey", "ikey", "skey")
 # object columns of a pod row
-POD_OBJS = ("node_name", "extra", "devices", "gpu_group", "nominated")
+POD_OBJS = ("node_name", "extra", "gpu_group", "nominated")
 
 
 class Interned:
@@ -85,15 +85,49 @@ class RowCache:
         new = np.flatnonzero(slots < 0)
         cols = self._cols
         if len(new) or not cols:
-            fresh = self._read([objs[i] for i in new.tolist()])
+            fresh = _with_starts(self._read([objs[i] for i in new.tolist()]))
             slots[new] = len(self._objs) + np.arange(len(new))
-            cols = {k: np.concatenate([cols[k], v]) for k, v in fresh.items()} if cols else fresh
+            cols = _concat(cols, fresh) if cols else fresh
         same = len(new) == 0 and n == len(self._objs) and bool(np.array_equal(slots, np.arange(n)))
-        out = cols if same else {k: v[slots] for k, v in cols.items()}
+        out = cols if same else take_rows(cols, slots)
         for v in out.values():
             v.setflags(write=False)  # shared with the next build
         self._objs, self._ids, self._cols = list(objs), ids, out
         return out
+
+
+# A ragged column `name` (a list of ints per row) is held as three arrays: f"{name}{LEN}" (per row),
+# f"{name}{START}" (per row: where its values start in the flat array) and f"{name}{FLAT}" (the values).
+LEN, START, FLAT = "@len", "@start", "@flat"
+
+
+def _with_starts(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for name in [k[: -len(LEN)] for k in cols if k.endswith(LEN)]:
+        lens = cols[name + LEN]
+        cols[name + START] = np.cumsum(lens) - lens
+    return cols
+
+
+def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in b.items():
+        if k.endswith(START):
+            out[k] = np.concatenate([a[k], v + len(a[k[: -len(START)] + FLAT])])
+        else:
+            out[k] = np.concatenate([a[k], v])
+    return out
+
+
+def take_rows(cols: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows `idx` of `cols` (ragged columns compacted)."""
+    out = {k: v[idx] for k, v in cols.items() if not k.endswith(FLAT)}
+    for name in [k[: -len(FLAT)] for k in cols if k.endswith(FLAT)]:
+        lens, starts = out[name + LEN], out[name + START]
+        at = np.cumsum(lens) - lens
+        total = int(lens.sum())
+        out[name + FLAT] = cols[name + FLAT][np.repeat(starts - at, lens) + np.arange(total)]
+        out[name + START] = at
+    return out
 
 
 class PodRows:
@@ -117,11 +151,16 @@ class PodRows:
         ints = np.zeros((n, len(POD_INTS)), dtype=np.int64)
         times = np.zeros((n, 2), dtype=np.float64)
         objs = np.empty((n, len(POD_OBJS)), dtype=object)
+        devices: list[tuple[int, ...]] = []
         for i, pod in enumerate(pods):
             ints[i], times[i], objs[i] = self._row(pod)
+            devices.append(pod.gpu_devices or ())
         out: dict[str, np.ndarray] = {c: ints[:, j] for j, c in enumerate(POD_INTS)}
         out.update({c: objs[:, j] for j, c in enumerate(POD_OBJS)})
         out["creation"], out["start"] = times[:, 0], times[:, 1]
+        out["devices" + LEN] = np.fromiter(map(len, devices), dtype=np.int64, count=n)
+        out["devices" + FLAT] = np.fromiter(chain.from_iterable(devices), dtype=np.int64,
+                                            count=int(out["devices" + LEN].sum()))
         return out
 
     def _row(self, pod: Pod) -> tuple[tuple[int, ...], tuple[float, float], tuple[Any, ...]]:
@@ -156,7 +195,7 @@ class PodRows:
                 self.sigs.id(skey))
         times = (meta.creation_timestamp if meta.creation_timestamp is not None else NAN,
                  pod.start_time if pod.start_time is not None else NAN)
-        return ints, times, (pod.node_name, extra, pod.gpu_devices, pod.gpu_group, pod.nominated_node)
+        return ints, times, (pod.node_name, extra, pod.gpu_group, pod.nominated_node)
 
 
 # integer and float columns of a declared PodGroup's row (valid for groups whose values come from the spec alone)
