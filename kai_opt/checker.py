@@ -317,9 +317,10 @@ def _served(state: ClusterState, pending: dict[int, list[Reason]], placed: set[i
     placement a later victim search took back (KAI's victims include pods placed in the same session; its pending
     reason names the group it was taken for) when that group is itself served: the room evicted for the first went
     to the second."""
-    index = {k: i for i, k in enumerate(state.pg_keys)}
-    taken = {g: index.get(str((r.details or {}).get("for", ""))) for g, rs in pending.items() for r in rs
-             if r.code == WITHDRAWN}
+    withdrawn = [(g, str((r.details or {}).get("for", ""))) for g, rs in pending.items() for r in rs
+                 if r.code == WITHDRAWN]
+    index = {k: i for i, k in enumerate(state.pg_keys)} if withdrawn else {}
+    taken = {g: index.get(by) for g, by in withdrawn}
     out = set(placed)
     grew = True
     while grew:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -105,6 +105,8 @@ class Snapshot:
     now: float | None = None  # time the snapshot describes (None: the wall clock when used)
     source: str | None = None
     ignored_kinds: dict[str, int] = field(default_factory=dict)
+    # whether some pod has resource claims, when the snapshot's maker knows it (the watch cache's views); None: look
+    any_pod_claims: bool | None = field(default=None, repr=False)
     origins: dict[int, tuple[str | None, int | None]] = field(default_factory=dict, repr=False)  # id(obj) ->
 
     # -- construction ----------------------------------------------------------------------------------------------
@@ -174,6 +176,7 @@ class Snapshot:
         self.resource_claims = buckets["ResourceClaim"]
         self.claim_templates = buckets["ResourceClaimTemplate"]
         self.validate(strict=strict, unique=unique, links=links)
+        self.any_pod_claims = links.any_pod_claims if links is not None else None
 
     # -- cross-object validation -----------------------------------------------------------------------------------
     def validate(self, *, strict: bool = True, unique: bool = False, links: Links | None = None) -> None:
@@ -215,7 +218,9 @@ class Snapshot:
             self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
                                        f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
         group_keys = links.group_keys
-        unknown_groups = {k for k in links.pod_groups if k is not None and k not in group_keys}
+        named = set(links.pod_groups)  # (set operations: no loop in Python over every pod's group)
+        named.discard(None)
+        unknown_groups = cast(set[str], named).difference(group_keys)
         for p in links.pods_naming(unknown_groups) if unknown_groups else ():
             if self.is_ours(p) and p.node_name is None and not p.finished:
                 self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
@@ -302,6 +307,7 @@ class Links:
     pods_naming: Callable[[set[str]], list[Pod]]  # the pods naming one of these group keys, in snapshot order
     groups_naming: Callable[[set[str]], list[PodGroup]]  # the PodGroups naming one of these queues, in order
     constrained: Callable[[], list[PodGroup]]  # PodGroups with a topology constraint or subgroups, in order
+    any_pod_claims: bool | None = None  # whether some pod has resource claims (None: not known, look)
 
     @staticmethod
     def of(snap: Snapshot) -> Links:

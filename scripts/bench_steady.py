@@ -201,6 +201,11 @@ def main() -> int:
 
     pod_res = _res(cache_mod, "Pod")
     group_memo = grouper.GroupMemo() if hasattr(grouper, "GroupMemo") else None  # (older trees: no memo)
+    try:  # what the runner uses since stop 35: the grouping kept up to date from the cache's changes
+        from kai_opt.k8s.live_grouping import LiveGrouping
+        live: Any = LiveGrouping(config.default_queue)
+    except ImportError:  # (older trees: a pass over every pod)
+        live = None
     pg_res = _res(cache_mod, "PodGroup")
     to_confirm: list[tuple[str, str, str]] = []
     rows: list[dict[str, float]] = []
@@ -247,9 +252,12 @@ def main() -> int:
         row: dict[str, float] = {}
         with gc_paused():
             c0, t0 = time.process_time(), time.perf_counter()
-            pods = [p for p in cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in names]
-            grouping = (grouper.group_pods(pods, cache.get, config.default_queue, group_memo) if group_memo
-                        else grouper.group_pods(pods, cache.get, config.default_queue))
+            if live is not None:
+                grouping = live.update(cache, names)
+            else:
+                pods = [p for p in cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in names]
+                grouping = (grouper.group_pods(pods, cache.get, config.default_queue, group_memo) if group_memo
+                            else grouper.group_pods(pods, cache.get, config.default_queue))
             c1, t1 = time.process_time(), time.perf_counter()
             snap = cache.snapshot(scheduler_names=names, pod_groups=dict(grouping.assignments))
             c2, t2 = time.process_time(), time.perf_counter()

@@ -129,7 +129,7 @@ def test_snapshots_from_views_equal_snapshots_made_from_scratch(family: str, see
                 first, second = sorted(items)[:2]
                 items[first] = _bump(items[first], spec__minMember=7)
                 del items[second]
-                store.items = items
+                store.replace(items)
         sa = a.snapshot(scheduler_names=NAMES, now=1.8e9, pod_groups=ga, hold=ha)
         b._views.clear()
         sb = b.snapshot(scheduler_names=NAMES, now=1.8e9, pod_groups=gb, hold=hb)
@@ -137,6 +137,7 @@ def test_snapshots_from_views_equal_snapshots_made_from_scratch(family: str, see
         pure = Snapshot.from_objects(b.scheduling_objects(NAMES, pod_groups=gb, hold=hb), strict=False,
                                      scheduler_names=NAMES, now=1.8e9, source="cluster")
         _equal(sa, pure, f"step {step}, read from the objects")
+        assert sa.any_pod_claims == any(p.resource_claims for p in sa.pods)
         rejected_seen += len(sa.rejected)
         warned += sum(w.reason in ("PodGroupDoesNotExist", "QueueDoesNotExist", "TopologyDoesNotExist")
                       for w in sa.warnings)
@@ -152,3 +153,19 @@ def test_snapshots_from_views_equal_snapshots_made_from_scratch(family: str, see
             _bad_objects(c, step)
     assert rejected_seen  # the bad pod was seen and set aside
     assert warned >= 6  # the lost pod and the lost groups were warned about in steps 2 and 3
+
+
+def test_the_views_know_whether_some_pod_has_claims() -> None:
+    """The state build asks whether any pod has resource claims (DRA); the views keep the answer as pods come and
+    go, so it visits no pod for it."""
+    c = _load(families.fractions(20, 0))
+    assert c.snapshot(scheduler_names=NAMES, now=1.8e9).any_pod_claims is False
+    store = _store(c, "Pod")
+    pod = copy.deepcopy(store.items[sorted(store.items)[0]])
+    pod["metadata"].update(name="claims", uid="uid-claims", resourceVersion="1")
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "some-claim"}]
+    c._apply(store.res, "ADDED", pod)
+    snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    assert snap.any_pod_claims is True and any(p.resource_claims for p in snap.pods)
+    c._apply(store.res, "DELETED", pod)
+    assert c.snapshot(scheduler_names=NAMES, now=1.8e9).any_pod_claims is False

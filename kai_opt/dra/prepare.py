@@ -221,8 +221,9 @@ class DraState:
 _CLAIMS = attrgetter("resource_claims")
 
 
-def has_dra(pods: list[Pod], slices: list[ResourceSlice]) -> bool:
-    return bool(slices) or any(map(_CLAIMS, pods))
+def has_dra(pods: list[Pod], slices: list[ResourceSlice], any_pod_claims: bool | None = None) -> bool:
+    """Whether the snapshot holds DRA devices or claims; `any_pod_claims`: whether some pod has claims, if known."""
+    return bool(slices) or (any(map(_CLAIMS, pods)) if any_pod_claims is None else any_pod_claims)
 
 
 def _newest(slices: list[ResourceSlice]) -> list[ResourceSlice]:

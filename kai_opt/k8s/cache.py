@@ -117,7 +117,33 @@ class _Store:
     resource_version: str = ""
     relists: int = 0
     errors: int = 0
-    changed: set[str] = field(default_factory=set)  # keys written since the last snapshot's look (snapshot views)
+    # consumer -> the keys written since its last look (`ClusterCache.take_changes`; the snapshot views, the grouper)
+    changed: dict[str, set[str]] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)  # key -> its rank in `items` (dict order: first insertion)
+    next_order: int = 0
+    generation: int = 0  # how many times `items` was replaced
+
+    def replace(self, items: dict[str, dict[str, Any]]) -> None:
+        """A new `items` dict (a relist, an absent kind): consumers see the new dict and start over."""
+        self.items = items
+        self.generation += 1
+        self.order = dict(zip(items, range(len(items)), strict=True))
+        self.next_order = len(items)
+
+    def take_changed(self, consumer: str) -> set[str] | None:
+        """The keys written since `consumer` last took them (None: its first look, it reads everything)."""
+        out = self.changed.get(consumer)
+        self.changed[consumer] = set()
+        return out
+
+
+@dataclass(frozen=True)
+class StoreChanges:
+    """What a store's consumer reads (ClusterCache.take_changes): key -> (object, its rank in the store's order),
+    (None, -1) for a key deleted; `whole`: these are all the objects, the consumer starts over."""
+
+    whole: bool
+    objects: dict[str, tuple[Any, int]]
 
 
 @dataclass(frozen=True)
@@ -162,6 +188,7 @@ class ClusterCache:
         self._on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pod key -> pod bound to it (watched)
         self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
+        self._consumer_replaced: dict[tuple[str, tuple[str, str]], int] = {}  # (consumer, store) -> generation seen
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
         # what the last snapshot made of each store's objects (snapshot thread only)
         self._views: dict[tuple[str, str], _View] = {}
@@ -292,7 +319,7 @@ class ClusterCache:
             store = self._stores[(res.api_version, res.kind)]
             was_absent = store.absent
             old = store.items
-            store.items = items
+            store.replace(items)
             store.resource_version = rv
             store.absent = store.forbidden = False
             store.relists += 1
@@ -354,15 +381,20 @@ class ClusterCache:
             if rv:
                 store.resource_version = rv
             old = store.items.get(key)
-            store.changed.add(key)
+            for keys in store.changed.values():
+                keys.add(key)
             if etype == "DELETED":
                 store.items.pop(key, None)
+                store.order.pop(key, None)
                 if is_pod:
                     self._index_node(key, old, None)
                     uid = (obj.get("metadata") or {}).get("uid")
                     self._drop_bound(uid)
                     self._releasing.pop(uid, None)
             else:
+                if key not in store.items:
+                    store.order[key] = store.next_order
+                    store.next_order += 1
                 store.items[key] = obj
                 if is_pod:
                     self._index_node(key, old, obj)
@@ -380,7 +412,7 @@ class ClusterCache:
                              res, self.absent_recheck_s)
             store.absent = True
             store.forbidden = forbidden
-            store.items = {}
+            store.replace({})
             store.synced = True
             self._synced_cond.notify_all()
 
@@ -405,6 +437,33 @@ class ClusterCache:
                 return None
             key = f"{namespace}/{name}" if store.res.namespaced and namespace else name
             return store.items.get(key)
+
+    def take_changes(self, consumer: str, kinds: Collection[tuple[str, str]]) -> dict[tuple[str, str], StoreChanges]:
+        """For a consumer that keeps its own state from some stores ((group, kind) pairs): per watched store of
+        those kinds, by (apiVersion, kind), the objects written since the consumer's last call, or every object
+        (`whole`) on its first call and after the store was replaced (a relist). Do not modify the objects."""
+        out: dict[tuple[str, str], StoreChanges] = {}
+        with self._lock:
+            for k, store in self._stores.items():
+                if (store.res.group, store.res.kind) not in kinds:
+                    continue
+                keys = store.take_changed(consumer)
+                seen = self._consumer_replaced.get((consumer, k))
+                self._consumer_replaced[(consumer, k)] = store.generation
+                items, order = store.items, store.order
+                if keys is None or seen != store.generation:
+                    out[k] = StoreChanges(True, {key: (obj, order[key]) for key, obj in items.items()})
+                else:
+                    out[k] = StoreChanges(False, {key: (items[key], order[key]) if key in items else (None, -1)
+                                                  for key in keys})
+        return out
+
+    def objects_with_rank(self, api_version: str, kind: str, keys: Iterable[str]) -> dict[str, tuple[Any, int]]:
+        """The objects of these keys now, with their rank in the store's order ((None, -1): gone)."""
+        with self._lock:
+            store = self._stores.get((api_version, kind))
+            items, order = (store.items, store.order) if store is not None else ({}, {})
+            return {key: (items[key], order[key]) if key in items else (None, -1) for key in keys}
 
     def list(self, kind: str, api_version: str | None = None) -> list[dict[str, Any]]:
         """Every object of `kind` (of every watched apiVersion, unless one is given). Do not modify them."""
@@ -618,8 +677,8 @@ class ClusterCache:
             looks = []
             for k, st in self._stores.items():
                 if k in kinds:
-                    looks.append((k, st.items, dict(st.items), st.changed))
-                    st.changed = set()
+                    changed = st.take_changed("snapshot")
+                    looks.append((k, st.items, dict(st.items), set(st.items) if changed is None else changed))
         ctx = _PodContext(set(scheduler_names), self.reservation_app, bound, releasing, groups, set(hold),
                           _now_rfc3339())
         held = {(a.namespace, claim): (alloc, a.name, uid) for uid, a in bound.items() for claim, alloc in a.claims}
@@ -714,7 +773,7 @@ def _links(looks: _Looks) -> Links | None:
         return [gv.model[k] for k in group_keys if k in gv.constrained] if gv.constrained else []
 
     return Links(pv.counts[0].keys(), gv.counts[0].keys(), gv.counts[1].keys(), pods_naming, groups_naming,
-                 constrained)
+                 constrained, bool(pv.claiming))
 
 
 @dataclass
@@ -751,6 +810,7 @@ class _View:
         self.facts: dict[str, tuple[Any, ...]] = {}
         self.counts: tuple[Counter[Any], ...] = (Counter(), Counter())
         self.constrained: set[str] = set()
+        self.claiming: set[str] = set()  # pods: the keys of pods with resource claims
         # pods: (pod, key, uid, annotated, bound, plain, RawObject as it is) by key; the keys by uid; the keys
         # whose group of this cycle matters (not annotated); what the last look used
         self.entry: dict[str, tuple[Any, ...]] = {}
@@ -789,6 +849,8 @@ class _View:
                     c[v] += 1
                 if self.kind == "PodGroup" and is_constrained(model):
                     self.constrained.add(key)
+                elif self.kind == "Pod" and model.resource_claims:
+                    self.claiming.add(key)
         else:
             self.model.pop(key, None)
             issue = warning or rejection
@@ -803,6 +865,7 @@ class _View:
                 if not c[v]:
                     del c[v]
         self.constrained.discard(key)
+        self.claiming.discard(key)
 
     def pods_touched(self, ctx: _PodContext) -> set[str]:
         """Keys of pods whose snapshot object may differ from the last look's for reasons outside the pod."""

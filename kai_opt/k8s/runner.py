@@ -43,6 +43,7 @@ from kai_opt.k8s.dra import release as release_claims
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector, lease_name
+from kai_opt.k8s.live_grouping import LiveGrouping
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
@@ -159,7 +160,7 @@ class Runner:
                                    busy=lambda: self.binder.pending() > 0 or self.evictor.pending() > 0,
                                    defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
         self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
-        self.group_memo = grouper.GroupMemo()  # the grouper's outcomes for pods unchanged since the last cycle
+        self.grouping = LiveGrouping(config.default_queue)  # the grouper's result, redone for what changed
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
         usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
         self.usage: UsageSource | None = usage if usage.enabled else None
@@ -335,16 +336,15 @@ class Runner:
         """Run the pod grouper: create/patch PodGroups, annotate pods. Returns the groups of
         pods not annotated yet (the snapshot assumes them) and the unbound pods to hold back this cycle (owner
         not known yet, or no valid group: scheduling them alone could split a gang)."""
-        ours = set(names)
-        pods = [p for p in self.cache.list("Pod", "v1") if (p.get("spec") or {}).get("schedulerName") in ours]
-        grouping = grouper.group_pods(pods, self.cache.get, self.config.default_queue, self.group_memo)
+        grouping = self.grouping.update(self.cache, names)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
         desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
         grouper.sync_podgroups(self.api, desired, existing)
         # a pod whose group is not written on it yet is assumed in it; an unbound pod without a group is held back
-        unannotated = any(grouping.annotated.get(k) != g for k, g in assigned.items())
+        unannotated = [k for k, g in assigned.items() if grouping.annotated.get(k) != g]
         hold = {key for key, annotated in grouping.unbound if key not in assigned and not annotated}
         if unannotated:  # (skipped when idle: its typed client is slow)
+            pods = [p for p in (self.cache.pod(*k.split("/", 1)) for k in unannotated) if p is not None]
             grouper.annotate_pods(self.api, pods, assigned)
         return dict(assigned), hold
 

@@ -129,7 +129,7 @@ def filter_snapshot(snap: Snapshot, shard: ShardFilter | None) -> Snapshot:
         snap, nodes=nodes, pods=pods, podgroups=podgroups, queues=queues,
         priority_classes=list(snap.priority_classes), topologies=list(snap.topologies),
         warnings=[w for w in snap.warnings if w.reason not in _LINK_WARNINGS and stays(w.kind, w.name)],
-        rejected=list(snap.rejected), ignored_kinds=dict(snap.ignored_kinds))
+        rejected=list(snap.rejected), ignored_kinds=dict(snap.ignored_kinds), any_pod_claims=None)
     out.validate(strict=False)  # links again, on the shard's objects only
     return out
 

@@ -46,7 +46,8 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     ours_names = set(snapshot.scheduler_names)
     warnings: list[str] = [str(w) for w in snapshot.warnings]
     dra = None
-    if has_dra(snapshot.pods, snapshot.resource_slices):  # DRA devices become columns, claims requests and pins
+    # DRA devices become columns, claims requests and pins
+    if has_dra(snapshot.pods, snapshot.resource_slices, snapshot.any_pod_claims):
         dra_nodes, dra_pods, dra = prepare_dra(snapshot.nodes, snapshot.pods, snapshot, warnings)
         snapshot = dataclasses.replace(snapshot, nodes=dra_nodes, pods=dra_pods)
     node_names, node_index, node_resources = _node_names(snapshot)
