@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from itertools import compress, repeat
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -130,8 +130,7 @@ def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, i
     on_node = alive & (c["has_node"] != 0)
     node = np.full(len(every), -1, dtype=np.int32)
     where = np.flatnonzero(on_node)
-    node[where] = np.fromiter(map(node_index.get, c["node_name"][where].tolist(), repeat(-1)), dtype=np.int32,
-                              count=len(where))
+    node[where] = _POD_ROWS.node_lookup(node_index)[c["node"][where]]
     for i in where[node[where] < 0].tolist():
         warnings.append(f"Pod {every[i].key}: bound to unknown node {c['node_name'][i]!r}; ignored")
     known = _POD_ROWS.names.ids

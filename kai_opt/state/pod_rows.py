@@ -26,7 +26,7 @@ _BASE_KEYS = frozenset(BASE_RESOURCES)
 # integer columns of a pod row, in order
 POD_INTS = ("cpu", "mem", "npods", "gpu", "whole", "frac", "gmem", "ndev", "prio",
             "finished", "deleted", "gated", "subgroup", "has_node", "has_extra", "has_devices", "has_gpu_group",
-            "nominated_set", "sched", "gkey", "ikey", "skey")
+            "nominated_set", "sched", "gkey", "ikey", "skey", "node")
 # object columns of a pod row
 POD_OBJS = ("node_name", "extra", "gpu_group", "nominated")
 
@@ -138,8 +138,26 @@ class PodRows:
         self.names = Interned()  # scheduler names
         self.keys = Interned()  # group keys
         self.sigs = Interned()  # signature keys
+        self.nodes = Interned()  # node names pods are bound to
+        self._node_lookup: tuple[dict[str, int], np.ndarray] | None = None
         self.sig_objects: dict[int, Any] = {}  # signature key id -> its SchedulingSig (made by the build)
         self.rows = RowCache(self._read)
+
+    def node_lookup(self, node_index: dict[str, int]) -> np.ndarray:
+        """int64[interned node names]: each name's index in `node_index`, -1 when not a node of it (remembered
+        while `node_index` is the same dict and no name was added)."""
+        last = self._node_lookup
+        if last is not None and last[0] is node_index and len(last[1]) == len(self.nodes):
+            return last[1]
+        ids = self.nodes.ids
+        out = np.full(len(self.nodes), -1, dtype=np.int64)
+        for name, i in node_index.items():
+            at = ids.get(name)
+            if at is not None:
+                out[at] = i
+        out.setflags(write=False)
+        self._node_lookup = (node_index, out)
+        return out
 
     def columns(self, pods: Sequence[Pod]) -> dict[str, np.ndarray]:
         if len(self.keys) > 4 * len(pods) + 100_000:  # keys of pods long gone: start again
@@ -192,7 +210,7 @@ class PodRows:
                 bool(pod.node_name), bool(extra), pod.gpu_devices is not None, bool(pod.gpu_group),
                 bool(pod.nominated_node), self.names.id(pod.scheduler_name),
                 self.keys.id(f"{ns}/{pod.podgroup}") if pod.podgroup else -1, self.keys.id(f"{ns}/pg-{meta.name}"),
-                self.sigs.id(skey))
+                self.sigs.id(skey), self.nodes.id(pod.node_name) if pod.node_name else -1)
         times = (meta.creation_timestamp if meta.creation_timestamp is not None else NAN,
                  pod.start_time if pod.start_time is not None else NAN)
         return ints, times, (pod.node_name, extra, pod.gpu_group, pod.nominated_node)
