@@ -496,12 +496,25 @@ def sync_podgroups(api: client.ApiClient, desired: list[dict[str, Any]], existin
     todo: list[Callable[[], None]] = []
     for pg in desired:
         ns, name = _meta(pg).get("namespace") or "default", _meta(pg)["name"]
-        current = have.get((ns, name))
-        if current is None:
-            todo.append(lambda pg=pg, ns=ns: _create(co, ns, pg))
-        elif patch := _changes(pg, current):
-            todo.append(lambda ns=ns, name=name, patch=patch: _patch(co, ns, name, patch))
+        call = sync_call(co, pg, ns, name, have.get((ns, name)))
+        if call is not None:
+            todo.append(call)
     _run(todo, workers, api, "sync podgroups")
+
+
+def sync_call(co: client.CustomObjectsApi, pg: dict[str, Any], ns: str, name: str,
+              current: dict[str, Any] | None) -> Callable[[], None] | None:
+    """The request that makes the existing PodGroup `current` (None: there is none) match the desired `pg`;
+    None when it already does."""
+    if current is None:
+        return lambda: _create(co, ns, pg)
+    patch = _changes(pg, current)
+    return (lambda: _patch(co, ns, name, patch)) if patch else None
+
+
+def run_calls(todo: list[Callable[[], None]], api: client.ApiClient, what: str, *, workers: int = 8) -> None:
+    """Run API calls on up to `workers` threads; an unreachable server raises `ClusterError`."""
+    _run(todo, workers, api, what)
 
 
 def _create(co: client.CustomObjectsApi, ns: str, pg: dict[str, Any]) -> None:

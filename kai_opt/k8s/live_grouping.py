@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kubernetes import client
+
 from kai_opt.api.pod import PODGROUP_ANNOTATION
 from kai_opt.k8s.cache import ClusterCache, StoreChanges
+from kai_opt.k8s.client import PODGROUP
 from kai_opt.k8s.grouper import (
     Grouping,
     GroupingError,
@@ -27,6 +30,8 @@ from kai_opt.k8s.grouper import (
     _meta,
     _pod_key,
     _podgroup,
+    run_calls,
+    sync_call,
     top_owner,
 )
 from kai_opt.k8s.kinds import OWNER_KINDS
@@ -242,3 +247,45 @@ def _walk(pod: dict[str, Any], cache: ClusterCache,
     if uid and top is not pod:
         walks[uid] = out
     return out
+
+
+class PodGroupSync:
+    """`grouper.sync_podgroups` for a caller that runs it every cycle against a watch cache: a desired PodGroup is
+    compared with the cache's only when it is another object than at the last call that found the two in sync
+    (LiveGrouping hands the same object while the group does not change) or the cache's PodGroup of that name was
+    written since; the rest are known to be in sync. A request that fails leaves its PodGroup out of sync, so the
+    next call tries again."""
+
+    def __init__(self, consumer: str = "podgroup-sync") -> None:
+        self.consumer = consumer
+        self._in_sync: dict[str, dict[str, Any]] = {}  # "ns/name" -> the desired object found in sync
+        self._key_of: dict[int, tuple[dict[str, Any], str]] = {}  # id(desired object) -> (it, its "ns/name")
+
+    def sync(self, api: client.ApiClient, desired: list[dict[str, Any]], cache: ClusterCache, *,
+             workers: int = 8) -> None:
+        for c in cache.take_changes(self.consumer, {(PODGROUP.group, PODGROUP.kind)}).values():
+            if c.whole:
+                self._in_sync.clear()
+            for key in () if c.whole else c.objects:
+                self._in_sync.pop(key, None)
+        in_sync, key_of = self._in_sync, self._key_of
+        if len(key_of) > 2 * len(desired) + 1000:  # objects of groups long gone
+            key_of.clear()
+        co = client.CustomObjectsApi(api)
+        todo = []
+        for pg in desired:
+            e = key_of.get(id(pg))
+            if e is None or e[0] is not pg:
+                meta = _meta(pg)
+                e = key_of[id(pg)] = (pg, f"{meta.get('namespace') or 'default'}/{meta['name']}")
+            key = e[1]
+            if in_sync.get(key) is pg:
+                continue
+            ns, name = key.split("/", 1)
+            call = sync_call(co, pg, ns, name, cache.get(PODGROUP.api_version, PODGROUP.kind, ns, name))
+            if call is None:
+                in_sync[key] = pg
+            else:
+                in_sync.pop(key, None)
+                todo.append(call)
+        run_calls(todo, api, "sync podgroups", workers=workers)

@@ -43,7 +43,7 @@ from kai_opt.k8s.dra import release as release_claims
 from kai_opt.k8s.events import NORMAL, WARNING, EventRecorder, pod_ref
 from kai_opt.k8s.evictor import Evictor, EvictRequest, EvictResult
 from kai_opt.k8s.leader import LeaderElector, lease_name
-from kai_opt.k8s.live_grouping import LiveGrouping
+from kai_opt.k8s.live_grouping import LiveGrouping, PodGroupSync
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
 from kai_opt.k8s.recheck import PreBindCheck
@@ -161,6 +161,7 @@ class Runner:
                                    defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
         self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
         self.grouping = LiveGrouping(config.default_queue)  # the grouper's result, redone for what changed
+        self.podgroup_sync = PodGroupSync()  # the PodGroups made to match it, compared where something changed
         self.status_compute = WorkPool("status-compute", 1)  # one cycle's status at a time, the latest wins
         usage = UsageSource(api, config)  # time-based fair share (usage_db); None when off
         self.usage: UsageSource | None = usage if usage.enabled else None
@@ -339,7 +340,7 @@ class Runner:
         grouping = self.grouping.update(self.cache, names)
         existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
         desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
-        grouper.sync_podgroups(self.api, desired, existing)
+        self.podgroup_sync.sync(self.api, desired, self.cache)
         # a pod whose group is not written on it yet is assumed in it; an unbound pod without a group is held back
         unannotated = [k for k, g in assigned.items() if grouping.annotated.get(k) != g]
         hold = {key for key, annotated in grouping.unbound if key not in assigned and not annotated}
