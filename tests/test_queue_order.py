@@ -9,10 +9,21 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kai_opt.fairshare.order import QueueOrder, _drf
+from kai_opt.fairshare.order import QueueOrder
 from kai_opt.fairshare.quantities import le, less_all
+from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED
 
 VALUES = st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0, -1.0])  # few values: many ties; -1 = unlimited
+
+
+def _drf(total: list[float], allocatable: list[float], allocated: list[float]) -> float:
+    """Dominant resource share, written out: an unlimited share counts as the total, a zero share is penalised."""
+    best = 0.0
+    for t, share, used in zip(total, allocatable, allocated, strict=True):
+        if share == UNLIMITED:
+            share = t
+        best = max(best, used * NO_SHARE_DRF_PENALTY if share == 0 else used / share)
+    return best
 
 
 def _reference(o: QueueOrder, a: int, b: int, job_a: list[float], job_b: list[float]) -> int:

@@ -19,16 +19,18 @@ from typing import Any
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.quantities import le, less_all, less_somewhere
+from kai_opt.fairshare.quantities import le, less_somewhere
 from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED, FairShare
 
 
-def _drf(total: list[float], allocatable: list[float], allocated: list[float]) -> float:
+def _drf(share: list[float], used: list[float]) -> float:
+    """Dominant share of `used` over `share` (per resource: an unlimited share resolved to the total, and a zero
+    share penalised), QueueOrder._drf_share."""
     best = 0.0
-    for t, share, used in zip(total, allocatable, allocated, strict=True):
-        if share == UNLIMITED:
-            share = t
-        best = max(best, used * NO_SHARE_DRF_PENALTY if share == 0 else used / share)
+    for s, u in zip(share, used, strict=True):
+        v = u * NO_SHARE_DRF_PENALTY if s == 0 else u / s
+        if v > best:
+            best = v
     return best
 
 
@@ -46,17 +48,20 @@ class QueueOrder:
         self.fair_share = fs.fair_share.tolist()
         self.deserved = fs.deserved.tolist()
         self.total = fs.total.tolist()
+        # per queue, the share each resource's DRF divides by (an unlimited share counts as the total)
+        self._drf_share = [[t if s == UNLIMITED else s for t, s in zip(self.total, share, strict=True)]
+                           for share in self.allocatable]
 
     def key(self, q: int, job: np.ndarray) -> tuple[Any, ...]:
         """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
         alloc = self.ledger.allocated[q].tolist()
-        over = less_all(self.fair_share[q], alloc)
+        over = all(f < a for f, a in zip(self.fair_share[q], alloc, strict=True))  # less_all, on lists
         with_job = [x + y for x, y in zip(alloc, job.tolist(), strict=True)]
         starved = le(with_job, self.deserved[q])
         share = self.allocatable[q]
         zero = any(s == 0 and w > 0 for s, w in zip(share, with_job, strict=True))
-        return (over, not starved, -self.priority[q], zero, _drf(self.total, share, with_job),
-                _drf(self.total, share, alloc))
+        d = self._drf_share[q]
+        return (over, not starved, -self.priority[q], zero, _drf(d, with_job), _drf(d, alloc))
 
     def tie(self, a: int, b: int) -> int:
         """Rules 7-8 (queues whose keys are equal): -1 when a goes first, 1 when b does."""

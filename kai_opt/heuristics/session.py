@@ -723,6 +723,16 @@ class Session:
             per = np.array([op.dev_amount for op in ops for _ in op.devices], dtype=self._dev_held.dtype)
             np.add.at(self._dev_held, devs, -sign * per)
             np.add.at(self._dev_rel, devs, sign * per)
+        self._apply_queue_amounts(ops, sign)
+
+    def unevict_in_ledger(self, pods: list[int]) -> None:
+        """The queue ledger as if `pods` (evicted in this session) ran again, and nothing else: what a victim
+        simulation reads between its steps (victims._Simulation). The caller puts the ledger back as it was and
+        then unevicts the same pods in the same order, which adds the same amounts in the same order."""
+        self._apply_queue_amounts([self._evict_op[p] for p in pods], -1)
+
+    def _apply_queue_amounts(self, ops: list[Evict], sign: int) -> None:
+        """The queue ledger's part of _apply_evictions (np.add.at: repeated indices one after the other)."""
         pad = self._ancestor_table()
         queues = self.queue_of_pod[np.fromiter((op.pod for op in ops), dtype=np.int64, count=len(ops))]
         ok = queues >= 0

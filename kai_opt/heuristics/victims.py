@@ -921,6 +921,11 @@ class _Simulation:
         chunks, owns, special, at, po = self.chunks, self.owns, self.special, self.at, self.po
         ahead: set[int] = set()
         left = len(chunks)
+        # victims popped first go back into the ledger only (all the pop order reads) until the end, where they
+        # are unevicted at once: the same amounts added in the same order as job by job
+        ledger = self.sess.ledger
+        saved = ledger.allocated.copy(), ledger.allocated_np.copy()
+        back_pods: list[int] = []
         while left:
             s = -1
             walked: list[int] = []
@@ -954,11 +959,17 @@ class _Simulation:
             back = chunks.get(x)
             if back is None:
                 continue  # a pending job that is neither victim nor preemptor
-            self.sess.unevict_many([p for k in back for p in self.accumulated[k]])
+            pods = [p for k in back for p in self.accumulated[k]]
+            self.sess.unevict_in_ledger(pods)
+            back_pods.extend(pods)
             for s in walked:
                 self.alloc.pop(s, None)
             ahead.update(back)
             left -= 1
+        if back_pods:
+            ledger.allocated[...] = saved[0]
+            ledger.allocated_np[...] = saved[1]
+            self.sess.unevict_many(back_pods)
         return ahead
 
 
