@@ -120,3 +120,16 @@ def departments(d2_running: int, d3_running: int = 4) -> ClusterState:
     objs += [podgroup("d4", "d4_p1"), pod("d4-0", group="d4", gpus=5)]
     objs += [podgroup("inf", "d1_p1", priority_class="inference"), pod("inf-0", group="inf", gpus=1)]
     return state(objs)
+
+
+def assert_evictions_served(state: ClusterState, plan: Any) -> None:
+    """Every eviction (stale-gang excepted) names a beneficiary that ends placed, or one placed in this cycle and
+    taken back by a later victim search (PlacementWithdrawn) whose room went to the group it was taken for, when
+    that group is served in turn (DESIGN's invariant as the checker reads it: checker._served)."""
+    placed = {int(state.pod_pg[p.pod]) for p in plan.placements if not p.moved}
+    taken = {g: r.details["for"] for g, rs in plan.pending.items() for r in rs if r.code == "PlacementWithdrawn"}
+    keys = {state.pg_keys[g] for g in placed}
+    for _ in range(len(taken)):
+        keys |= {state.pg_keys[g] for g, by in taken.items() if by in keys}
+    for e in plan.evictions:
+        assert e.reason == "stale-gang" or state.pg_keys[e.beneficiary] in keys, e

@@ -3,7 +3,7 @@ beneficiary (stale-gang excepted), and repeated cycles settle without eviction l
 
 from __future__ import annotations
 
-from builders import snapshot
+from builders import assert_evictions_served, snapshot
 from hypothesis import HealthCheck, given, settings
 from strategies import clusters
 
@@ -22,15 +22,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 def test_checker_never_fires_and_evictions_have_beneficiaries(objs: list) -> None:
     state = build_state(snapshot(objs))
     plan, _ = run_cycle(state, GREEDY)  # the checker runs inside and raises on any violation
-    placed = {int(state.pod_pg[p.pod]) for p in plan.placements if not p.moved}
-    # a group placed in this cycle and taken back by a later victim search (PlacementWithdrawn) passed its room on to
-    # the group it was taken for: it serves as a beneficiary only when that group ends placed (or passed it on too)
-    taken = {g: r.details["for"] for g, rs in plan.pending.items() for r in rs if r.code == "PlacementWithdrawn"}
-    keys = {state.pg_keys[g] for g in placed}
-    for _ in range(len(taken)):
-        keys |= {state.pg_keys[g] for g, by in taken.items() if by in keys}
-    for e in plan.evictions:
-        assert e.reason == "stale-gang" or state.pg_keys[e.beneficiary] in keys
+    assert_evictions_served(state, plan)
 
 
 @SETTINGS
