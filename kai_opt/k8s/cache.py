@@ -117,21 +117,22 @@ class _Store:
     resource_version: str = ""
     relists: int = 0
     errors: int = 0
-    # consumer -> the keys written since its last look (`ClusterCache.take_changes`; the snapshot views, the grouper)
-    changed: dict[str, set[str]] = field(default_factory=dict)
+    # consumer -> the keys written since its last look (`ClusterCache.take_changes`; the snapshot views, the grouper);
+    # None: `items` was replaced since (a relist), the consumer reads everything
+    changed: dict[str, set[str] | None] = field(default_factory=dict)
     order: dict[str, int] = field(default_factory=dict)  # key -> its rank in `items` (dict order: first insertion)
     next_order: int = 0
-    generation: int = 0  # how many times `items` was replaced
 
     def replace(self, items: dict[str, dict[str, Any]]) -> None:
         """A new `items` dict (a relist, an absent kind): consumers see the new dict and start over."""
         self.items = items
-        self.generation += 1
+        self.changed = dict.fromkeys(self.changed)
         self.order = dict(zip(items, range(len(items)), strict=True))
         self.next_order = len(items)
 
     def take_changed(self, consumer: str) -> set[str] | None:
-        """The keys written since `consumer` last took them (None: its first look, it reads everything)."""
+        """The keys written since `consumer` last took them (None: its first look, or `items` was replaced since;
+        it reads everything)."""
         out = self.changed.get(consumer)
         self.changed[consumer] = set()
         return out
@@ -188,7 +189,6 @@ class ClusterCache:
         self._on_node: dict[str, dict[str, dict[str, Any]]] = {}  # node -> pod key -> pod bound to it (watched)
         self._rejections: list[dict[str, Any]] = []  # pods the kubelet rejected, not taken yet
         self._releasing: dict[str, float | None] = {}  # pod uid -> when the API accepted the eviction
-        self._consumer_replaced: dict[tuple[str, tuple[str, str]], int] = {}  # (consumer, store) -> generation seen
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
         # what the last snapshot made of each store's objects (snapshot thread only)
         self._views: dict[tuple[str, str], _View] = {}
@@ -382,7 +382,8 @@ class ClusterCache:
                 store.resource_version = rv
             old = store.items.get(key)
             for keys in store.changed.values():
-                keys.add(key)
+                if keys is not None:
+                    keys.add(key)
             if etype == "DELETED":
                 store.items.pop(key, None)
                 store.order.pop(key, None)
@@ -448,10 +449,8 @@ class ClusterCache:
                 if (store.res.group, store.res.kind) not in kinds:
                     continue
                 keys = store.take_changed(consumer)
-                seen = self._consumer_replaced.get((consumer, k))
-                self._consumer_replaced[(consumer, k)] = store.generation
                 items, order = store.items, store.order
-                if keys is None or seen != store.generation:
+                if keys is None:
                     out[k] = StoreChanges(True, {key: (obj, order[key]) for key, obj in items.items()})
                 else:
                     out[k] = StoreChanges(False, {key: (items[key], order[key]) if key in items else (None, -1)
