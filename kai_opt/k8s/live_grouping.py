@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 
 from kai_opt.api.pod import PODGROUP_ANNOTATION
-from kai_opt.k8s.cache import ClusterCache, StoreChanges
+from kai_opt.k8s.cache import ClusterCache, StoreChanges, object_key
 from kai_opt.k8s.client import PODGROUP
 from kai_opt.k8s.grouper import (
     Grouping,
@@ -215,8 +215,6 @@ class LiveGrouping:
 
 
 def _all_pod_keys(cache: ClusterCache) -> list[str]:
-    from kai_opt.k8s.cache import object_key
-
     return [object_key(p) for p in cache.list("Pod", "v1")]
 
 

@@ -338,7 +338,8 @@ class Runner:
         pods not annotated yet (the snapshot assumes them) and the unbound pods to hold back this cycle (owner
         not known yet, or no valid group: scheduling them alone could split a gang)."""
         grouping = self.grouping.update(self.cache, names)
-        existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2")
+        # (the cluster's PodGroups are read only to split them by shard)
+        existing = self.cache.list("PodGroup", "scheduling.run.ai/v2alpha2") if self.shard is not None else []
         desired, assigned = grouping_in_shard(self.shard, grouping.podgroups, grouping.assignments, existing)
         self.podgroup_sync.sync(self.api, desired, self.cache)
         # a pod whose group is not written on it yet is assumed in it; an unbound pod without a group is held back
