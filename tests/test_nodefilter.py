@@ -3,6 +3,7 @@ so on any cluster a node passes the filter iff no reason names it, and asking fo
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import numpy as np
@@ -10,11 +11,12 @@ from builders import node, pod, podgroup, queue, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
+from test_session_ops import _step as random_op
 
 from kai_opt.config import Config, Engine
 from kai_opt.explain import make_context
 from kai_opt.fairshare import compute_fair_share
-from kai_opt.heuristics.nodefilter import FitReasons, format_fit_error
+from kai_opt.heuristics.nodefilter import FIT_MEMO_MIN, FitReasons, format_fit_error
 from kai_opt.heuristics.placer import Placer
 from kai_opt.heuristics.session import Session
 from kai_opt.snapshot import RawObject
@@ -112,3 +114,33 @@ def test_reasons_name_each_failing_check() -> None:
         "node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory request needs": 1,  # f
     })
     assert len(d.feasible) == 0 and d.why.failed.sum() == 6
+
+
+@SETTINGS
+@given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(1, 30))
+def test_memoised_verdicts_equal_the_checks_after_any_operations(objs: list[RawObject], rnd: random.Random,
+                                                                 n_ops: int) -> None:
+    """The per-shape verdicts (NodeFilter.fit_memo) that many candidates read equal the checks made afresh, after
+    any sequence of operations, rollbacks and commits on the session (each read refreshes the nodes touched)."""
+    state = build_state(snapshot(objs))
+    placer = Placer(Session(state, compute_fair_share(state), Config()))
+    sess = placer.sess
+    every = np.tile(np.arange(state.n_nodes), FIT_MEMO_MIN // max(state.n_nodes, 1) + 1)  # enough to read the memo
+    open_cps: list = []
+    pods = rnd.sample(range(state.n_pods), min(state.n_pods, 6))
+
+    def check(some: list[int]) -> int:
+        used = 0
+        for p in some:
+            used += placer.fit_memo(p) is not None
+            memo_now, memo_future = placer.fit(p, every)
+            now, future = placer._fit(p, every)
+            assert np.array_equal(memo_now, now) and np.array_equal(memo_future, future)
+        return used
+
+    for _ in range(n_ops):
+        random_op(sess, rnd, open_cps)
+        check(rnd.sample(pods, rnd.randint(0, len(pods))))  # some shapes are read after several changes
+    used = check(pods)
+    if state.n_nodes and any(not (state.pod_gpu_frac[p] or state.pod_gpu_mem[p]) for p in pods):
+        assert used  # the memo was read (pods without a share always have one)

@@ -22,6 +22,9 @@ from kai_opt.state.gpu_memory import gpu_memory_fits
 from kai_opt.state.resources import short_name
 
 NOT_READY = "node(s) were unschedulable or not ready"
+FIT_MEMO_SHAPES = 256  # pod shapes whose verdicts over every node the filter keeps (two bools per node each)
+FIT_MEMO_MIN = 32  # candidates from which a pod's memoised verdicts are read instead of computed
+
 NO_GPU_MEMORY_LABEL = "node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory request needs"
 NO_GPU_SHARE = "Insufficient GPU share on any device"
 WHOLE_GPUS = "Insufficient nvidia.com/gpu"
@@ -56,8 +59,19 @@ class Diagnosis:
         return self.why.counts
 
 
+class _FitMemo:
+    """One pod shape's fit verdicts over every node, as of `seen` entries of the session's touched list."""
+
+    __slots__ = ("future", "now", "seen")
+
+    def __init__(self, seen: int, now: np.ndarray, future: np.ndarray) -> None:
+        self.seen, self.now, self.future = seen, now, future
+
+
 class NodeFilter:
-    """The checks over one session, with the per-signature label/taint verdicts cached (they never change)."""
+    """The checks over one session, with the per-signature label/taint verdicts cached (they never change) and,
+    per pod shape, the resource verdicts over every node, refreshed for the nodes the session changed since (a
+    placement attempt then reads its candidates' verdicts instead of recomputing them over every candidate)."""
 
     def __init__(self, sess: Session) -> None:
         self.sess = sess
@@ -68,6 +82,9 @@ class NodeFilter:
         self._failures: dict[int, tuple[np.ndarray, list[str]]] = {}
         self._cols: dict[int, np.ndarray] = {}  # per pod: the resource columns it requests (GPUs aside)
         self.has_gpu = np.diff(st.dev_start) > 0
+        # fit_key -> its verdicts over every node; insertion order is use order (the oldest is dropped)
+        self._fit_memo: dict[tuple[object, ...], _FitMemo] = {}
+        self._all_nodes = np.arange(self.n, dtype=np.int64)
 
     # -- node and signature ------------------------------------------------------------------------------------
     def static_mask(self, sig: int) -> np.ndarray:
@@ -103,7 +120,38 @@ class NodeFilter:
     # -- resources ---------------------------------------------------------------------------------------------
     def fit(self, p: int, candidates: np.ndarray, why: FitReasons | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(fits now, fits once releases finish) over the candidate node indexes; with `why`, each check's
-        failing candidates (once releases finish) are added to it."""
+        failing candidates (once releases finish) are added to it. Many candidates without `why`: read from the
+        pod shape's memoised verdicts (fit_memo), the same values."""
+        if why is None and len(candidates) >= FIT_MEMO_MIN:
+            memo = self.fit_memo(p)
+            if memo is not None:
+                return memo.now[candidates], memo.future[candidates]
+        return self._fit(p, candidates, why)
+
+    def fit_memo(self, p: int) -> _FitMemo | None:
+        """Pod p's verdicts over every node (`fit`'s two masks), kept per pod shape and refreshed for the nodes
+        the session touched since they were made; None for a pod whose share spans several devices (its check
+        walks each node's devices: not worth doing over every node)."""
+        st = self.sess.state
+        frac, mem, ndev = int(st.pod_gpu_frac[p]), int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p])
+        if (frac or mem) and ndev > 1:
+            return None
+        key = (st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]), frac, mem, ndev)
+        touched = self.sess.caches.touched
+        memo = self._fit_memo.pop(key, None)
+        if memo is None or len(touched) - memo.seen > self.n // 4:  # (many changes: redone whole)
+            now, future = self._fit(p, self._all_nodes)
+            memo = _FitMemo(len(touched), now, future)
+            while len(self._fit_memo) >= FIT_MEMO_SHAPES:
+                del self._fit_memo[next(iter(self._fit_memo))]
+        elif len(touched) > memo.seen:
+            nodes = np.unique(np.asarray(touched[memo.seen:], dtype=np.int64))
+            memo.now[nodes], memo.future[nodes] = self._fit(p, nodes)
+            memo.seen = len(touched)
+        self._fit_memo[key] = memo
+        return memo
+
+    def _fit(self, p: int, candidates: np.ndarray, why: FitReasons | None = None) -> tuple[np.ndarray, np.ndarray]:
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
         cols = self._cols.get(p)

@@ -21,7 +21,7 @@ import numpy as np
 
 from kai_opt.config import Strategy
 from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
-from kai_opt.heuristics.nodefilter import NodeFilter
+from kai_opt.heuristics.nodefilter import FIT_MEMO_MIN, NodeFilter
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_CPU, R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
@@ -235,7 +235,8 @@ class Placer(NodeFilter):
                                 else self.static_mask(int(self.sess.state.pod_sig[p])) & mask)[0]
         if exclude >= 0:
             candidates = candidates[candidates != exclude]
-        candidates = self._prefilter(p, candidates)
+        memo = self.fit_memo(p) if len(candidates) >= FIT_MEMO_MIN else None
+        candidates = candidates[memo.future[candidates]] if memo is not None else self._prefilter(p, candidates)
         if len(candidates) == 0:
             return None
         now_ok, future_ok = self.filter(p, candidates)
