@@ -222,3 +222,28 @@ def test_a_waiting_child_that_died_while_waiting_is_a_crash() -> None:
     waiting.child._proc.join(SLACK)
     ended = waiting.run((1,), deadline=time.perf_counter() + 30)
     assert ended.failure == "crash"
+
+
+def _spin_then_sleep(_send: Any, cpu_s: float) -> None:
+    while time.process_time() < cpu_s:
+        pass
+    time.sleep(30.0)
+
+
+def test_cpu_seconds_reads_what_the_child_has_spent() -> None:
+    busy = Child.start(_spin_then_sleep, (0.3,))
+    idle = Child.start(_spin_then_sleep, (0.0,))
+    try:
+        for _ in range(400):  # polled, not timed: the busy child reaches 0.3 s of CPU at whatever speed
+            used = busy.cpu_seconds()
+            assert used is not None
+            if used >= 0.29:
+                break
+            time.sleep(0.05)
+        assert busy.cpu_seconds() >= 0.29  # type: ignore[operator]
+        idle_used = idle.cpu_seconds()
+        assert idle_used is not None and idle_used < 0.29
+    finally:
+        busy.stop()
+        idle.stop()
+    assert busy.cpu_seconds() is None  # reaped: nothing to read

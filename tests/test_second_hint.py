@@ -146,3 +146,37 @@ def test_the_watch_keeps_a_hint_that_is_ready_in_time() -> None:
     time.sleep(0.2)
     assert not hint._stopped and hint.keep_going(10.0, 0.0) is True
     hint.close()
+
+
+class _Spent:
+    """A process beside that has used `used` CPU seconds."""
+
+    def __init__(self, used: float | None) -> None:
+        self.used = used
+
+    def cpu_seconds(self) -> float | None:
+        return self.used
+
+    def poll(self, _timeout: float = 0.0) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("used", "elapsed", "sooner"), [
+    (0.35, 0.4, True),  # nearly a core, 0.25 s of 0.6 left: about 0.29 s, sooner than 0.6 s here
+    (0.2, 0.4, False),  # half a core, 0.4 s left: 0.8 s, later than computing it here
+    (0.0, 0.4, False),  # starved (a loaded machine): never
+    (None, 0.4, False),  # its CPU time cannot be read: computed here, as before
+])
+def test_the_plan_beside_is_waited_for_only_when_it_is_expected_first(used, elapsed, sooner) -> None:
+    import time
+
+    from kai_opt.plan import Plan
+
+    hint = second_hint.SecondHint(_Spent(used))  # type: ignore[arg-type]
+    hint.started = time.perf_counter() - elapsed
+    # 0.3 s of actions: the work is SLOWDOWN x 0.3 = 0.6 s
+    greedy = Plan("greedy", phases={"allocate": 0.25, "reclaim": 0.05, "fair_share": 9.0, "total": 9.0})
+    assert solve._beside_is_sooner(hint, greedy) is sooner
+    if used:
+        expected = hint.expected_s(0.6)
+        assert expected == pytest.approx((0.6 - used) / (used / elapsed), rel=0.05)

@@ -93,6 +93,19 @@ class Child:
     def owned(self) -> bool:
         return os.getpid() == self._pid
 
+    def cpu_seconds(self) -> float | None:
+        """The CPU time it has used so far (user and system), read from /proc; None where that cannot be read
+        (not Linux, or it ended)."""
+        try:
+            with open(f"/proc/{self._proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        try:  # utime and stime, the 14th and 15th fields (the 12th and 13th after the command name)
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (IndexError, ValueError, OSError):
+            return None
+
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether its next message (or the end of its pipe) is there, waiting up to `timeout` seconds."""
         return self.result is not None or self._conn.poll(max(0.0, timeout))

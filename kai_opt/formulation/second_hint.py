@@ -65,6 +65,7 @@ class SecondHint:
 
     def __init__(self, child: Child | None) -> None:
         self._child = child
+        self.started = time.perf_counter()
         self.taken = child is None  # (None: it could not start, see `failure`)
         self.seconds: float | None = None  # how long the computation took (once taken)
         self.failure: tuple[str, str] | None = None  # (kind, what happened) once it is known to have failed:
@@ -126,6 +127,19 @@ class SecondHint:
             return True
         self.close()
         return False
+
+    def expected_s(self, work_s: float) -> float | None:
+        """When the plan is expected to arrive, in seconds from now, for a computation of `work_s` CPU seconds
+        in all: the CPU time it still needs at the share of a core it got since it started (a process beside
+        that the machine starves is expected late). None when its CPU time cannot be read."""
+        if self._child is None or self.taken or self._stopped:
+            return None
+        used = self._child.cpu_seconds()
+        elapsed = time.perf_counter() - self.started
+        if used is None or elapsed <= 0.0:
+            return None
+        share = used / elapsed
+        return max(0.0, work_s - used) / share if share > 0.0 else float("inf")
 
     def ready(self) -> bool:
         """The plan (or its failure) has arrived and nobody took it yet."""

@@ -363,7 +363,8 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
         return greedy, ""
     ready = second is not None and second.ready()
     free_s = None if deadline is None else deadline - time.perf_counter()
-    if second is not None and (ready or not _inline_is_cheap(config, greedy, free_s)):
+    if second is not None and (ready or not _inline_is_cheap(config, greedy, free_s)
+                               or (free_s is not None and _beside_is_sooner(second, greedy))):
         # ready: taken; with time no model needs: waited for until the deadline; else left (the model may use it)
         alt = second.take() if ready else second.take(free_s) if free_s is not None else None
     elif second is not None or config.solver.deterministic or _inline_is_cheap(config, greedy, free_s):
@@ -382,6 +383,14 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     alt.solver = greedy.solver
     alt.phases = greedy.phases  # the cycle's own phases (the KAI-scored greedy's)
     return alt, "started from " + note
+
+
+def _beside_is_sooner(second: SecondHint, greedy: Plan) -> bool:
+    """Whether the plan computed beside is expected before the same plan computed here would be done (SLOWDOWN x
+    the KAI-scored cycle's action phases, on this process's core), at the share of a core it got so far."""
+    work_s = SLOWDOWN * sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+    expected = second.expected_s(work_s)
+    return expected is not None and expected < work_s
 
 
 def _inline_is_cheap(config: Config, greedy: Plan, free_s: float | None = None) -> bool:
