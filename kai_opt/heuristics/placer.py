@@ -32,6 +32,23 @@ TIER_AVAILABILITY = 100
 TIER_RESOURCE_TYPE = 10
 
 
+# the last node names ranked, with the list they were read from (held: its identity is not reused)
+_last_rank: list[tuple[list[str], np.ndarray]] = []
+
+
+def node_name_rank(names: list[str]) -> np.ndarray:
+    """Per node, its place in name order (read-only): the same array while the state's node-name list is the same
+    (the in-cluster state build hands the same list every cycle while the nodes do not change)."""
+    last = _last_rank[0] if _last_rank else None
+    if last is not None and last[0] is names:
+        return last[1]
+    rank = np.argsort(np.argsort(np.array(names, dtype=object))).astype(np.int64) if names \
+        else np.zeros(0, dtype=np.int64)
+    rank.setflags(write=False)
+    _last_rank[:] = [(names, rank)]
+    return rank
+
+
 @dataclass
 class Choice:
     node: int
@@ -44,8 +61,7 @@ class Placer(NodeFilter):
         super().__init__(sess)
         st = sess.state
         self._last: tuple[Any, ...] | None = None  # the last binpack choice, for _same_node_again
-        self.name_rank = np.argsort(np.argsort(np.array(st.node_names, dtype=object))).astype(np.int64) \
-            if self.n else np.zeros(0, dtype=np.int64)
+        self.name_rank = node_name_rank(st.node_names)
         self._fgd: FgdScorer | None = None
         # the topology tier per node of the (sub)group being placed (None: no preferred level applies)
         self.topology_score: np.ndarray | None = None
@@ -135,7 +151,7 @@ class Placer(NodeFilter):
         top = fine == fine.max()
         idx = idx[top]
         if len(idx) > 1:
-            idx = idx[np.argsort(self.name_rank[candidates[idx]], kind="stable")]
+            return int(idx[np.argmin(self.name_rank[candidates[idx]])])  # (names are unique)
         return int(idx[0])
 
     # -- devices -----------------------------------------------------------------------------------------------
