@@ -99,3 +99,38 @@ def test_moves_settle_no_eviction_loop() -> None:
     evictions = [c.summary["evictions"] for c in result.cycles]
     assert evictions[0] > 0 and evictions[1:] == [0, 0, 0], evictions
     assert result.stable
+
+
+def test_a_moved_pod_is_never_re_placed_on_its_own_node() -> None:
+    """On a node decided device by device (GPU shares), a mover whose pool may place only on the mover's own node
+    cannot move: infeasible (such a place would stand for the pod re-placed on other devices of its node, no
+    move decode can carry out). On these instances, without the rule, the solver finds such a solution for some
+    of them."""
+    from ortools.sat.python import cp_model
+
+    from kai_opt.formulation.model import build_model, is_share
+    from kai_opt.formulation.solve import model_scope
+
+    checked = 0
+    for family, size in (("fractions", 100), ("openb", 200)):
+        config = parse_config({"engine": "cpsat", "solver": SOLVER})
+        st = build_state(Instance(family, size, 0).snapshot())
+        greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+        sess, scope = model_scope(st, fs, config, greedy)
+        built = build_model(sess, scope)
+        shares = [c for c, mv in enumerate(scope.movers) if is_share(st, mv.pods[0])]  # (on device-level nodes)
+        for c in shares[:6]:
+            mv = scope.movers[c]
+            if (mv.pool, mv.node) not in built.place:
+                continue
+            model = built.model.clone()
+            model.add(model.get_int_var_from_proto_index(built.move[c].index) >= 1)
+            for (k, n), v in built.place.items():
+                if k == mv.pool and n != mv.node:
+                    model.add(model.get_int_var_from_proto_index(v.index) == 0)
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = 10.0
+            solver.parameters.num_workers = 1
+            assert solver.solve(model) == cp_model.INFEASIBLE, (family, st.pods[mv.pods[0]].key)
+            checked += 1
+    assert checked >= 2

@@ -42,7 +42,12 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     for (size, d), u in built.on_device.items():
         if val(u):
             share_devs[(size, _node_of(sess, d))][d] = val(u)
-    moving = _moves(sess, scope, built, val, pool_nodes, share_devs)
+    # node -> the devices the model hands whole to whole-GPU pods there (device-level nodes only)
+    whole_devs: dict[int, list[int]] = defaultdict(list)
+    for d, w in built.whole_dev.items():
+        if val(w):
+            whole_devs[_node_of(sess, d)].append(d)
+    moving = _moves(sess, scope, built, val, pool_nodes, share_devs, whole_devs)
 
     def overlap(j: int, where: set[int]) -> int:
         return -sum(1 for s in scope.groups[j].shapes for n in pool_nodes[built.pool_of[s]] if n in where)
@@ -75,10 +80,6 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
             sess.evict(p, "consolidate", scope.groups[b].group)
     # placements: per node whole-GPU pods first (on the devices the model handed them), then shares; a pool's
     # moved pods take nodes other than their own first, its pending pods the rest
-    whole_devs: dict[int, list[int]] = defaultdict(list)
-    for d, w in built.whole_dev.items():
-        if val(w):
-            whole_devs[_node_of(sess, d)].append(d)
     placer = acts.placer
     order = sorted(pool_nodes, key=lambda k: 0 if st.pod_gpu_whole[scope.pools[k].pod] else 1)
     for k in order:
@@ -137,10 +138,12 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
 
 
 def _moves(sess: Session, scope: Scope, built: Built, val: Callable[[cp_model.IntVar], int],
-           pool_nodes: dict[int, dict[int, int]],
-           share_devs: dict[tuple[tuple[int, int], int], dict[int, int]]) -> dict[int, list[int]]:
+           pool_nodes: dict[int, dict[int, int]], share_devs: dict[tuple[tuple[int, int], int], dict[int, int]],
+           whole_devs: dict[int, list[int]]) -> dict[int, list[int]]:
     """Pool -> the running pods that move. A pod the solution sends back onto its own node stays where it is
-    instead, and one place of its pool there is dropped (for a share, one of its size on each of its devices)."""
+    instead, and one place of its pool there is dropped: for a share, one of its size on each of its devices; for
+    whole GPUs on a node decided device by device, only when the model hands its own devices whole again (they
+    are then its own), since the model may have put other pods on the devices it left."""
     st = sess.state
     out: dict[int, list[int]] = defaultdict(list)
     for c, mv in enumerate(scope.movers):
@@ -148,7 +151,15 @@ def _moves(sess: Session, scope: Scope, built: Built, val: Callable[[cp_model.In
             here = pool_nodes[mv.pool]
             if here.get(mv.node, 0) > 0:
                 if not is_share(st, p):
-                    here[mv.node] -= 1
+                    own = sess.pod_devices(p)
+                    chosen = whole_devs.get(mv.node, [])
+                    by_device = any(d in built.whole_dev for d in own)
+                    if not by_device or all(d in chosen for d in own):
+                        for d in own if by_device else ():
+                            chosen.remove(d)
+                        here[mv.node] -= 1
+                        continue
+                    out[mv.pool].append(p)
                     continue
                 pool = share_devs[(share_size(st, p, mv.node), mv.node)]
                 own = sess.pod_devices(p)

@@ -56,6 +56,12 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
         _set(hint, var, sum(gone[vi] * c for vi, c in units))
     for s, var in built.placed.items():
         _set(hint, var, per_shape[s])
+    if built.pool_total:
+        pool_sums: defaultdict[int, int] = defaultdict(int)
+        for (k, _n), place in built.place.items():
+            pool_sums[k] += hint.get(place.index, 0)
+        for pi, var in built.pool_total.items():
+            _set(hint, var, pool_sums[pi])
     for var in built.move + list(built.moved_group.values()):  # the greedy's own moves are replayed already
         _set(hint, var, 0)
     if built.serving is not None:

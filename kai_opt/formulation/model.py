@@ -75,6 +75,7 @@ class Built:
     value_terms: dict[int, int] = field(default_factory=dict)  # shape -> weight per pod (for hints / reports)
     totals: dict[int, Expr] = field(default_factory=dict)  # shape -> its pods placed
     place_most: dict[tuple[int, int], int] = field(default_factory=dict)  # (pool, node) -> its place var's bound
+    pool_total: dict[int, cp_model.IntVar] = field(default_factory=dict)  # pool -> its places (_moves_leave_their_node)
     evicted: list[Expr] = field(default_factory=list)  # per victim unit: evicted (0/1)
 
 
@@ -123,6 +124,30 @@ def _move_vars(sess: Session, scope: Scope, b: Built) -> None:
                 m.add(x <= len(mv.pods) * moved_group[mv.group])
             b.moved_group = moved_group
             m.add(lsum(list(moved_group.values())) <= limit * served)
+
+
+def _moves_leave_their_node(scope: Scope, b: Built, nodes: set[int]) -> None:
+    """A pod moved off one of `nodes` (decided device by device) is re-placed on another node: its pool's moves
+    off n never exceed the pool's places on the other nodes. Without it a place on its own node could stand for
+    the pod re-placed on other devices of n, a shuffle decode cannot carry out (no move lands on its own node).
+    Elsewhere such a place is the pod staying where it is (decode keeps it), which the search may use freely."""
+    off: dict[int, dict[int, list[cp_model.IntVar]]] = defaultdict(lambda: defaultdict(list))  # pool -> node ->
+    for c, mv in enumerate(scope.movers):
+        if mv.node in nodes and (mv.pool, mv.node) in b.place:  # (no place on n: the pool's total bounds them)
+            off[mv.pool][mv.node].append(b.move[c])
+    if not off:
+        return
+    m = b.model
+    places: dict[int, list[tuple[cp_model.IntVar, int]]] = defaultdict(list)
+    for (pi, _n), v in b.place.items():
+        if pi in off:
+            places[pi].append((v, b.place_most[(pi, _n)]))
+    for pi, by_node in off.items():
+        total = m.new_int_var(0, sum(most for _v, most in places[pi]), f"pool_total[{pi}]")
+        b.pool_total[pi] = total
+        m.add(total == lsum([v for v, _most in places[pi]]))  # (named once: each node's row has a few terms)
+        for n, xs in by_node.items():
+            m.add(lsum(xs) + b.place[(pi, n)] <= total)
 
 
 def _placement_vars(sess: Session, scope: Scope, b: Built) -> None:
@@ -237,6 +262,7 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
     # a device a leaving pod shares with a pod that stays (a kept greedy placement pipelined onto it) is not freed
     # whole by the eviction: counting released whole GPUs per node would free it twice
     share_nodes |= {n for n, items in released.items() if _shared_devices(sess, [p for _x, p, _k in items])}
+    _moves_leave_their_node(scope, b, share_nodes)
     for n, items in on_node.items():
         rel = released[n]
         # per resource: placed - released <= free now, one weighted sum per row (the coefficients in bulk)
