@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 from builders import node, pod, podgroup, queue, state
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from kai_opt.bench import trace
 from kai_opt.config import parse_config
 from kai_opt.engine import run_cycle
-from kai_opt.heuristics.fragmentation import FragModel, typical_shapes
+from kai_opt.heuristics.fragmentation import FragModel, popular_rows, popular_shapes, typical_shapes
 
 
 def plan_of(objs, strategy: str):
@@ -110,3 +112,15 @@ def test_fgd_cache_follows_the_session() -> None:
     same()
     sess.rollback(cp)
     same()
+
+
+@settings(max_examples=200, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 5), hst.sampled_from([0, 250, 1000]), hst.integers(0, 2),
+                            hst.sampled_from([0, 7, 2**60])), min_size=1, max_size=60),
+       hst.sampled_from([0.5, 0.95, 1.0]))
+def test_popular_rows_is_popular_shapes_in_bulk(shapes: list[tuple[int, int, int, int]], coverage: float) -> None:
+    """The packed-integer ranking picks the same shapes with the same counts in the same order as the tuple
+    ranking, ties (larger shape first) included; the 2**60 column makes some draws too wide to pack."""
+    counts, rows = popular_rows(np.array(shapes, dtype=np.int64), coverage)
+    expected = popular_shapes(shapes, coverage)
+    assert [(int(n), tuple(int(x) for x in r)) for n, r in zip(counts, rows, strict=True)] == expected

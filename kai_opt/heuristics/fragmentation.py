@@ -61,6 +61,31 @@ def popular_shapes(shapes: Sequence[Hashable], coverage: float = TYPICAL_COVERAG
     return chosen
 
 
+def popular_rows(rows: np.ndarray, coverage: float = TYPICAL_COVERAGE) -> tuple[np.ndarray, np.ndarray]:
+    """popular_shapes for shapes that are rows of small integers (int64[P, k]), in bulk: (counts, rows) of the
+    chosen shapes in the same order (most popular first; ties: larger shape first). Each row is packed into one
+    integer (mixed radix over the columns' ranges, first column most significant, so integer order is tuple
+    order); rows whose ranges do not fit 62 bits go through popular_shapes."""
+    if not len(rows):
+        raise ValueError("a target workload needs at least one pod")
+    low = rows.min(axis=0)
+    span = rows.max(axis=0) - low + 1
+    if float(np.prod(span.astype(np.float64))) >= 2.0 ** 62:
+        chosen = popular_shapes([tuple(r) for r in rows.tolist()], coverage)
+        return (np.array([n for n, _ in chosen], dtype=np.int64),
+                np.array([shape for _, shape in chosen], dtype=np.int64).reshape(-1, rows.shape[1]))
+    key = np.zeros(len(rows), dtype=np.int64)
+    for c in range(rows.shape[1]):
+        key = key * span[c] + (rows[:, c] - low[c])
+    uniq, first, counts = np.unique(key, return_index=True, return_counts=True)
+    order = np.lexsort((-uniq, -counts))  # count descending, then the larger shape
+    counts = counts[order]
+    # the shapes up to (and including) the one that reaches the coverage
+    take = int(np.searchsorted(np.cumsum(counts), coverage * len(rows), side="left")) + 1
+    take = min(take, len(counts))
+    return counts[:take].astype(np.int64), rows[first[order[:take]]]
+
+
 def typical_shapes(cpu: np.ndarray, milli: np.ndarray, num: np.ndarray, spec: Sequence[str], models: Sequence[str],
                    coverage: float = TYPICAL_COVERAGE) -> Workload:
     """FGD's target workload from per-pod (CPU milli, milli per GPU, GPU count, gpu_spec): the most popular shapes

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kai_opt.config import Strategy
-from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_shapes
+from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_rows
 from kai_opt.heuristics.nodefilter import FIT_MEMO_MIN, NodeFilter
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_CPU, R_GPU, ClusterState, PodStatus
@@ -306,10 +306,9 @@ class FgdScorer:
         cpu = st.pod_req[pods, R_CPU].astype(np.int64)
         sig = st.pod_sig[pods].astype(np.int64)
         if len(pods):
-            chosen = popular_shapes(list(zip(cpu.tolist(), milli.tolist(), num.tolist(), sig.tolist(),
-                                             strict=True)), TYPICAL_COVERAGE)
-            shapes = np.asarray([s for _, s in chosen], dtype=np.int64).reshape(-1, 4)
-            weight = np.asarray([n for n, _ in chosen], dtype=np.float64)
+            counts, shapes = popular_rows(np.stack([cpu, milli.astype(np.int64), num.astype(np.int64), sig],
+                                                   axis=1), TYPICAL_COVERAGE)
+            weight = counts.astype(np.float64)
             weight /= weight.sum()
         else:
             shapes, weight = np.zeros((0, 4), dtype=np.int64), np.zeros(0)
