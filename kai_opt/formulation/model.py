@@ -5,6 +5,7 @@ Variables
                   groups and running pods that may move (scope.Pool)
   placed[s]       pods of shape s placed, for a shape in a pool of several (else the sum of its place[k, n])
   move[c]         running pods of mover c leaving their node (consolidation), re-placed through their pool
+  pool_total[k]   pods of pool k placed in all (pools with movers on nodes decided device by device)
   gang[i]         group i placed (its minimum, and any elastic extras)
   on_device[k, d] share pods of size k (milli-GPU per device, devices) on GPU device d (nodes where shares go)
   whole_dev[d]    device d handed to whole-GPU pods (those nodes)
@@ -139,9 +140,9 @@ def _moves_leave_their_node(scope: Scope, b: Built, nodes: set[int]) -> None:
         return
     m = b.model
     places: dict[int, list[tuple[cp_model.IntVar, int]]] = defaultdict(list)
-    for (pi, _n), v in b.place.items():
+    for (pi, n), v in b.place.items():
         if pi in off:
-            places[pi].append((v, b.place_most[(pi, _n)]))
+            places[pi].append((v, b.place_most[(pi, n)]))
     for pi, by_node in off.items():
         total = m.new_int_var(0, sum(most for _v, most in places[pi]), f"pool_total[{pi}]")
         b.pool_total[pi] = total

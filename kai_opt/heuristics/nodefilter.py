@@ -21,10 +21,10 @@ from kai_opt.state import R_GPU, R_PODS
 from kai_opt.state.gpu_memory import gpu_memory_fits
 from kai_opt.state.resources import short_name
 
-NOT_READY = "node(s) were unschedulable or not ready"
 FIT_MEMO_SHAPES = 256  # pod shapes whose verdicts over every node the filter keeps (two bools per node each)
 FIT_MEMO_MIN = 32  # candidates from which a pod's memoised verdicts are read instead of computed
 
+NOT_READY = "node(s) were unschedulable or not ready"
 NO_GPU_MEMORY_LABEL = "node(s) had no GPU memory label (nvidia.com/gpu.memory), which a gpu-memory request needs"
 NO_GPU_SHARE = "Insufficient GPU share on any device"
 WHOLE_GPUS = "Insufficient nvidia.com/gpu"
