@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
 from kai_opt.bench.instances import Instance
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
@@ -134,3 +139,21 @@ def test_a_moved_pod_is_never_re_placed_on_its_own_node() -> None:
             assert solver.solve(model) == cp_model.INFEASIBLE, (family, st.pods[mv.pods[0]].key)
             checked += 1
     assert checked >= 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(hst.lists(hst.integers(0, 4), max_size=7), hst.lists(hst.integers(0, 4), max_size=9))
+def test_moved_pods_get_other_nodes_whenever_a_choice_exists(own: list[int], slots: list[int]) -> None:
+    """decode.move_targets finds nodes other than their own for every moved pod exactly when some choice exists
+    (checked by brute force), each slot used once."""
+    from itertools import permutations
+
+    from kai_opt.formulation.decode import move_targets
+
+    exists = len(own) <= len(slots) and any(all(slots[j] != o for j, o in zip(perm, own, strict=False))
+                                            for perm in permutations(range(len(slots)), len(own)))
+    got = move_targets(own, slots)
+    assert (got is not None) == exists, (own, slots, got)
+    if got is not None:
+        assert all(n != o for n, o in zip(got, own, strict=True))
+        assert not Counter(got) - Counter(slots)

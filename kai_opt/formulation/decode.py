@@ -4,7 +4,7 @@ fills what the model left (work outside the window, leftover room)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 import numpy as np
@@ -85,11 +85,14 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
     for k in order:
         slots = [n for n, c in sorted(pool_nodes[k].items()) for _ in range(c)]
         assigned: list[tuple[int, int, bool]] = []  # (pod, node, moved)
-        for p in moving.get(k, []):
-            i = next((i for i, n in enumerate(slots) if n != int(sess.node[p])), None)
-            if i is None:
-                raise DecodeError(f"{st.pods[p].key} would move back onto its own node")
-            assigned.append((p, slots.pop(i), True))
+        movers = moving.get(k, [])
+        targets = move_targets([int(sess.node[p]) for p in movers], slots)
+        if targets is None:
+            raise DecodeError(f"{st.pods[movers[0]].key} and the other pods its pool moves have no node to move to "
+                              "but their own")
+        for p, n in zip(movers, targets, strict=True):
+            slots.remove(n)
+            assigned.append((p, n, True))
         if len(slots) != len(queues[k]):
             raise DecodeError(f"pool of {st.pods[scope.pools[k].pod].key}: {len(slots)} places for "
                               f"{len(queues[k])} pods")
@@ -135,6 +138,36 @@ def decode(sess: Session, acts: Actions, scope: Scope, built: Built, values: lis
         pods = [int(p) for p in st.group_pods(g) if int(p) in sess.placements]
         if any(sess.placements[p].pipelined for p in pods):
             sess.convert_to_pipelined(pods)
+
+
+def move_targets(own: list[int], slots: list[int]) -> list[int] | None:
+    """For moved pods on nodes `own`, a node each among `slots` (a multiset of nodes, each taken once), never its
+    own node; None when there is no such choice. Each pod in turn takes the first slot on another node; if that
+    strands a later pod, they are placed by pressure instead: the node with the most pods still to move plus
+    slots left moves a pod first, into the other node with the most of both. (A choice exists iff no node's pods
+    to move outnumber the slots on other nodes; the pressure rule keeps that true at every step.)"""
+    left = list(slots)
+    first: list[int] = []
+    for o in own:
+        i = next((i for i, n in enumerate(left) if n != o), None)
+        if i is None:
+            break
+        first.append(left.pop(i))
+    else:
+        return first
+    need = Counter(own)
+    free = Counter(slots)
+    out: dict[int, list[int]] = defaultdict(list)  # own node -> the nodes its pods move to
+    for _ in range(len(own)):
+        o = max((c for c in need if need[c] > 0), key=lambda c: (need[c] + free[c], -c))
+        to = [c for c in free if free[c] > 0 and c != o]
+        if not to:
+            return None
+        n = max(to, key=lambda c: (free[c] + need[c], -c))
+        need[o] -= 1
+        free[n] -= 1
+        out[o].append(n)
+    return [out[o].pop() for o in own]
 
 
 def _moves(sess: Session, scope: Scope, built: Built, val: Callable[[cp_model.IntVar], int],
