@@ -57,10 +57,9 @@ def _second_hint_late(state: ClusterState, fs: FairShare, config: Config, action
                       greedy: Plan) -> SecondHint | None:
     """The second hint of a cycle that forked nothing at its start (fork_early), started when the model is to run:
     it has the model's budget on the other core, so only when SLOWDOWN x the greedy cycle fits in it."""
-    from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint
+    from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, action_seconds
 
-    greedy_s = sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
-    if SLOWDOWN * greedy_s > config.solver.time_budget_s:
+    if SLOWDOWN * action_seconds(greedy) > config.solver.time_budget_s:
         return None
     return SecondHint.start(state, fs, config, actions)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.quantities import le, less_somewhere
+from kai_opt.fairshare.quantities import le, less_all, less_somewhere
 from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED, FairShare
 
 
@@ -55,7 +55,7 @@ class QueueOrder:
     def key(self, q: int, job: np.ndarray) -> tuple[Any, ...]:
         """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
         alloc = self.ledger.allocated[q].tolist()
-        over = all(f < a for f, a in zip(self.fair_share[q], alloc, strict=True))  # less_all, on lists
+        over = less_all(self.fair_share[q], alloc)
         with_job = [x + y for x, y in zip(alloc, job.tolist(), strict=True)]
         starved = le(with_job, self.deserved[q])
         share = self.allocatable[q]

@@ -28,6 +28,11 @@ SLOWDOWN = 2.0  # FGD scoring makes a greedy cycle up to this much slower than K
 # by the deadline only if the budget is at least (SLOWDOWN - 1) x the KAI-scored cycle (keep_going)
 
 
+def action_seconds(greedy: Plan) -> float:
+    """The greedy cycle's action phases (fair share and the total left out): what SLOWDOWN scales."""
+    return sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+
+
 def fgd_config(config: Config) -> Config:
     return config.model_copy(update={"placement": Placement(gpu=Strategy.fgd, cpu=Strategy.fgd)})
 

@@ -29,7 +29,7 @@ from kai_opt.formulation.scope import (
     window_groups,
     window_pods,
 )
-from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, compute, wanted
+from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, action_seconds, compute, wanted
 from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
@@ -388,7 +388,7 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
 def _beside_is_sooner(second: SecondHint, greedy: Plan) -> bool:
     """Whether the plan computed beside is expected before the same plan computed here would be done (SLOWDOWN x
     the KAI-scored cycle's action phases, on this process's core), at the share of a core it got so far."""
-    work_s = SLOWDOWN * sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+    work_s = SLOWDOWN * action_seconds(greedy)
     expected = second.expected_s(work_s)
     return expected is not None and expected < work_s
 
@@ -396,7 +396,7 @@ def _beside_is_sooner(second: SecondHint, greedy: Plan) -> bool:
 def _inline_is_cheap(config: Config, greedy: Plan, free_s: float | None = None) -> bool:
     """Whether the FGD-scored cycle, SLOWDOWN x the KAI-scored one (its action phases), fits in INLINE_SHARE of
     the budget, or in `free_s` seconds when given (time no model needs)."""
-    greedy_s = sum(v for k, v in greedy.phases.items() if k not in ("fair_share", "total"))
+    greedy_s = action_seconds(greedy)
     limit = INLINE_SHARE * config.solver.time_budget_s if free_s is None else free_s
     return SLOWDOWN * greedy_s <= limit
 

@@ -145,7 +145,7 @@ class NodeFilter:
             while len(self._fit_memo) >= FIT_MEMO_SHAPES:
                 del self._fit_memo[next(iter(self._fit_memo))]
         elif len(touched) > memo.seen:
-            nodes = np.unique(np.asarray(touched[memo.seen:], dtype=np.int64))
+            nodes = self.sess.caches.touched_since(memo.seen)
             memo.now[nodes], memo.future[nodes] = self._fit(p, nodes)
             memo.seen = len(touched)
         self._fit_memo[key] = memo

@@ -363,7 +363,7 @@ class FgdScorer:
         if len(touched) < self._seen:  # the log was reset: recompute all
             self._refresh(np.arange(self.sess.state.n_nodes))
         else:
-            self._refresh(np.unique(np.asarray(touched[self._seen:], dtype=np.int64)))
+            self._refresh(self.sess.caches.touched_since(self._seen))
         self._seen = len(touched)
 
     def tie_score(self, p: int, nodes: np.ndarray, gpu_pod: bool) -> np.ndarray:

@@ -82,6 +82,10 @@ class SessionCaches:
     def bump(self) -> None:
         self.version += 1
 
+    def touched_since(self, seen: int) -> np.ndarray:
+        """The distinct nodes logged after the first `seen` entries of `touched`."""
+        return np.unique(np.asarray(self.touched[seen:], dtype=np.int64))
+
     def memo(self, state_id: int, key: object, make: Callable[[], T]) -> T:
         memo = self._memo.get(state_id)
         if memo is None:
