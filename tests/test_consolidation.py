@@ -123,3 +123,27 @@ def test_a_group_of_an_unknown_queue_is_never_a_victim() -> None:
         plan, _ = run_cycle(st, GREEDY, actions=actions)
         placed, evicted = _summary(st, plan)
         assert "orphan-0" not in placed and "orphan-0" not in evicted, actions
+
+
+def _room_for_another_queue(a_waits: bool) -> list:
+    """n0 (2 GPUs) runs two half-GPU shares of queue a, one per device; p (queue b, fair share 0) waits for a whole
+    GPU. With `a_waits`, a also waits for 2 GPUs that cannot fit: a stays below its fair share (2) with unmet
+    demand; without it a holds exactly its share (1, all it asks for)."""
+    objs = [node("n0", gpus=2), queue("a", gpu=(2, 0, -1)), queue("b", gpu=(0, 0, -1)),
+            podgroup("s", "a", min_member=2, created_min=1),
+            pod("s-0", "s", gpus=0.5, node_name="n0"), pod("s-1", "s", gpus=0.5, node_name="n0"),
+            podgroup("p", "b", created_min=2), pod("p-0", "p", gpus=1)]
+    if a_waits:
+        objs += [podgroup("big", "a", created_min=3), pod("big-0", "big", gpus=2)]
+    return objs
+
+
+def test_no_move_of_a_queue_below_its_fair_share_for_work_over_its_own() -> None:
+    """p would leave b over its fair share: a share of queue a moves for it only when a holds its fair share. A
+    queue below its share with demand is entitled to the room (and a moved pod that failed to land would reclaim
+    it back: the settle property's consolidate / reclaim loop)."""
+    st, plan = _consolidate(_room_for_another_queue(a_waits=False))
+    placed, evicted = _summary(st, plan)
+    assert len(evicted) == 1 and placed["p-0"][0] == "n0"
+    st, plan = _consolidate(_room_for_another_queue(a_waits=True))
+    assert not plan.evictions and not plan.placements

@@ -34,6 +34,13 @@ def can_reclaim(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndar
     return preemptible or le(ledger.allocated_np[queue] + request, fs.deserved[queue])
 
 
+def below_fair_share(fs: FairShare, ledger: QueueLedger) -> np.ndarray:
+    """Per queue: allocated below its fair share in some resource (an unlimited share counts as above any
+    allocation): the queue has demand it is entitled to."""
+    share, held = fs.fair_share, ledger.allocated
+    return ((share == UNLIMITED) | (share - held > EPS * np.maximum(1.0, np.abs(share)))).any(axis=1)
+
+
 def reclaim_headroom(fs: FairShare, ledger: QueueLedger, queue: int, request: np.ndarray, *, preemptible: bool,
                      names: list[str]) -> dict[str, Any]:
     """Why `can_reclaim` says no, as a Reason's details: the bound crossed ("fair_share", or "quota" for
