@@ -144,3 +144,43 @@ def test_memoised_verdicts_equal_the_checks_after_any_operations(objs: list[RawO
     used = check(pods)
     if state.n_nodes and any(not (state.pod_gpu_frac[p] or state.pod_gpu_mem[p]) for p in pods):
         assert used  # the memo was read (pods without a share always have one)
+
+
+@SETTINGS
+@given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(1, 30),
+       st.sampled_from(["binpack", "spread", "fgd"]))
+def test_kept_choice_keys_choose_as_fresh_scores_after_any_operations(objs: list[RawObject], rnd: random.Random,
+                                                                      n_ops: int, strategy: str) -> None:
+    """The choice read off a pod shape's kept keys (Placer.kept_keys, refreshed for the nodes touched since)
+    is the choice made from fresh verdicts and scores, after any sequence of operations, rollbacks and commits."""
+    import kai_opt.heuristics.placer as placer_mod
+
+    state = build_state(snapshot(objs))
+    config = Config.model_validate({"placement": {"gpu": strategy, "cpu": strategy}})
+    placer = Placer(Session(state, compute_fair_share(state), config))
+    sess = placer.sess
+    open_cps: list = []
+    pods = rnd.sample(range(state.n_pods), min(state.n_pods, 6))
+    kept = 0
+
+    def check(some: list[int]) -> int:
+        used = 0
+        for p in some:
+            for allow in (True, False):
+                kept = placer.kept_keys(p, allow)
+                if kept is not None:
+                    used += 1
+                    assert kept.best(placer.name_rank) == placer._fresh_best(p, None, allow, -1), (p, allow)
+        return used
+
+    old = placer_mod.RANK_MIN
+    placer_mod.RANK_MIN = 1  # the small clusters drawn here: keep keys from one candidate on
+    try:
+        for _ in range(n_ops):
+            random_op(sess, rnd, open_cps)
+            kept += check(rnd.sample(pods, rnd.randint(0, len(pods))))
+        kept += check(pods)
+    finally:
+        placer_mod.RANK_MIN = old
+    if any(placer.rank_key(p, True) is not None and placer.static_mask(int(state.pod_sig[p])).any() for p in pods):
+        assert kept

@@ -8,6 +8,10 @@ free) or spread (most free) on the pod's main resource, or fgd (least growth of 
 against the session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a
 CPU-only pod takes the node with the fewest free GPUs, a GPU pod the node whose free CPU stays closest to its free
 GPUs times the workload's CPU per GPU), then node name.
+
+Each score of a node depends on that node and the pod's shape alone, so a choice over every node a pod's signature
+allows reads the verdicts and scores kept for its shape, judged again only on the nodes the session touched since
+(`Placer.kept_keys`): a placement costs O(nodes changed) in scoring, plus one pass to read the best.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class Placer(NodeFilter):
         self._last: tuple[Any, ...] | None = None  # the last binpack choice, for _same_node_again
         self.name_rank = node_name_rank(st.node_names)
         self._fgd: FgdScorer | None = None
+        # rank_key -> its candidates' keys (_Ranked); insertion order is use order (the oldest is dropped)
+        self._ranked: dict[tuple[object, ...], _Ranked] = {}
         # the topology tier per node of the (sub)group being placed (None: no preferred level applies)
         self.topology_score: np.ndarray | None = None
         # bin-packing measures a node by what is not allocated (KAI's NonAllocatedResource: idle plus releasing)
@@ -101,8 +107,9 @@ class Placer(NodeFilter):
         gpu = st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p]
         return self.sess.cfg.placement.gpu if gpu else self.sess.cfg.placement.cpu
 
-    def scores(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(tier score, fine score) per candidate; higher is better on both."""
+    def _tier(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> np.ndarray:
+        """The tier score per candidate (higher better): preferred affinity, topology, sharing, availability,
+        resource type."""
         st, sess = self.sess.state, self.sess
         tier = np.where(now_ok, TIER_AVAILABILITY, 0).astype(np.int64)
         gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
@@ -124,35 +131,48 @@ class Placer(NodeFilter):
             tier += (TIER_PREFERRED_AFFINITY * pref // total).astype(np.int64)
         if self.topology_score is not None:
             tier += self.topology_score[candidates]
-        col = R_GPU if gpu_pod else R_CPU
+        return tier
+
+    def keys(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> Keys:
+        """The choice's order per candidate: (tier, k1, k2, k3), compared in that order, higher better, then the
+        node name. k1 is the strategy's measure; under fgd k2 and k3 are its tie rule (else 0). Each key of a node
+        depends on that node and the pod's shape alone (kept per shape: _ranked)."""
+        st, sess = self.sess.state, self.sess
+        tier = self._tier(p, candidates, now_ok)
+        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
         strategy = self._strategy(p)
-        free = sess.alloc[candidates, col] - sess.held[candidates, col]
-        if not (self._releasing_free and strategy == Strategy.binpack):
-            free = free - sess.rel[candidates, col]
-        free = free.astype(float)
+        zero = np.zeros(len(candidates))
         if strategy == Strategy.fgd and len(candidates):
             # least fragmentation growth first, scored as FGD does; among equals (docs/DESIGN-NOTES.md, FGD scoring)
             # a CPU-only pod takes the node with the fewest free GPUs (then bin-packs CPU) and a GPU pod the node
             # whose free CPU stays closest to what its free GPUs need at the workload's CPU per GPU (then the node
             # order), so CPU is left where GPUs are left
-            fine = fgd_score(self.fgd.growth(p, candidates)) + 0.5 * self.fgd.tie_score(p, candidates, gpu_pod)
-        else:
-            fine = -free if strategy == Strategy.binpack else free
-        return tier, fine
+            k2, k3 = self.fgd.tie_keys(p, candidates, gpu_pod)
+            return tier, fgd_score(self.fgd.growth(p, candidates)), k2, k3
+        col = R_GPU if gpu_pod else R_CPU
+        free = sess.alloc[candidates, col] - sess.held[candidates, col]
+        if not (self._releasing_free and strategy == Strategy.binpack):
+            free = free - sess.rel[candidates, col]
+        free = free.astype(float)
+        return tier, (-free if strategy == Strategy.binpack else free), zero, zero
+
+    def scores(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tier score, fine score) per candidate; higher is better on both (what explain shows: the fine score
+        folds keys' k2 and k3 into k1's fraction, which orders the candidates the same)."""
+        tier, k1, k2, k3 = self.keys(p, candidates, now_ok)
+        if self._strategy(p) != Strategy.fgd or not len(candidates):
+            return tier, k1
+        st = self.sess.state
+        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+        return tier, k1 + 0.5 * tie_score(k2, k3, gpu_pod)
 
     def best(self, p: int, candidates: np.ndarray, now_ok: np.ndarray, ok: np.ndarray) -> int:
         """Index (into candidates) of the best node among those with ok; -1 when none."""
         idx = np.nonzero(ok)[0]
         if len(idx) == 0:
             return -1
-        tier, fine = self.scores(p, candidates[idx], now_ok[idx])
-        top = tier == tier.max()
-        idx, fine = idx[top], fine[top]
-        top = fine == fine.max()
-        idx = idx[top]
-        if len(idx) > 1:
-            return int(idx[np.argmin(self.name_rank[candidates[idx]])])  # (names are unique)
-        return int(idx[0])
+        keys = self.keys(p, candidates[idx], now_ok[idx])
+        return int(idx[lex_best(keys, None, self.name_rank[candidates[idx]])])
 
     # -- devices -----------------------------------------------------------------------------------------------
     def devices_for(self, p: int, n: int, pipelined: bool) -> tuple[int, ...]:
@@ -247,6 +267,20 @@ class Placer(NodeFilter):
 
     def _choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
                 exclude: int = -1) -> Choice | None:
+        kept = self.kept_keys(p, allow_pipeline) if mask is None and exclude < 0 else None
+        picked = kept.best(self.name_rank) if kept is not None else self._fresh_best(p, mask, allow_pipeline, exclude)
+        if picked is None:
+            return None
+        n, now = picked
+        pipelined = not now
+        devices = self.devices_for(p, n, pipelined)
+        if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
+            pipelined = True  # joining a shared device whose reservation is still waiting: wait with it (KAI)
+        return Choice(n, pipelined, devices)
+
+    def _fresh_best(self, p: int, mask: np.ndarray | None, allow_pipeline: bool,
+                    exclude: int) -> tuple[int, bool] | None:
+        """The best node for p and whether it fits now, every candidate judged and scored now."""
         candidates = np.nonzero(self.static_mask(int(self.sess.state.pod_sig[p])) if mask is None
                                 else self.static_mask(int(self.sess.state.pod_sig[p])) & mask)[0]
         if exclude >= 0:
@@ -260,12 +294,55 @@ class Placer(NodeFilter):
         i = self.best(p, candidates, now_ok, ok)
         if i < 0:
             return None
-        n = int(candidates[i])
-        pipelined = not bool(now_ok[i])
-        devices = self.devices_for(p, n, pipelined)
-        if not pipelined and self._shares(p) and any(self.sess.dev_piped[d] > 0 for d in devices):
-            pipelined = True  # joining a shared device whose reservation is still waiting: wait with it (KAI)
-        return Choice(n, pipelined, devices)
+        return int(candidates[i]), bool(now_ok[i])
+
+    def rank_key(self, p: int, allow_pipeline: bool) -> tuple[object, ...] | None:
+        """What a choice over every node p's signature allows depends on besides the nodes' own state: pods with
+        equal keys rank the nodes alike (None: p's choice also depends on other pods or on its own preferences)."""
+        st = self.sess.state
+        pod = st.pods[p]
+        if pod.pod_affinity or pod.pod_anti_affinity or pod.node_affinity_preferred:
+            return None
+        return (int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]),
+                int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]), allow_pipeline, self._releasing_free)
+
+    def kept_keys(self, p: int, allow_pipeline: bool) -> _Ranked | None:
+        """The verdicts and keys over every node p's signature allows, kept for p's rank_key and brought up to
+        date: only the nodes the session touched since are judged and scored again (every key depends on its node
+        alone); its best is _fresh_best's choice. None when p has no rank key or too few candidates."""
+        key = self.rank_key(p, allow_pipeline)
+        if key is None:
+            return None
+        touched = self.sess.caches.touched
+        kept = self._ranked.pop(key, None)
+        if kept is None or kept.topology is not self.topology_score or len(touched) - kept.seen > self.n // 4:
+            nodes = np.flatnonzero(self.static_mask(int(self.sess.state.pod_sig[p])))
+            if len(nodes) < RANK_MIN:
+                return None
+            kept = _Ranked(nodes, self.topology_score, len(touched))
+            self._judge(p, kept, np.arange(len(nodes)), allow_pipeline)
+            while len(self._ranked) >= RANK_SHAPES:
+                del self._ranked[next(iter(self._ranked))]
+        elif len(touched) > kept.seen:
+            changed = self.sess.caches.touched_since(kept.seen)
+            at = np.minimum(np.searchsorted(kept.nodes, changed), len(kept.nodes) - 1)
+            self._judge(p, kept, at[kept.nodes[at] == changed], allow_pipeline)
+            kept.seen = len(touched)
+        self._ranked[key] = kept
+        return kept
+
+    def _judge(self, p: int, kept: _Ranked, at: np.ndarray, allow_pipeline: bool) -> None:
+        """Judge and score p on kept's nodes at positions `at`."""
+        if not len(at):
+            return
+        nodes = kept.nodes[at]
+        now_ok, future_ok = self.filter(p, nodes)
+        ok = future_ok if allow_pipeline else now_ok
+        kept.now[at] = now_ok
+        kept.keys[0][at[~ok]] = _NO_NODE
+        if ok.any():
+            for have, fresh in zip(kept.keys, self.keys(p, nodes[ok], now_ok[ok]), strict=True):
+                have[at[ok]] = fresh
 
     def _shares(self, p: int) -> bool:
         st = self.sess.state
@@ -277,6 +354,59 @@ def fgd_score(growth: np.ndarray) -> np.ndarray:
     1000)), so growths within a few tens of milli-GPUs tie and bin-packing decides between them (why not exact
     growths: docs/DESIGN-NOTES.md, "FGD scoring"). inf: 0."""
     return np.floor(100.0 / (1.0 + np.exp(np.clip(growth, -1e5, 1e5) / 1000.0)))
+
+
+Keys = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # Placer.keys: (tier, k1, k2, k3) per candidate
+RANK_MIN = 64  # candidates from which a pod shape's keys over them are kept across placements (Placer.kept_keys)
+RANK_SHAPES = 64  # rank keys kept at most (5 arrays over the signature's nodes each)
+_NO_NODE = np.iinfo(np.int64).min  # a kept tier: the node may not take the pod
+
+
+class _Ranked:
+    """One rank key's verdicts and keys over every node its signature allows (sorted node indexes), as of `seen`
+    entries of the session's touched list, under one topology score."""
+
+    __slots__ = ("keys", "nodes", "now", "seen", "topology")
+
+    def __init__(self, nodes: np.ndarray, topology: np.ndarray | None, seen: int) -> None:
+        self.nodes, self.topology, self.seen = nodes, topology, seen
+        self.now = np.zeros(len(nodes), dtype=bool)  # fits now (not only once releases finish)
+        # the tier of a node that may not take the pod (now, or once releases finish if allowed) is _NO_NODE
+        self.keys: Keys = (np.full(len(nodes), _NO_NODE, dtype=np.int64), np.zeros(len(nodes)),
+                           np.zeros(len(nodes)), np.zeros(len(nodes)))
+
+    def best(self, name_rank: np.ndarray) -> tuple[int, bool] | None:
+        """The best node by the kept keys, and whether it fits now; None: no node may take the pod."""
+        if self.keys[0].max() == _NO_NODE:
+            return None
+        i = lex_best(self.keys, None, name_rank[self.nodes])
+        return int(self.nodes[i]), bool(self.now[i])
+
+
+def lex_best(keys: Keys, idx: np.ndarray | None, rank: np.ndarray) -> int:
+    """Of positions `idx` (non-empty; None: all) into the key arrays, the one with the highest keys in order,
+    then the lowest `rank` (the node-name rank, aligned with the keys)."""
+    first = keys[0] if idx is None else keys[0][idx]
+    hit = np.flatnonzero(first == first.max())
+    idx = hit if idx is None else idx[hit]
+    for key in keys[1:]:
+        if len(idx) == 1:
+            break
+        k = key[idx]
+        idx = idx[k == k.max()]
+    return int(idx[np.argmin(rank[idx])]) if len(idx) > 1 else int(idx[0])
+
+
+def tie_score(k2: np.ndarray, k3: np.ndarray, gpu_pod: bool) -> np.ndarray:
+    """FGD's tie keys (FgdScorer.tie_keys) as one score in [0, 1] over the candidates, ordering them as the keys
+    do: a GPU pod's k2 is minus its CPU/GPU imbalance; a CPU-only pod's k2 minus its free GPUs (whole milli-GPUs)
+    and k3 minus its CPU left (below one milli-GPU's step)."""
+    if gpu_pod:
+        off = -k2
+        span = float(off.max() - off.min())
+        return (off.max() - off) / span if span > 0 else np.zeros(len(off))
+    gpu, cpu = -k2, -k3
+    return 1.0 - (gpu + 0.001 * cpu / (np.abs(cpu).max() + 1.0)) / (gpu.max() + 1.0)
 
 
 GROWTH_SHAPES = 4096  # pod shapes whose growths FgdScorer remembers (N floats each); others are computed each time
@@ -366,20 +496,18 @@ class FgdScorer:
             self._refresh(self.sess.caches.touched_since(self._seen))
         self._seen = len(touched)
 
-    def tie_score(self, p: int, nodes: np.ndarray, gpu_pod: bool) -> np.ndarray:
-        """(C,) in [0, 1], higher better, for candidates of equal FGD score. A CPU-only pod: fewest free GPUs,
-        then least free CPU. A GPU pod: the smallest |free CPU - ratio x free GPU| after placement, ratio the
-        target workload's CPU per milli-GPU, i.e. a node keeps CPU in proportion to the GPUs it keeps."""
+    def tie_keys(self, p: int, nodes: np.ndarray, gpu_pod: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(k2, k3) per candidate of equal FGD score, higher better, each from that node alone. A CPU-only pod:
+        fewest free GPUs, then least free CPU. A GPU pod: the smallest |free CPU - ratio x free GPU| after
+        placement, ratio the target workload's CPU per milli-GPU, i.e. a node keeps CPU in proportion to the GPUs
+        it keeps (k3 0)."""
         self._sync()
         st = self.sess.state
         cpu = (self.cpu[nodes] - int(st.pod_req[p, R_CPU])).astype(float)
         if not gpu_pod:
-            gpu = self.free[nodes].astype(float)
-            return 1.0 - (gpu + 0.001 * cpu / (np.abs(cpu).max() + 1.0)) / (gpu.max() + 1.0)
+            return -self.free[nodes].astype(float), -cpu
         gpu = (self.free[nodes] - int(st.pod_req[p, R_GPU])).astype(float)
-        off = np.abs(cpu - self.cpu_per_milli * gpu)
-        span = float(off.max() - off.min())
-        return (off.max() - off) / span if span > 0 else np.zeros(len(nodes))
+        return -np.abs(cpu - self.cpu_per_milli * gpu), np.zeros(len(nodes))
 
     def growth(self, p: int, nodes: np.ndarray) -> np.ndarray:
         """(C,) growth of each node's expected fragmentation (milli-GPU) when pod p goes there (a GPU share: onto
