@@ -102,8 +102,11 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
 
             try:
                 unbeatable = unbeatable_note(state, fs, config, plan)
-                if unbeatable:  # the model could only tie: it is stopped (finally); the FGD-scored plan may
-                    # still win the tie on fragmentation
+                if unbeatable:  # the model could only tie: its worker is stopped now (its exit overlaps the
+                    # wait for the FGD-scored plan, which may still win the tie on fragmentation)
+                    if worker is not None:
+                        worker.cancel()
+                        worker = None
                     plan = kept_unbeatable(state, fs, config, plan, actions, second, unbeatable,
                                             deadline=t0 + config.solver.time_budget_s)
                 else:
