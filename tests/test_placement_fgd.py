@@ -124,3 +124,35 @@ def test_popular_rows_is_popular_shapes_in_bulk(shapes: list[tuple[int, int, int
     counts, rows = popular_rows(np.array(shapes, dtype=np.int64), coverage)
     expected = popular_shapes(shapes, coverage)
     assert [(int(n), tuple(int(x) for x in r)) for n, r in zip(counts, rows, strict=True)] == expected
+
+
+def test_the_sessions_of_one_state_share_its_fgd_target_and_start_statistics() -> None:
+    # a later session of the same state scores from the target and the start statistics the first one made (not
+    # from what that session changed since), and they equal those made afresh
+    import kai_opt.heuristics.placer as placer_mod
+    from kai_opt.fairshare import compute_fair_share
+    from kai_opt.heuristics.placer import FgdScorer, Placer
+    from kai_opt.heuristics.session import Session
+
+    objs = [node("a", gpus=4, cpu="8"), node("b", gpus=2), queue("q", gpu=(8, 1, -1)),
+            podgroup("r", "q"), pod("r-0", group="r", gpus=0.5, node_name="a")]
+    for i, g in enumerate((1, 0.3, 2)):
+        objs += [podgroup(f"p{i}", "q"), pod(f"p{i}-0", group=f"p{i}", gpus=g, cpu="2")]
+    st = state(objs)
+    fs = compute_fair_share(st)
+    cfg = parse_config({"placement": {"gpu": "fgd"}})
+    first = Placer(Session(st, fs, cfg))
+    for i in range(3):
+        p = int(st.pod_index[f"default/p{i}-0"])
+        choice = first.choose(p)
+        assert choice is not None
+        first.sess.place(p, choice.node, choice.devices, pipelined=choice.pipelined)
+    first.fgd.growth(0, np.arange(st.n_nodes))  # its statistics follow its session
+    later = Placer(Session(st, fs, cfg)).fgd
+    assert later.model is first.fgd.model
+    placer_mod._last_target.clear()
+    fresh = FgdScorer(Placer(Session(st, fs, cfg)))
+    assert fresh.model is not later.model
+    for name in ("cnt", "below", "free", "cpu", "frag"):
+        assert np.array_equal(getattr(later, name), getattr(fresh, name)), name
+    assert not np.array_equal(first.fgd.free, fresh.free)  # (the first session did change them)

@@ -16,7 +16,7 @@ import numpy as np
 from kai_opt.checker import flat_devices, held_amounts
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
-from kai_opt.heuristics.placer import FgdScorer, Placer
+from kai_opt.heuristics.placer import Placer, cached_fgd_target, fgd_target
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.plan import Plan
 from kai_opt.state import R_CPU, ClusterState
@@ -55,20 +55,19 @@ class PlanFragmentation:
 
     def __init__(self, state: ClusterState, fs: FairShare, config: Config) -> None:
         self.state = state
-        placer = Placer(Session(state, fs, config))
-        self.scorer = FgdScorer(placer)
+        self.target = cached_fgd_target(state) or fgd_target(Placer(Session(state, fs, config)))
         st = state
         self.owner = np.repeat(np.arange(st.n_nodes), np.diff(st.dev_start))
 
     def of(self, plan: Plan) -> float:
-        st, sc = self.state, self.scorer
+        st, target = self.state, self.target
         used, dev = landed_usage(st, plan)
         free_dev = np.maximum(DEV - dev, 0)
-        model = sc.model
+        model = target.model
         cnt, below = model.device_levels(free_dev, self.owner, st.n_nodes)
         free = np.bincount(self.owner, weights=free_dev, minlength=st.n_nodes).astype(np.int64)[:st.n_nodes]
         cpu = (st.node_alloc[:, R_CPU] - used[:, R_CPU]).astype(np.int64)
-        return float(model.expected(model.frag(cpu, free, cnt, below, sc.access)).sum())
+        return float(model.expected(model.frag(cpu, free, cnt, below, target.access)).sum())
 
 
 def less_fragmented(state: ClusterState, fs: FairShare, config: Config, ours: Plan,

@@ -418,18 +418,16 @@ def growth_key(st: ClusterState, p: int) -> tuple[int, ...]:
             int(st.pod_gpu_ndev[p]))
 
 
-class FgdScorer:
-    """FGD (Weng et al., ATC '23) over a session: the target workload is the shapes (CPU, per-device GPU share,
-    device count, scheduling signature) of our pods in the cycle, running and pending, the most popular covering
-    95% of them; a shape may use a node its signature allows. Per node the fragmentation statistics are cached
-    and refreshed only for the nodes the session changed since the last call; a candidate then costs O(shapes)
-    (O(devices x shapes) for a GPU share), vectorised over candidates. Free means free now (not counting
-    resources still being released)."""
+class FgdTarget:
+    """FGD's target workload of one cycle's state: the shapes (CPU, per-device GPU share, device count, scheduling
+    signature) of our pods, running and pending, the most popular covering 95% of them (`model`), the nodes each
+    shape may use (`access`: its signature allows them, and they have GPUs), and the workload's CPU per milli-GPU.
+    The same for every session of the state; `start`: every node's statistics (FgdScorer's) before any change."""
 
-    def __init__(self, placer: Placer) -> None:
-        self.placer = placer
-        self.sess = sess = placer.sess
-        st = sess.state
+    __slots__ = ("access", "cpu_per_milli", "model", "start")
+
+    def __init__(self, placer: NodeFilter) -> None:
+        st = placer.sess.state
         pods = np.nonzero(st.pod_ours & np.isin(st.pod_status, (PodStatus.PENDING, PodStatus.BOUND,
                                                                 PodStatus.PIPELINED)))[0]
         num, milli = pod_gpu_shape(st, pods)
@@ -446,12 +444,49 @@ class FgdScorer:
         gpu_w = weight * (shapes[:, 1] * shapes[:, 2])
         # CPU per milli-GPU the target workload's GPU shapes ask for (the tie rule's balance)
         self.cpu_per_milli = float((weight * shapes[:, 0])[gpu_w > 0].sum() / gpu_w.sum()) if gpu_w.sum() else 0.0
-        n = st.n_nodes
-        access = np.zeros((n, len(weight)), dtype=bool)
+        access = np.zeros((st.n_nodes, len(weight)), dtype=bool)
         for m, (g, s) in enumerate(zip(self.model.gpu_shape.tolist(), shapes[:, 3].tolist(), strict=True)):
             if g:
                 access[:, m] = placer.static_mask(int(s)) & placer.has_gpu
+        access.setflags(write=False)
         self.access = access
+        self.start: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+
+# the last state's FGD target, with the state it was made from (held: its identity is not reused)
+_last_target: list[tuple[ClusterState, FgdTarget]] = []
+
+
+def cached_fgd_target(state: ClusterState) -> FgdTarget | None:
+    """The FGD target of `state` if one was made already (fgd_target)."""
+    return _last_target[0][1] if _last_target and _last_target[0][0] is state else None
+
+
+def fgd_target(placer: NodeFilter) -> FgdTarget:
+    """The FGD target of the placer's state, made once per state (the KAI-scored and FGD-scored plans of a cycle,
+    and the fragmentation tie-break between them, share it)."""
+    state = placer.sess.state
+    target = cached_fgd_target(state)
+    if target is None:
+        target = FgdTarget(placer)
+        _last_target[:] = [(state, target)]
+    return target
+
+
+class FgdScorer:
+    """FGD (Weng et al., ATC '23) over a session: the target workload is the shapes (CPU, per-device GPU share,
+    device count, scheduling signature) of our pods in the cycle, running and pending, the most popular covering
+    95% of them; a shape may use a node its signature allows. Per node the fragmentation statistics are cached
+    and refreshed only for the nodes the session changed since the last call; a candidate then costs O(shapes)
+    (O(devices x shapes) for a GPU share), vectorised over candidates. Free means free now (not counting
+    resources still being released)."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+        self.sess = sess = placer.sess
+        target = fgd_target(placer)
+        self.model, self.access, self.cpu_per_milli = target.model, target.access, target.cpu_per_milli
+        n = sess.state.n_nodes
         self.cnt = np.zeros((n, len(self.model.levels)), dtype=np.int64)
         self.below = np.zeros_like(self.cnt)
         self.free = np.zeros(n, dtype=np.int64)
@@ -461,7 +496,15 @@ class FgdScorer:
         # dropped whenever its statistics are refreshed, so a gang's identical pods, and pods of one shape across
         # gangs, pay for the nodes that changed only
         self._growth: dict[tuple[int, ...], np.ndarray] = {}
-        self._refresh(np.arange(n))
+        if sess.caches.touched or target.start is None:
+            self._refresh(np.arange(n))
+            if not sess.caches.touched:  # every session of the state starts from these statistics
+                target.start = (self.cnt.copy(), self.below.copy(), self.free.copy(), self.cpu.copy(),
+                                self.frag.copy())
+        else:
+            cnt, below, free, cpu, frag = target.start
+            self.cnt, self.below, self.free, self.cpu, self.frag = (cnt.copy(), below.copy(), free.copy(), cpu.copy(),
+                                                                    frag.copy())
         self._seen = len(sess.caches.touched)  # how much of sess.touched the cache reflects
 
     def _dev_free(self, dev: np.ndarray) -> np.ndarray:
