@@ -16,6 +16,7 @@ allows reads the verdicts and scores kept for its shape, judged again only on th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -453,13 +454,14 @@ class FgdTarget:
         self.start: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
-# the last state's FGD target, with the state it was made from (held: its identity is not reused)
-_last_target: list[tuple[ClusterState, FgdTarget]] = []
+# the last state's FGD target, with a weak reference to the state it was made from (not kept alive for it: a
+# reference that still resolves to the state is that state)
+_last_target: list[tuple[weakref.ref[ClusterState], FgdTarget]] = []
 
 
 def cached_fgd_target(state: ClusterState) -> FgdTarget | None:
     """The FGD target of `state` if one was made already (fgd_target)."""
-    return _last_target[0][1] if _last_target and _last_target[0][0] is state else None
+    return _last_target[0][1] if _last_target and _last_target[0][0]() is state else None
 
 
 def fgd_target(placer: NodeFilter) -> FgdTarget:
@@ -469,7 +471,7 @@ def fgd_target(placer: NodeFilter) -> FgdTarget:
     target = cached_fgd_target(state)
     if target is None:
         target = FgdTarget(placer)
-        _last_target[:] = [(state, target)]
+        _last_target[:] = [(weakref.ref(state), target)]
     return target
 
 
