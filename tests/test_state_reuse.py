@@ -9,7 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
+from kai_opt.api import DEFAULT_PRIORITY_CLASSES
 from kai_opt.k8s import cache as cache_mod
 from kai_opt.k8s.cache import ClusterCache
 from kai_opt.state import ClusterState, build_state
@@ -128,3 +131,49 @@ def test_states_built_with_the_memos_equal_fresh_builds_over_changing_cycles(fam
         build_mod.reset_memos()
         _same(with_memo, build_state(snap, now=snap.now))
         _mutate(c, rng, step)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.sampled_from([None, "train", "build", "no-such-class"]),
+                            hst.lists(hst.tuples(hst.sampled_from([None, "inference", "build", "nope"]),
+                                                 hst.sampled_from([None, -5, 0, 75])), max_size=3),
+                            hst.sampled_from([None, "preemptible", "non-preemptible"])),
+                 min_size=1, max_size=12))
+def test_a_podgroup_without_a_known_class_takes_its_pods_priority(groups: list) -> None:
+    """A PodGroup with no known priority class of its own takes its first pod's known class, else its first pod's
+    priority, else the default (read in bulk from the pods' rows: build._member_priorities, which must agree with
+    the one-group rule build._priority_of), and is preemptible by that priority unless its spec says."""
+    from builders import node, pod, podgroup, queue, snapshot
+
+    objs = [node("n"), queue("q")]
+    for i, (pc, pods, preemptibility) in enumerate(groups):
+        pg = podgroup(f"g{i}", "q")
+        if pc is None:
+            del pg.obj["spec"]["priorityClassName"]
+        else:
+            pg.obj["spec"]["priorityClassName"] = pc
+        if preemptibility:
+            pg.obj["spec"]["preemptibility"] = preemptibility
+        objs.append(pg)
+        for j, (pod_pc, prio) in enumerate(pods):
+            extra: dict[str, Any] = {}
+            if pod_pc:
+                extra["priorityClassName"] = pod_pc
+            if prio is not None:
+                extra["priority"] = prio
+            objs.append(pod(f"g{i}-{j}", f"g{i}", gpus=1, **extra))
+    build_mod.reset_memos()
+    snap = snapshot(objs)
+    st = build_state(snap)
+    pc_value = dict(DEFAULT_PRIORITY_CLASSES)  # (no PriorityClass objects here: the default classes, default 0)
+    for i, (pc, pods, preemptibility) in enumerate(groups):
+        g = st.pg_index[f"default/g{i}"]
+        members = [p for p in snap.pods if p.podgroup == f"g{i}"]  # (in the snapshot's order)
+        if pc and pc in pc_value:
+            assert st.pg_priority[g] == pc_value[pc]
+        else:
+            assert st.pg_priority[g] == build_mod._priority_of(members, pc_value, 0), (pc, pods)
+        if preemptibility:
+            assert bool(st.pg_preemptible[g]) == (preemptibility == "preemptible")
+        else:
+            assert bool(st.pg_preemptible[g]) == (st.pg_priority[g] < build_mod.NON_PREEMPTIBLE_PRIORITY)

@@ -286,6 +286,25 @@ def _queue_arrays(snapshot: Snapshot) -> _Queues:
         leaf=leaf.tolist())
 
 
+def _member_priorities(groups: np.ndarray, by_group: np.ndarray, bounds: np.ndarray, c: dict[str, np.ndarray],
+                       pc_value: dict[str, int], global_default: int) -> np.ndarray:
+    """_priority_of for many groups at once, from the kept pods' rows `c`: `by_group` holds the kept pods by group
+    (pod order within each), group g's at bounds[g]:bounds[g + 1]."""
+    names = _POD_ROWS.classes.values
+    value = np.array([pc_value.get(n, 0) for n in names] + [0], dtype=np.int64)  # (-1: the last, no class)
+    known = np.array([n in pc_value for n in names] + [False], dtype=bool)
+    cls = c["pclass"][by_group]
+    start, end = bounds[groups], bounds[groups + 1]
+    out = np.full(len(groups), global_default, dtype=np.int64)
+    # the first member with a priority, then (it takes precedence) the first with a known class
+    for flagged, of in ((c["has_prio"][by_group] != 0, c["prio"][by_group]), (known[cls], value[cls])):
+        at = np.flatnonzero(flagged)
+        j = np.minimum(np.searchsorted(at, start), max(len(at) - 1, 0))
+        hit = (at[j] < end) & (at[j] >= start) if len(at) else np.zeros(len(groups), dtype=bool)
+        out[hit] = of[at[j[hit]]]
+    return out
+
+
 def _priority_of(pods: list[Pod], pc_value: dict[str, int], global_default: int) -> int:
     """The priority of a group without a class of its own: its first pod's known class, else its first pod's
     priority, else the global default."""
@@ -486,6 +505,13 @@ def _podgroups(specs: list[PodGroup], rows: dict[str, np.ndarray], declared_keys
 
     def members(g: int) -> list[Pod]:
         return [pods[i] for i in by_group[bounds[g]:bounds[g + 1]].tolist()]
+
+    by_pods = np.flatnonzero(rows["alone"] == 2)  # declared groups whose priority their pods give
+    if len(by_pods):
+        pod_prio = _member_priorities(by_pods, by_group, bounds, kept.c, pc_value, global_default)
+        out.prio[by_pods] = pod_prio
+        spec_preempt = rows["preempt"][by_pods]
+        out.preempt[by_pods] = np.where(spec_preempt < 0, pod_prio < NON_PREEMPTIBLE_PRIORITY, spec_preempt != 0)
 
     queue_names: dict[int, str] = {}  # groups without a queue in their spec: the queue their pods name
     spec_rows = rows["alone"]

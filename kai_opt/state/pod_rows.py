@@ -24,7 +24,7 @@ NO_SIG: tuple[Any, ...] = ((), (), ())
 _BASE_KEYS = frozenset(BASE_RESOURCES)
 
 # integer columns of a pod row, in order
-POD_INTS = ("cpu", "mem", "npods", "gpu", "whole", "frac", "gmem", "ndev", "prio",
+POD_INTS = ("cpu", "mem", "npods", "gpu", "whole", "frac", "gmem", "ndev", "prio", "has_prio", "pclass",
             "finished", "deleted", "gated", "subgroup", "has_node", "has_extra", "has_devices", "has_gpu_group",
             "nominated_set", "sched", "gkey", "ikey", "skey", "node")
 # object columns of a pod row
@@ -139,6 +139,7 @@ class PodRows:
         self.keys = Interned()  # group keys
         self.sigs = Interned()  # signature keys
         self.nodes = Interned()  # node names pods are bound to
+        self.classes = Interned()  # priority class names pods name
         self._node_lookup: tuple[dict[str, int], np.ndarray] | None = None
         self.sig_objects: dict[int, Any] = {}  # signature key id -> its SchedulingSig (made by the build)
         self.rows = RowCache(self._read)
@@ -205,7 +206,8 @@ class PodRows:
             tuple(sorted(selector.items())) if selector else (), affinity, tolerations,
             frozenset(pod.dra_nodes) if pod.dra_nodes is not None else None)
         ints = (get("cpu", 0), get("memory", 0), get("pods", 0), gpu, whole, frac, gmem, ndev,
-                pod.priority if pod.priority is not None else 0,
+                pod.priority if pod.priority is not None else 0, pod.priority is not None,
+                self.classes.id(pod.priority_class_name) if pod.priority_class_name else -1,
                 pod.finished, meta.deletion_timestamp is not None, bool(pod.scheduling_gates), bool(pod.subgroup),
                 bool(pod.node_name), bool(extra), pod.gpu_devices is not None, bool(pod.gpu_group),
                 bool(pod.nominated_node), self.names.id(pod.scheduler_name),
@@ -222,9 +224,10 @@ GROUP_FLOATS = ("creation", "last_start", "stale")
 
 
 class GroupRows:
-    """Declared PodGroups' rows: for a group without subgroups or topology whose priority class is known, all its
-    values but the queue's index come from the spec (`alone`); other groups are read on each build. Valid while
-    the priority classes are the same."""
+    """Declared PodGroups' rows: for a group without subgroups or topology, all its values but the queue's index
+    come from the spec (`alone` 1) or, without a known priority class of its own, all but its priority too, which
+    its pods give (`alone` 2; `preempt` -1 when that priority decides it); other groups are read on each build.
+    Valid while the priority classes are the same."""
 
     def __init__(self) -> None:
         self.queues = Interned()  # queue names (-1: none named)
@@ -248,12 +251,14 @@ class GroupRows:
         for i, spec in enumerate(groups):
             keys[i] = spec.key
             pc = spec.priority_class_name
-            if spec.sub_groups or spec.topology_constraint is not None or not (pc and pc in pc_value):
+            if spec.sub_groups or spec.topology_constraint is not None:
                 ints[i, 4] = self.queues.id(spec.queue) if spec.queue else -1
                 continue
-            prio = pc_value[pc]
-            preempt = (spec.preemptibility == "preemptible") if spec.preemptibility else prio < NON_PREEMPTIBLE
-            ints[i] = (1, spec.min_member, prio, preempt, self.queues.id(spec.queue) if spec.queue else -1)
+            value = pc_value.get(pc) if pc else None  # None: its pods give the priority
+            preempt = (spec.preemptibility == "preemptible") if spec.preemptibility else \
+                (value < NON_PREEMPTIBLE if value is not None else -1)
+            ints[i] = (1 if value is not None else 2, spec.min_member, value if value is not None else 0, preempt,
+                       self.queues.id(spec.queue) if spec.queue else -1)
             floats[i] = (_t(spec.meta.creation_timestamp), _t(spec.last_start), _t(spec.stale_since))
         out: dict[str, np.ndarray] = {c: ints[:, j] for j, c in enumerate(GROUP_INTS)}
         out.update({c: floats[:, j] for j, c in enumerate(GROUP_FLOATS)})
