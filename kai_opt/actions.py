@@ -57,7 +57,8 @@ class ActionSpec:
 
 ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("allocate", "allocate", "place pending work on free (or releasing) resources"),
-    ActionSpec("consolidate", "consolidation", "move preemptible running pods so pending work fits",
+    ActionSpec("consolidate", "consolidation", "move preemptible running pods so pending work fits (for a job that "
+               "would leave its queue over its fair share, no pod of another queue below its own share moves)",
                EvictionRules("consolidate", "consolidated", moved=True)),
     ActionSpec("reclaim", "reclaim", "take resources back from queues above their fair share",
                EvictionRules("reclaim", "reclaimed", min_runtime=MinRuntime.reclaim,
