@@ -180,3 +180,22 @@ def test_the_plan_beside_is_waited_for_only_when_it_is_expected_first(used, elap
     if used:
         expected = hint.expected_s(0.6)
         assert expected == pytest.approx((0.6 - used) / (used / elapsed), rel=0.05)
+
+
+def test_plans_with_the_same_decisions_in_another_order_are_the_same() -> None:
+    """second_hint_note skips the measures for an FGD-scored plan that decides exactly what the KAI-scored one
+    does: any other device, node, pipelining or eviction makes them differ."""
+    from kai_opt.formulation.solve import _same_decisions
+    from kai_opt.plan import Eviction, Placement, Plan
+
+    def plan(placements: list, evictions: list) -> Plan:
+        return Plan("greedy", placements=placements, evictions=evictions)
+
+    base = [Placement(1, 0, (0,)), Placement(2, 1, (3,), pipelined=True)]
+    ev = [Eviction(5, "reclaim", 0)]
+    assert _same_decisions(plan(base, ev), plan(base[::-1], ev))
+    for other in ([Placement(1, 0, (1,)), base[1]], [Placement(1, 2, (0,)), base[1]],
+                  [base[0], Placement(2, 1, (3,))], base[:1]):
+        assert not _same_decisions(plan(base, ev), plan(other, ev))
+    assert not _same_decisions(plan(base, ev), plan(base, []))
+    assert not _same_decisions(plan(base, ev), plan(base, [Eviction(5, "preempt", 0)]))

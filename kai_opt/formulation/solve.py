@@ -33,7 +33,7 @@ from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, action_seconds
 from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
-from kai_opt.plan import Plan, SolverInfo, failure_note
+from kai_opt.plan import Eviction, Placement, Plan, SolverInfo, failure_note
 from kai_opt.state import ClusterState
 
 log = logging.getLogger("kai_opt.solver")
@@ -407,6 +407,8 @@ def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan
     plan_score or (with `config`) ties it and leaves less fragmented GPU share (packing.py). fractions-1000-s1:
     2,417.7 GPUs placed instead of 2,404.9, where the model alone found nothing better; on fractions-300-s0 FGD
     scoring dropped 3 KAI-placed groups, and the KAI-scored plan stays."""
+    if _same_decisions(greedy, alt):  # (every measure below would tie)
+        return ""
     counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
     ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, greedy)
     if any(alt_counts[g] < k for g, k in counts.items()) or ours[1] > theirs[1] + 1e-9:
@@ -421,6 +423,18 @@ def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan
         return ""
     return (f"the greedy plan with FGD scoring (the same groups for the same value {ours[0]:g}, expected GPU "
             f"fragmentation {frag[0]:.1f} vs {frag[1]:.1f} GPUs KAI-scored)")
+
+
+def _same_decisions(a: Plan, b: Plan) -> bool:
+    """The two plans place, pipeline, move and evict the same pods the same way."""
+    if len(a.placements) != len(b.placements) or len(a.evictions) != len(b.evictions):
+        return False
+    return sorted(a.placements, key=_by_pod) == sorted(b.placements, key=_by_pod) \
+        and sorted(a.evictions, key=_by_pod) == sorted(b.evictions, key=_by_pod)
+
+
+def _by_pod(decision: Placement | Eviction) -> int:
+    return decision.pod
 
 
 def _keep(greedy: Plan, info: SolverInfo, start: float, why: str, status: str) -> Plan:
