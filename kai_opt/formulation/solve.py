@@ -9,6 +9,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
+from operator import attrgetter
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
@@ -33,7 +34,7 @@ from kai_opt.formulation.second_hint import SLOWDOWN, SecondHint, action_seconds
 from kai_opt.heuristics.actions import Actions, run_outside_model
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.session import Session
-from kai_opt.plan import Eviction, Placement, Plan, SolverInfo, failure_note
+from kai_opt.plan import Plan, SolverInfo, failure_note
 from kai_opt.state import ClusterState
 
 log = logging.getLogger("kai_opt.solver")
@@ -429,12 +430,9 @@ def _same_decisions(a: Plan, b: Plan) -> bool:
     """The two plans place, pipeline, move and evict the same pods the same way."""
     if len(a.placements) != len(b.placements) or len(a.evictions) != len(b.evictions):
         return False
-    return sorted(a.placements, key=_by_pod) == sorted(b.placements, key=_by_pod) \
-        and sorted(a.evictions, key=_by_pod) == sorted(b.evictions, key=_by_pod)
-
-
-def _by_pod(decision: Placement | Eviction) -> int:
-    return decision.pod
+    by_pod = attrgetter("pod")
+    return sorted(a.placements, key=by_pod) == sorted(b.placements, key=by_pod) \
+        and sorted(a.evictions, key=by_pod) == sorted(b.evictions, key=by_pod)
 
 
 def _keep(greedy: Plan, info: SolverInfo, start: float, why: str, status: str) -> Plan:

@@ -103,17 +103,19 @@ class Placer(NodeFilter):
         return dev, owner
 
     # -- scoring -------------------------------------------------------------------------------------------------
-    def _strategy(self, p: int) -> Strategy:
+    def _gpu_pod(self, p: int) -> bool:
         st = self.sess.state
-        gpu = st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p]
-        return self.sess.cfg.placement.gpu if gpu else self.sess.cfg.placement.cpu
+        return bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+
+    def _strategy(self, p: int) -> Strategy:
+        return self.sess.cfg.placement.gpu if self._gpu_pod(p) else self.sess.cfg.placement.cpu
 
     def _tier(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> np.ndarray:
         """The tier score per candidate (higher better): preferred affinity, topology, sharing, availability,
         resource type."""
         st, sess = self.sess.state, self.sess
         tier = np.where(now_ok, TIER_AVAILABILITY, 0).astype(np.int64)
-        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+        gpu_pod = self._gpu_pod(p)
         if not gpu_pod:
             tier += np.where(self.has_gpu[candidates], 0, TIER_RESOURCE_TYPE)
         if st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
@@ -138,9 +140,9 @@ class Placer(NodeFilter):
         """The choice's order per candidate: (tier, k1, k2, k3), compared in that order, higher better, then the
         node name. k1 is the strategy's measure; under fgd k2 and k3 are its tie rule (else 0). Each key of a node
         depends on that node and the pod's shape alone (kept per shape: _ranked)."""
-        st, sess = self.sess.state, self.sess
+        sess = self.sess
         tier = self._tier(p, candidates, now_ok)
-        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
+        gpu_pod = self._gpu_pod(p)
         strategy = self._strategy(p)
         zero = np.zeros(len(candidates))
         if strategy == Strategy.fgd and len(candidates):
@@ -163,9 +165,7 @@ class Placer(NodeFilter):
         tier, k1, k2, k3 = self.keys(p, candidates, now_ok)
         if self._strategy(p) != Strategy.fgd or not len(candidates):
             return tier, k1
-        st = self.sess.state
-        gpu_pod = bool(st.pod_gpu_whole[p] or st.pod_gpu_frac[p] or st.pod_gpu_mem[p])
-        return tier, k1 + 0.5 * tie_score(k2, k3, gpu_pod)
+        return tier, k1 + 0.5 * tie_score(k2, k3, self._gpu_pod(p))
 
     def best(self, p: int, candidates: np.ndarray, now_ok: np.ndarray, ok: np.ndarray) -> int:
         """Index (into candidates) of the best node among those with ok; -1 when none."""
