@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +19,7 @@ from kai_opt.fairshare import FairShare, compute_fair_share
 from kai_opt.fairshare.history import HistoricalUsage
 from kai_opt.gcpause import gc_paused
 from kai_opt.heuristics.cycle import ACTION_ORDER, Progress, greedy_plan, plan_from_session
+from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState, PodStatus
 
@@ -43,11 +45,11 @@ def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = No
 
 
 def fork_early(state: ClusterState) -> bool:
-    """Whether the greedy cycle is long enough for the CP-SAT worker and the second hint to be forked at its start:
-    the fork and the pages the cycle writes afterwards are then paid beside it, and the second hint has the other
-    core for as long. A short cycle would pay two forks for nothing when its greedy plan is unbeatable (the model is
-    not run) and computes the FGD-scored plan inline for less. Measured by pending groups x nodes, the size of
-    the greedy's placement work (docs/DESIGN-NOTES.md, CP-SAT engine)."""
+    """Whether the greedy cycle is long enough for the second hint to be forked at its start and the CP-SAT worker
+    once allocate ran: the forks and the pages the cycle writes afterwards are then paid beside it, and the second
+    hint has the other core for as long. A short cycle would pay the forks for more than it computes the
+    FGD-scored plan inline for. Measured by pending groups x nodes, the size of the greedy's placement work
+    (docs/DESIGN-NOTES.md, CP-SAT engine)."""
     pending = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
     groups = len(np.unique(state.pod_pg[pending]))
     return groups * state.n_nodes >= FORK_EARLY_WORK
@@ -78,19 +80,34 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     engine = engine or config.engine
     second = None
     worker = None
-    if engine == Engine.cpsat and fork_early(state):  # the FGD-scored greedy plan, computed beside on the other
-        # core (second_hint), and the CP-SAT worker, forked now and waiting for the greedy plan (it inherits the
-        # second hint's pipe); a short cycle forks its worker only when it runs the model and computes the
-        # FGD-scored plan inline
+    early = engine == Engine.cpsat and fork_early(state)
+    if early:  # the FGD-scored greedy plan, computed beside on the other core (second_hint); a short cycle
+        # computes it inline
         from kai_opt.formulation.second_hint import SecondHint
-        from kai_opt.formulation.solve import prepare_worker
 
         second = SecondHint.start(state, fs, config, actions)
-        worker = prepare_worker(state, fs, config, actions, second)
-        if second is not None:  # (a thread: started after the forks)
+        if second is not None:  # (a thread)
             second.watch(t0, config.solver.time_budget_s)
+
+    def after(action: str, sess: Session) -> None:
+        """Once allocate ran, the CP-SAT worker of a long cycle is forked, waiting for the greedy plan (it inherits
+        the second hint's pipe), unless the plan is unbeatable so far (nothing left a model could place without
+        evictions): a later eviction makes it beatable, and cpsat_plan then forks the worker itself."""
+        nonlocal worker
+        if action != "allocate" or not early:
+            return
+        from kai_opt.formulation.solve import prepare_worker
+        from kai_opt.formulation.unbeatable import may_be_beaten
+
+        try:
+            if may_be_beaten(state, fs, config, sess):
+                with second.paused() if second is not None else nullcontext():
+                    worker = prepare_worker(state, fs, config, actions, second)
+        except Exception:  # (an optional stage: cpsat_plan forks the worker itself when the model runs)
+            log.exception("forking the CP-SAT worker early raised; it is forked when the model runs")
+
     try:
-        plan = greedy_plan(state, fs, config, actions, progress)
+        plan = greedy_plan(state, fs, config, actions, progress, after)
         if second is not None and not second.keep_going(time.perf_counter() - t0, config.solver.time_budget_s):
             second = None
         say("checking the greedy plan")

@@ -118,6 +118,44 @@ def test_the_watch_stops_a_hint_that_can_no_longer_arrive_while_the_cycle_still_
     assert not mp.active_children()
 
 
+def test_a_paused_watch_runs_no_thread_and_fires_when_it_would_have() -> None:
+    # the CP-SAT worker is forked inside `paused` (a fork inherits no thread); the watch then still stops the hint
+    # at the moment it was set for, not later
+    import threading
+    import time
+
+    hint = _slow_hint(30.0)
+    before = threading.active_count()
+    hint.watch(time.perf_counter(), 0.2)
+    assert threading.active_count() == before + 1
+    with hint.paused():
+        assert threading.active_count() == before
+        time.sleep(0.3)  # past the moment: nothing fires while paused
+        assert not hint._stopped
+    for _ in range(100):  # armed again for a moment already past: fires at once; polled, not timed
+        if hint._stopped:
+            break
+        time.sleep(0.05)
+    assert hint._stopped and hint.keep_going(5.0, 0.2) is False
+    hint.close()
+    assert not mp.active_children()
+
+
+def test_a_watch_paused_after_the_cycle_ended_stays_off() -> None:
+    import threading
+    import time
+
+    hint = _slow_hint(30.0)
+    before = threading.active_count()
+    hint.watch(time.perf_counter(), 0.2)
+    assert hint.keep_going(0.01, 0.2) is True  # the cycle ended in time: the watch is off
+    with hint.paused():
+        pass
+    time.sleep(0.3)
+    assert not hint._stopped and threading.active_count() == before
+    hint.close()
+
+
 def test_the_watch_leaves_a_hint_alone_once_the_cycle_ended_in_time() -> None:
     import time
 

@@ -300,14 +300,19 @@ def test_a_failing_second_hint_is_counted_and_the_cycle_goes_on(state: ClusterSt
 
 
 
-# -- the CP-SAT worker forked at the start of the cycle (solve.prepare_worker) ---------------------------------------
+# -- the CP-SAT worker forked once allocate ran (solve.prepare_worker) -----------------------------------------------
 def test_a_failing_greedy_cycle_ends_the_waiting_worker(state: ClusterState, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kai_opt import engine
+    from kai_opt.heuristics import cycle
 
-    monkeypatch.setattr(engine, "greedy_plan", raises)
+    prepared: list[Any] = []
+    real_prepare = solve.prepare_worker
+    monkeypatch.setattr(solve, "prepare_worker", lambda *a: prepared.append(real_prepare(*a)) or prepared[-1])
+    consolidate = next(a for a in cycle.REGISTRY if a.name == "consolidate")
+    monkeypatch.setattr(consolidate, "run", raises)  # the action after allocate
     with pytest.raises(RuntimeError, match="injected fault"):
         run_cycle(state, _config())
-    assert not mp.active_children()  # the worker forked for the CP-SAT stage is gone with the cycle
+    assert prepared and prepared[0] is not None  # the worker was forked (allocate left work)
+    assert not mp.active_children()  # and is gone with the cycle
 
 
 def test_a_worker_that_dies_while_waiting_is_a_crash_of_the_cpsat_stage(state: ClusterState,
@@ -323,7 +328,8 @@ def test_a_worker_that_dies_while_waiting_is_a_crash_of_the_cpsat_stage(state: C
 
     def greedy_then_kill(*a: Any, **k: Any) -> Any:
         plan = real_greedy(*a, **k)
-        if prepared:  # the cpsat cycle (the greedy engine's run before it prepares nothing)
+        if prepared:  # the cpsat cycle, its worker forked once allocate ran (the greedy engine's run prepares
+            # nothing)
             proc = prepared[0].child._proc
             os.kill(proc.pid, signal.SIGKILL)  # e.g. the out-of-memory killer while the greedy cycle ran
             proc.join(SLACK)

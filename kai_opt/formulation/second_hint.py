@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
@@ -80,6 +82,7 @@ class SecondHint:
         self._timer: threading.Timer | None = None
         self._greedy_done = False
         self._stopped = False  # by the watch: the KAI-scored cycle outran what keep_going allows
+        self._expires_at: float | None = None  # when the watch stops the process (a time.perf_counter() value)
 
     @classmethod
     def start(cls, state: ClusterState, fs: FairShare, config: Config,
@@ -101,10 +104,32 @@ class SecondHint:
         (docs/DESIGN-NOTES.md, CP-SAT engine)."""
         if self._child is None:
             return
-        limit = budget_s / (SLOWDOWN - 1.0)
-        self._timer = threading.Timer(max(0.0, cycle_start + limit - time.perf_counter()), self._expire)
+        self._expires_at = cycle_start + budget_s / (SLOWDOWN - 1.0)
+        self._arm()
+
+    def _arm(self) -> None:
+        assert self._expires_at is not None
+        self._timer = threading.Timer(max(0.0, self._expires_at - time.perf_counter()), self._expire)
         self._timer.daemon = True
         self._timer.start()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The watch's thread stopped meanwhile (a process forked inside inherits no thread), then armed again
+        for the same moment."""
+        timer, self._timer = self._timer, None
+        if timer is None:
+            yield
+            return
+        timer.cancel()
+        timer.join()
+        try:
+            yield
+        finally:
+            with self._lock:
+                rearm = not (self._greedy_done or self._stopped or self.taken)
+            if rearm:
+                self._arm()
 
     def _expire(self) -> None:
         with self._lock:

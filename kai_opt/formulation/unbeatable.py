@@ -55,7 +55,7 @@ def unbeatable_note(state: ClusterState, fs: FairShare, config: Config, plan: Pl
     the less fragmented FGD-scored one: solve.kept_unbeatable), so it is not worth running."""
     if plan.evictions:
         return ""
-    placeable = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
+    placeable = _placeable(state)
     placed = np.zeros(state.n_pods, dtype=bool)
     placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
     left = placeable & ~placed
@@ -63,16 +63,38 @@ def unbeatable_note(state: ClusterState, fs: FairShare, config: Config, plan: Pl
     if not left.any():
         return (f"greedy plan kept: it places all {total} pending pods without evictions, so no plan scores higher "
                 "on placed work or evictions (the model was not run)")
+    if _leaves_work(state, fs, config, placeable, left):
+        return ""
     left_groups = np.unique(state.pod_pg[left])
-    touched = np.zeros(state.n_groups, dtype=bool)
-    touched[state.pod_pg[placed & (state.pod_pg >= 0)]] = True
-    if touched[left_groups].any():  # a group the plan grew: the model might grow it differently
-        return ""
-    hopeless = hopeless_groups(state, fs, config, left_groups.tolist())
-    if len(hopeless) < len(left_groups):
-        return ""
     return (f"greedy plan kept: it places {total - int(left.sum())} of {total} pending pods without evictions, and "
             f"no plan without evictions places the other {int(left.sum())} (their {len(left_groups)} groups are "
             "refused by queue capacity at the cycle start, or cannot reach their minimum), so no plan the model may "
             "return (it evicts only what the greedy plan evicts) scores higher on placed work or evictions (the "
             "model was not run)")
+
+
+def may_be_beaten(state: ClusterState, fs: FairShare, config: Config, sess: Session) -> bool:
+    """After the allocate action: whether the cycle's plan may turn out beatable (the model then runs). False
+    when allocate left only hopeless groups of ours pending: the plan is then unbeatable unless a later action
+    evicts (and only an eviction makes it beatable)."""
+    placeable = _placeable(state)
+    return _leaves_work(state, fs, config, placeable, placeable & (sess.status == PodStatus.PENDING))
+
+
+def _placeable(state: ClusterState) -> np.ndarray:
+    """bool[P]: the pending pods of ours in a group (what a plan may place)."""
+    return (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
+
+
+def _leaves_work(state: ClusterState, fs: FairShare, config: Config, placeable: np.ndarray,
+                 left: np.ndarray) -> bool:
+    """Whether a plan without evictions that placed `placeable` but `left` (bool[P] each) might be beaten by
+    another such plan: it left a pod of a group it grew, or of a group that is not hopeless."""
+    if not left.any():
+        return False
+    left_groups = np.unique(state.pod_pg[left])
+    touched = np.zeros(state.n_groups, dtype=bool)
+    touched[state.pod_pg[placeable & ~left]] = True
+    if touched[left_groups].any():  # a group the plan grew: the model might grow it differently
+        return True
+    return len(hopeless_groups(state, fs, config, left_groups.tolist())) < len(left_groups)

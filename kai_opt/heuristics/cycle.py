@@ -17,11 +17,14 @@ from kai_opt.plan import WITHDRAWN, Eviction, Placement, Plan, Reason, SolverInf
 from kai_opt.state import ClusterState, PodStatus
 
 Progress = Callable[[str], None]  # told what a long cycle is doing now (a phase name), for a status line
+AfterAction = Callable[[str, Session], None]  # told each action's name and the session once the action ran
 
 
 def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
-                actions: tuple[str, ...] | None = None, progress: Progress | None = None) -> Plan:
-    """KAI-like heuristics: each enabled action in order on one session."""
+                actions: tuple[str, ...] | None = None, progress: Progress | None = None,
+                after: AfterAction | None = None) -> Plan:
+    """KAI-like heuristics: each enabled action in order on one session. `after` sees the session after each
+    action (it must not change it)."""
     start = time.perf_counter()
     sess = Session(state, fs, config)
     ctx = ActionContext(sess)
@@ -35,6 +38,8 @@ def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
         t = time.perf_counter()
         action.run(ctx)
         phases[action.name] = time.perf_counter() - t
+        if after is not None:
+            after(action.name, sess)
     plan = plan_from_session(sess, ctx.reasons, "greedy")
     plan.phases.update(phases)
     plan.solver = SolverInfo(status="HEURISTIC", wall_s=time.perf_counter() - start)
