@@ -132,3 +132,36 @@ def test_a_gang_pipelined_this_cycle_is_a_victim_and_its_placement_is_withdrawn(
     assert [(st_.pods[e.pod].name, e.reason) for e in plan.evictions] == [("x-0", "reclaim")]
     (reason,) = plan.pending[st_.pg_index["default/a"]]
     assert reason.code == "PlacementWithdrawn" and reason.details == {"action": "reclaim", "for": "default/b"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 200), st.integers(1, 12000), st.randoms(use_true_random=False))
+def test_queue_job_order_is_the_lexsort_of_queue_elasticity_rank(n: int, n_queues: int, rnd) -> None:
+    # the radix path (queue x 3 + elasticity within 16 bits) and the lexsort fallback (more queues) agree with
+    # np.lexsort on every input the victim order gives it: distinct ranks, elasticities 0..2
+    from kai_opt.heuristics.victims import queue_job_order
+
+    ranks = np.array(rnd.sample(range(max(n * 3, 1)), n), dtype=np.int64)
+    qs = np.array([rnd.randrange(n_queues) for _ in range(n)], dtype=np.int64)
+    el = np.array([rnd.randrange(3) for _ in range(n)], dtype=np.int64)
+    assert np.array_equal(queue_job_order(qs, el, ranks), np.lexsort((ranks, el, qs)))
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
+def test_whole_devices_without_a_subset_read_from_its_superset(objs: list, rnd) -> None:
+    # the free whole devices with a subset's victims gone, made from the superset's holdings (`within`) plus the
+    # left-out groups' own, equal those made for the subset alone; also after pods placed in this session (their
+    # devices are the session's) and for leave-one-queue-out subsets
+    from kai_opt.heuristics.actions import ActionContext
+    from kai_opt.heuristics.actions.allocate import ACTION as ALLOCATE
+    from kai_opt.heuristics.victims import _whole_without
+
+    sess = _session(objs)
+    ALLOCATE.run(ActionContext(sess))
+    every = np.flatnonzero(active_group_mask(sess))
+    queues = sorted(set(sess.state.pg_queue[every].tolist()))
+    subsets = [np.array(sorted(g for g in every.tolist() if rnd.random() < 0.6), dtype=np.int64), every]
+    subsets += [every[sess.state.pg_queue[every] != q] for q in queues[:3]]
+    for gs in subsets:
+        assert np.array_equal(_whole_without(sess, gs, every), _whole_without(sess, gs))

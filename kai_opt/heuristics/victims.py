@@ -255,7 +255,7 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     el = np.where(n_all > mm, 0, np.where(n_all == mm, 1, 2))
     rk = rank[gs]
     qs = st.pg_queue[gs]
-    order = np.lexsort((rk, el, qs))
+    order = queue_job_order(qs, el, rk)
     tree = _VictimTree(sess, qs[order], el[order], rk[order], gs[order])
     tree.build()
     while True:
@@ -280,6 +280,20 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         tree.refresh(q)
 
 
+def queue_job_order(qs: np.ndarray, el: np.ndarray, rk: np.ndarray) -> np.ndarray:
+    """np.lexsort((rk, el, qs)) for distinct non-negative ranks `rk`, elasticities `el` in 0..2 and queues `qs`
+    >= 0: the jobs in rank order (a scatter over the ranks), then a stable sort by (queue, elasticity), a radix
+    sort when that key fits 16 bits (the victim order is made once per session state and set of groups)."""
+    n = len(rk)
+    if n == 0 or int(qs.max()) * 3 + 2 > np.iinfo(np.int16).max:
+        return np.lexsort((rk, el, qs))
+    at = np.full(int(rk.max()) + 1, -1, dtype=np.int64)
+    at[rk] = np.arange(n)
+    by_rank = at[at >= 0]
+    key = (qs[by_rank] * 3 + el[by_rank]).astype(np.int16)
+    return by_rank[np.argsort(key, kind="stable")]
+
+
 class _VictimTree:
     """The victim order's queue tree: per leaf queue a heap of its jobs, per parent a heap of its children keyed
     by (the child's level key, the best key below it), so the next victim is found by walking down from the top
@@ -301,18 +315,24 @@ class _VictimTree:
         self.over = np.all(fs.fair_share < self.allocated, axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.drf = np.where(self.share == 0, self.allocated * 1000.0, self.allocated / self.share).max(axis=1)
-        # leaf queue -> (first, end) of its jobs in the sorted arrays, until its heap is made
-        self.el, self.rk, self.gs = el.tolist(), rk.tolist(), gs.tolist()
+        # leaf queue -> (first, end) of its jobs in the sorted arrays, until its heap is made, and the key of its
+        # first job (its best)
+        self.el, self.rk, self.gs = el, rk, gs
         bounds = np.flatnonzero(np.r_[True, qs[1:] != qs[:-1], True]) if len(qs) else np.zeros(1, dtype=np.int64)
-        self.slices: dict[int, tuple[int, int]] = {
-            int(qs[a]): (int(a), int(b)) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
+        firsts, ends = bounds[:-1], bounds[1:]
+        leaves = qs[firsts].tolist()
+        self.slices: dict[int, tuple[int, int]] = dict(zip(leaves, zip(firsts.tolist(), ends.tolist(), strict=True),
+                                                           strict=True))
+        self.first: dict[int, tuple[int, int]] = dict(zip(leaves, zip(el[firsts].tolist(), rk[firsts].tolist(),
+                                                                      strict=True), strict=True))
         self.leaves = set(self.slices)
 
     def _jobs(self, q: int) -> list[tuple[tuple[Any, ...], int]]:
         h = self.jobs.get(q)
         if h is None:
             a, b = self.slices.pop(q, (0, 0))
-            h = self.jobs[q] = [((self.el[i], self.rk[i]), self.gs[i]) for i in range(a, b)]
+            h = self.jobs[q] = [((e, r), g) for e, r, g in zip(self.el[a:b].tolist(), self.rk[a:b].tolist(),
+                                                               self.gs[a:b].tolist(), strict=True)]
             self.leaves.add(q)
         return h
 
@@ -329,6 +349,8 @@ class _VictimTree:
         """Every queue with jobs below it keyed in its parent's heap, bottom-up (one entry per queue)."""
         ancestors = self.sess.ledger.ancestors
         queues = {a for q in self.slices for a in ancestors[q]}
+        over, priority, drf = self.over.tolist(), self.priority.tolist(), self.drf.tolist()
+        self.levels.update((q, (not over[q], int(priority[q]), -float(drf[q]))) for q in queues)  # (level_key)
         for q in sorted(queues, key=lambda q: -len(ancestors[q])):  # children before their parents
             h = self.children.get(q)
             if h is not None:
@@ -343,9 +365,8 @@ class _VictimTree:
 
     def _best(self, q: int) -> tuple[Any, ...] | None:
         if q in self.leaves:
-            sl = self.slices.get(q)
-            if sl is not None:
-                return (self.el[sl[0]], self.rk[sl[0]])
+            if q in self.slices:
+                return self.first[q]
             h = self.jobs[q]
             return h[0][0] if h else None
         kids = self.children.get(q, [])
@@ -405,12 +426,13 @@ class _FitCount:
     def ok(self) -> bool:
         return all(self.count[s] >= self.need[s] for s in self.sizes)
 
-    def ok_without(self, groups: np.ndarray) -> bool:
-        """Whether it could hold with every victim pod of `groups` gone: the bound on what any victims can do."""
+    def ok_without(self, groups: np.ndarray, within: np.ndarray | None = None) -> bool:
+        """Whether it could hold with every victim pod of `groups` gone: the bound on what any victims can do.
+        `within`: see _whole_without."""
         if not self.sizes:
             return True
         gs = np.asarray(groups, dtype=np.int64)
-        whole = self.sess.memo(("whole_without", gs.tobytes()), lambda: _whole_without(self.sess, gs))
+        whole = self.sess.memo(("whole_without", gs.tobytes()), lambda: _whole_without(self.sess, gs, within))
         whole = whole[self.feasible]
         return all(int((whole // s).sum()) >= self.need[s] for s in self.sizes)
 
@@ -454,28 +476,63 @@ class _DryRun:
         return freed
 
 
-def _whole_without(sess: Session, groups: np.ndarray) -> np.ndarray:
-    """int64[N]: whole devices per node free once every victim pod of `groups` is gone (and releases finish)."""
+def _whole_without(sess: Session, groups: np.ndarray, within: np.ndarray | None = None) -> np.ndarray:
+    """int64[N]: whole devices per node free once every victim pod of `groups` is gone (and releases finish).
+    `within`: a superset of `groups` many searches share (victim_chunk_order's): its devices' holdings without
+    its victims are made once per state, and `groups` then adds back those of the groups it leaves out (integer
+    milli-GPUs: the same holdings)."""
     st = sess.state
-    pods = _victim_pods_of(sess, groups)
-    held = sess.dev_held.copy()
+    if within is not None and len(within) >= len(groups):
+        base = np.asarray(within, dtype=np.int64)
+        member = np.zeros(st.n_groups, dtype=bool)
+        member[groups] = True
+        in_base = np.zeros(st.n_groups, dtype=bool)
+        in_base[base] = True
+        if in_base[groups].all():
+            held = sess.memo(("held_without", base.tobytes()), lambda: _read_only(_held_without(sess, base)))
+            held = held.copy()
+            held += _per_device(sess, *_victim_holdings(sess, _victim_pods_of(sess, base[~member[base]])))
+            return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
+    held = _held_without(sess, groups)
+    return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
+
+
+def _held_without(sess: Session, groups: np.ndarray) -> np.ndarray:
+    """int64[D]: each device's milli-GPUs held once every victim pod of `groups` is gone."""
+    return sess.dev_held - _per_device(sess, *_victim_holdings(sess, _victim_pods_of(sess, groups)))
+
+
+def _per_device(sess: Session, dev: np.ndarray, amount: np.ndarray) -> np.ndarray:
+    """int64[D]: the amounts summed per device (whole milli-GPUs: exact as floats)."""
+    return np.bincount(dev, weights=amount, minlength=len(sess.dev_held)).astype(np.int64)
+
+
+def _victim_holdings(sess: Session, pods: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(device, milli-GPUs) each victim pod holds on each of its devices: the devices the session gave a pod
+    placed in this cycle, a bound pod's own."""
+    st = sess.state
     placed = sess.status[pods] != PodStatus.BOUND  # (the victims that are not bound were placed in this cycle)
+    devs: list[int] = []
+    amounts: list[int] = []
     for p in pods[placed].tolist():  # placed in this cycle: the devices the session gave it
         per_dev = sess.gpu_per_device(p, int(sess.node[p]))
         for d in sess.devices[p]:
-            held[d] -= per_dev
+            devs.append(d)
+            amounts.append(per_dev)
     pods = pods[~placed]
     starts, ends = st.pod_dev_start[pods], st.pod_dev_start[pods + 1]
     counts = ends - starts
+    dev = np.asarray(devs, dtype=np.int64)
+    amount = np.asarray(amounts, dtype=np.int64)
     if counts.sum():
         owner = np.repeat(np.arange(len(pods)), counts)
-        dev = st.pod_dev[concat_ranges(starts, counts)[0]]
         mem = np.maximum(st.node_gpu_mem_mib[sess.node[pods]], 1)
         per = np.where(st.pod_gpu_whole[pods] > 0, DEV,
                        np.where(st.pod_gpu_frac[pods] > 0, st.pod_gpu_frac[pods],
                                 np.minimum(DEV, -(-st.pod_gpu_mem[pods] * DEV // mem))))
-        np.subtract.at(held, dev, per[owner])
-    return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
+        dev = np.concatenate([dev, st.pod_dev[concat_ranges(starts, counts)[0]]])
+        amount = np.concatenate([amount, per[owner].astype(np.int64)])
+    return dev, amount
 
 
 class ScenarioFilter:
@@ -533,7 +590,7 @@ def solve_with_victims(
     ledger_before = sess.ledger.copy()
     releasable = float((sess.alloc[feasible, R_GPU] - sess.held[feasible, R_GPU]).sum())
     fits = _FitCount(sess, tasks, feasible)
-    if not fits.ok_without(candidates):
+    if not fits.ok_without(candidates, within):
         return Outcome(False, [], "not enough resources even with every eligible victim evicted")
     scenarios = 0
     # the pending jobs' allocation order from the state the search starts in (KAI's scenario simulation)
