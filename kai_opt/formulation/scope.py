@@ -168,6 +168,9 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
     window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods,
                          len(eligible) if max_groups is None else max_groups))
     excluded = [g for g in ready if g not in window]
+    if excluded:  # and the groups their greedy decisions rely on
+        window -= relied_on(sess, greedy, set(excluded))
+        excluded = [g for g in ready if g not in window]
     turn_of = {g: i for i, g in enumerate(ready)}
     late_work = fixed_work(sess, greedy, excluded, turn_of)
     apply_fixed(sess, greedy, excluded)
@@ -290,6 +293,34 @@ def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter
             left -= size[g]
     rank = {g: i for i, g in enumerate(eligible)}
     return sorted(set(chosen), key=rank.__getitem__)
+
+
+def relied_on(sess: Session, greedy: Plan, outside: set[int]) -> set[int]:
+    """The groups whose greedy decisions those of `outside` rely on, closed (a group added relies on others in
+    turn): a pod pipelined on a node may run on what the greedy's evictions there release, so the groups they were
+    made for (one whose placement a later victim search took back included) keep the greedy's decisions too; the
+    model could otherwise drop those evictions under the pod. A group's evictions go whole (a gang's core is one
+    eviction chunk for one group), so no victim gang is split."""
+    st = sess.state
+    for_on: dict[int, set[int]] = {}  # node -> the groups the greedy evicted for there
+    for e in greedy.evictions:
+        if e.beneficiary >= 0 and int(sess.status[e.pod]) == PodStatus.BOUND:
+            for_on.setdefault(int(sess.node[e.pod]), set()).add(e.beneficiary)
+    if not for_on:
+        return set()
+    pipelined: dict[int, set[int]] = {}  # group -> the nodes its pods are pipelined on
+    for pl in greedy.placements:
+        if pl.pipelined and not pl.moved:
+            pipelined.setdefault(int(st.pod_pg[pl.pod]), set()).add(pl.node)
+    out: set[int] = set()
+    todo = list(outside)
+    while todo:
+        for n in pipelined.get(todo.pop(), ()):
+            for b in for_on.get(n, ()):
+                if b not in outside and b not in out:
+                    out.add(b)
+                    todo.append(b)
+    return out
 
 
 def fixed_work(sess: Session, greedy: Plan, groups: list[int],
