@@ -105,6 +105,42 @@ def _ordered_domains(sess: Session, topo: int, level: int, within: np.ndarray | 
     return [(names[d], d) for d in order.tolist()]
 
 
+def _may_hold(sess: Session, topo: int, level: int, within: np.ndarray | None, tasks: list[int]) -> np.ndarray:
+    """Per domain at `level`: whether its nodes (inside `within`) could hold `tasks` by what they have free once
+    releases finish, summed: every resource the pods ask for, and for whole-GPU pods, for each size s, the nodes'
+    free whole devices in groups of s against the pods of at least s. A necessary condition (a placement takes
+    at least that much), so a domain without it is not tried."""
+    st = sess.state
+    t = st.topologies[topo]
+    dom = t.domain[level]
+    n_dom = len(t.domain_names[level])
+    sel = dom >= 0 if within is None else (dom >= 0) & within
+    idx = np.flatnonzero(sel)
+    d = dom[idx]
+    req = st.pod_req[np.asarray(tasks, dtype=np.int64)]
+    need = req.sum(axis=0)
+    ok = np.ones(n_dom, dtype=bool)
+    free = sess.alloc[idx] - sess.held[idx]
+    for r in np.flatnonzero(need > 0).tolist():
+        room = np.bincount(d, weights=np.maximum(free[:, r], 0.0), minlength=n_dom)
+        ok &= room + 1e-9 >= float(need[r])
+    whole = st.pod_gpu_whole[np.asarray(tasks, dtype=np.int64)]
+    devices = sess.whole_future[idx]
+    for size in np.unique(whole[whole > 0]).tolist():
+        ok &= np.bincount(d, weights=devices // size, minlength=n_dom) >= int((whole >= size).sum())
+    return ok
+
+
+def _holding(sess: Session, topo: int, level: int, within: np.ndarray | None, tasks: list[int],
+             domains: list[tuple[str, int]]) -> list[int]:
+    """The ids of `domains` (in order) that _may_hold the tasks: the preferred-level trials, whose failures
+    nobody reads, skip the others."""
+    if len(domains) < 2:
+        return [d for _, d in domains]
+    holds = _may_hold(sess, topo, level, within, tasks)
+    return [d for _, d in domains if holds[d]]
+
+
 def _domain_mask(sess: Session, topo: int, level: int, d: int, within: np.ndarray | None) -> np.ndarray:
     m = sess.state.topologies[topo].domain[level] == d
     return m & within if within is not None else m
@@ -167,6 +203,11 @@ class GangPlacer:
             many = len(domains) > LISTED_DOMAINS  # large trees: skip (and count) domains short of GPUs
             ordered = _ordered_domains(sess, topo, req_lvl, within, need, self._spread(tasks), fitting_only=True) \
                 if many else domains
+            short = len(ordered)
+            if many:  # and those that cannot hold the pods by their free resources summed (no attempt there works)
+                holds = _may_hold(sess, topo, req_lvl, within, tasks)
+                ordered = [(name, d) for name, d in ordered if holds[d]]
+                short -= len(ordered)
             for name, d in ordered:
                 m = _domain_mask(sess, topo, req_lvl, d, within)
                 with self._quiet():
@@ -178,9 +219,12 @@ class GangPlacer:
                                   f"{len(tasks)} required pods.")
                 fit[name] = len(a.placed)
                 sess.rollback(cp)
-            if len(ordered) < len(domains):
-                per_domain.append(f"{len(domains) - len(ordered)} other domains have fewer than {need / 1000:g} "
-                                  "GPUs free.")
+            if len(ordered) + short < len(domains):
+                per_domain.append(f"{len(domains) - len(ordered) - short} other domains have fewer than "
+                                  f"{need / 1000:g} GPUs free.")
+            if short:
+                per_domain.append(f"{short} other domains lack the free whole GPUs, CPU, memory or pod slots "
+                                  f"for its {len(tasks)} pods.")
             level = st.topologies[topo].levels[req_lvl]
             msg = "\n".join(["Unable to schedule podgroup.", *per_domain,
                              f"topology {st.topologies[topo].name}, requirement {level} couldn't be satisfied "
@@ -274,8 +318,8 @@ class GangPlacer:
             need = float(sess.state.pod_req[tasks, R_GPU].sum())
             levels = list(range(pref_lvl, -1, -1))  # the preferred level, then wider levels
             for lvl in levels:
-                for _name, d in _ordered_domains(sess, topo, lvl, mask, need, self._spread(tasks),
-                                                 fitting_only=True):
+                for d in _holding(sess, topo, lvl, mask, tasks, _ordered_domains(
+                        sess, topo, lvl, mask, need, self._spread(tasks), fitting_only=True)):
                     m = _domain_mask(sess, topo, lvl, d, mask)
                     with self._quiet():
                         a = self._place_subgroups(g, tasks, m, allow_pipeline)
@@ -313,8 +357,8 @@ class GangPlacer:
                                                                           self._spread(pods))]
             else:
                 for lvl in range(pref_lvl, -1, -1):
-                    tries += [(lvl, d, mask) for _, d in _ordered_domains(sess, topo, lvl, mask, need,
-                                                                          self._spread(pods), fitting_only=True)]
+                    tries += [(lvl, d, mask) for d in _holding(sess, topo, lvl, mask, pods, _ordered_domains(
+                        sess, topo, lvl, mask, need, self._spread(pods), fitting_only=True))]
                 tries.append((-1, -1, mask if mask is not None else np.ones(st.n_nodes, dtype=bool)))
             last = Attempt(False)
             # a preferred level scores the nodes the sub-group is offered (mask); else the group's scores hold
