@@ -97,6 +97,17 @@ def _sleeper(_send, seconds: float) -> tuple[None, float]:
     return None, seconds
 
 
+def _eventually(cond, tries: int = 200) -> bool:
+    """cond() polled every 0.05 s until it holds (polled, not timed)."""
+    import time
+
+    for _ in range(tries):
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
 def _slow_hint(seconds: float) -> second_hint.SecondHint:
     from kai_opt.formulation.child import Child
 
@@ -108,14 +119,22 @@ def test_the_watch_stops_a_hint_that_can_no_longer_arrive_while_the_cycle_still_
 
     hint = _slow_hint(30.0)
     hint.watch(time.perf_counter(), 0.2)  # the KAI-scored cycle may take at most 0.2 s for the rule to keep it
-    for _ in range(200):  # the watch fires after 0.2 s; polled, not timed
-        if hint._stopped:
-            break
-        time.sleep(0.05)
-    assert hint._stopped and not hint.ready() and hint.take() is None
+    assert _eventually(lambda: hint._stopped)  # the watch fires after 0.2 s
+    assert not hint.ready() and hint.take() is None
     assert hint.keep_going(5.0, 0.2) is False
     hint.close()
     assert not mp.active_children()
+
+
+def _watched() -> tuple[second_hint.SecondHint, int]:
+    """A hint that never arrives, watched for a 0.2 s budget, and the threads there were before the watch."""
+    import threading
+    import time
+
+    hint = _slow_hint(30.0)
+    before = threading.active_count()
+    hint.watch(time.perf_counter(), 0.2)
+    return hint, before
 
 
 def test_a_paused_watch_runs_no_thread_and_fires_when_it_would_have() -> None:
@@ -124,19 +143,14 @@ def test_a_paused_watch_runs_no_thread_and_fires_when_it_would_have() -> None:
     import threading
     import time
 
-    hint = _slow_hint(30.0)
-    before = threading.active_count()
-    hint.watch(time.perf_counter(), 0.2)
+    hint, before = _watched()
     assert threading.active_count() == before + 1
     with hint.paused():
         assert threading.active_count() == before
         time.sleep(0.3)  # past the moment: nothing fires while paused
         assert not hint._stopped
-    for _ in range(100):  # armed again for a moment already past: fires at once; polled, not timed
-        if hint._stopped:
-            break
-        time.sleep(0.05)
-    assert hint._stopped and hint.keep_going(5.0, 0.2) is False
+    assert _eventually(lambda: hint._stopped)  # armed again for a moment already past: fires at once
+    assert hint.keep_going(5.0, 0.2) is False
     hint.close()
     assert not mp.active_children()
 
@@ -145,9 +159,7 @@ def test_a_watch_paused_after_the_cycle_ended_stays_off() -> None:
     import threading
     import time
 
-    hint = _slow_hint(30.0)
-    before = threading.active_count()
-    hint.watch(time.perf_counter(), 0.2)
+    hint, before = _watched()
     assert hint.keep_going(0.01, 0.2) is True  # the cycle ended in time: the watch is off
     with hint.paused():
         pass
@@ -164,11 +176,7 @@ def test_the_watch_leaves_a_hint_alone_once_the_cycle_ended_in_time() -> None:
     assert hint.keep_going(0.01, 0.3) is True  # the cycle ended before the limit: the rule keeps the hint
     time.sleep(0.5)  # past the limit: the cancelled watch stops nothing
     assert not hint._stopped
-    for _ in range(200):
-        if hint.ready():
-            break
-        time.sleep(0.05)
-    assert hint.ready()
+    assert _eventually(hint.ready)
     hint.close()
 
 
@@ -176,10 +184,7 @@ def test_the_watch_keeps_a_hint_that_is_ready_in_time() -> None:
     import time
 
     hint = _slow_hint(0.0)
-    for _ in range(200):
-        if hint.ready():
-            break
-        time.sleep(0.05)
+    assert _eventually(hint.ready)
     hint.watch(time.perf_counter(), 0.0)  # the limit is now, but the plan is there: keep_going keeps ready plans
     time.sleep(0.2)
     assert not hint._stopped and hint.keep_going(10.0, 0.0) is True
