@@ -94,7 +94,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         the second hint's pipe), unless the plan is unbeatable so far (nothing left a model could place without
         evictions): a later eviction makes it beatable, and cpsat_plan then forks the worker itself."""
         nonlocal worker
-        if action != "allocate" or not early:
+        if action != "allocate":
             return
         from kai_opt.formulation.solve import prepare_worker
         from kai_opt.formulation.unbeatable import may_be_beaten
@@ -107,7 +107,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             log.exception("forking the CP-SAT worker early raised; it is forked when the model runs")
 
     try:
-        plan = greedy_plan(state, fs, config, actions, progress, after)
+        plan = greedy_plan(state, fs, config, actions, progress, after if early else None)
         if second is not None and not second.keep_going(time.perf_counter() - t0, config.solver.time_budget_s):
             second = None
         say("checking the greedy plan")

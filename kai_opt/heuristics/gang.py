@@ -132,13 +132,12 @@ def _may_hold(sess: Session, topo: int, level: int, within: np.ndarray | None, t
 
 
 def _holding(sess: Session, topo: int, level: int, within: np.ndarray | None, tasks: list[int],
-             domains: list[tuple[str, int]]) -> list[int]:
-    """The ids of `domains` (in order) that _may_hold the tasks: the preferred-level trials, whose failures
-    nobody reads, skip the others."""
-    if len(domains) < 2:
-        return [d for _, d in domains]
+             domains: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (name, id) of `domains`, in order, that _may_hold the tasks (a domain without it is not tried)."""
+    if not domains:
+        return domains
     holds = _may_hold(sess, topo, level, within, tasks)
-    return [d for _, d in domains if holds[d]]
+    return [(name, d) for name, d in domains if holds[d]]
 
 
 def _domain_mask(sess: Session, topo: int, level: int, d: int, within: np.ndarray | None) -> np.ndarray:
@@ -205,8 +204,7 @@ class GangPlacer:
                 if many else domains
             short = len(ordered)
             if many:  # and those that cannot hold the pods by their free resources summed (no attempt there works)
-                holds = _may_hold(sess, topo, req_lvl, within, tasks)
-                ordered = [(name, d) for name, d in ordered if holds[d]]
+                ordered = _holding(sess, topo, req_lvl, within, tasks, ordered)
                 short -= len(ordered)
             for name, d in ordered:
                 m = _domain_mask(sess, topo, req_lvl, d, within)
@@ -318,7 +316,7 @@ class GangPlacer:
             need = float(sess.state.pod_req[tasks, R_GPU].sum())
             levels = list(range(pref_lvl, -1, -1))  # the preferred level, then wider levels
             for lvl in levels:
-                for d in _holding(sess, topo, lvl, mask, tasks, _ordered_domains(
+                for _name, d in _holding(sess, topo, lvl, mask, tasks, _ordered_domains(
                         sess, topo, lvl, mask, need, self._spread(tasks), fitting_only=True)):
                     m = _domain_mask(sess, topo, lvl, d, mask)
                     with self._quiet():
@@ -357,7 +355,7 @@ class GangPlacer:
                                                                           self._spread(pods))]
             else:
                 for lvl in range(pref_lvl, -1, -1):
-                    tries += [(lvl, d, mask) for d in _holding(sess, topo, lvl, mask, pods, _ordered_domains(
+                    tries += [(lvl, d, mask) for _, d in _holding(sess, topo, lvl, mask, pods, _ordered_domains(
                         sess, topo, lvl, mask, need, self._spread(pods), fitting_only=True))]
                 tries.append((-1, -1, mask if mask is not None else np.ones(st.n_nodes, dtype=bool)))
             last = Attempt(False)

@@ -482,18 +482,18 @@ def _whole_without(sess: Session, groups: np.ndarray, within: np.ndarray | None 
     its victims are made once per state, and `groups` then adds back those of the groups it leaves out (integer
     milli-GPUs: the same holdings)."""
     st = sess.state
-    if within is not None and len(within) >= len(groups):
+    held = None
+    if within is not None:
         base = np.asarray(within, dtype=np.int64)
-        member = np.zeros(st.n_groups, dtype=bool)
-        member[groups] = True
         in_base = np.zeros(st.n_groups, dtype=bool)
         in_base[base] = True
         if in_base[groups].all():
-            held = sess.memo(("held_without", base.tobytes()), lambda: _read_only(_held_without(sess, base)))
-            held = held.copy()
-            held += _per_device(sess, *_victim_holdings(sess, _victim_pods_of(sess, base[~member[base]])))
-            return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
-    held = _held_without(sess, groups)
+            member = np.zeros(st.n_groups, dtype=bool)
+            member[groups] = True
+            held = sess.memo(("held_without", base.tobytes()), lambda: _read_only(_held_without(sess, base))) \
+                + _per_device(sess, *_victim_holdings(sess, _victim_pods_of(sess, base[~member[base]])))
+    if held is None:
+        held = _held_without(sess, groups)
     return _read_only(np.bincount(sess.dev_node[held <= 0], minlength=st.n_nodes))
 
 
