@@ -308,6 +308,7 @@ def test_podgroups_in_sync_are_skipped_only_while_their_objects_and_reasons_stay
 
     monkeypatch.setattr(status_mod, "request", fake_status)
     monkeypatch.setattr(events_mod, "request", lambda *a, **k: None)
+    monkeypatch.setattr(status_mod, "now_rfc3339", lambda: "2026-01-01T00:00:00Z")  # both writers, one time
     cache = _load(_cluster())
     pg_store = next(s for (av, kind), s in cache._stores.items() if kind == "PodGroup")
     pod_store = next(s for (av, kind), s in cache._stores.items() if kind == "Pod")

@@ -33,13 +33,13 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kai_opt.api.meta import format_time
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.gcpause import gc_paused
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
@@ -984,7 +984,7 @@ def _memo_key(kind: str, obj: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(time.time()) or ""
 
 
 def watch_kinds_of(owner_kinds: Iterable[tuple[str, str, str]]) -> list[Resource]:

@@ -41,7 +41,6 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -73,7 +72,7 @@ QUEUE_POSITION_IN_QUEUE_ANNOTATION = "kai-opt.io/queue-position-in-queue"
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(time.time()) or ""
 
 
 # -- PodGroup status -------------------------------------------------------------------------------------------------
