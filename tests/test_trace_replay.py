@@ -349,6 +349,10 @@ def test_cli_json_end_to_end(capsys: pytest.CaptureFixture[str], tiny_trace: tup
         assert r["curve"] and all(75 <= p <= 130 and 0 <= u <= 100 for p, u in r["curve"])
     assert [(s["engine"], s.get("consolidation")) for s in data["summary"]] == rows
     assert all(s["published_at_100"] is None for s in data["summary"])  # not the default trace
+    bound = data["bound"]  # the seeds' lower bounds: below every run on the same arrivals
+    assert set(bound["seeds"]) == {"42", "43"}
+    for r in results:
+        assert r["unallocated_pct_at_100"] >= bound["seeds"][str(r["seed"])]["any_engine"] - 0.006, r["engine"]
     assert png.stat().st_size > 0
 
 
@@ -358,6 +362,7 @@ def test_cli_table_and_markdown(capsys: pytest.CaptureFixture[str], tiny_trace: 
                            "--engines", "fgd,bestfit", "-o", "markdown")
     assert code == 0
     assert out.startswith("| engine |") and "| fgd |" in out and "| bestfit |" in out
+    assert "- lower bound at 100% arrived" in out
     code, out, _ = run_cli(capsys, "bench", "trace", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1",
                            "--engines", "random")
     assert code == 0 and "random" in out and "published" in out

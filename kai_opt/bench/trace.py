@@ -495,6 +495,21 @@ def pod_sequence(pods: PodList, capacity_milli: int, seed: int, inflate: float) 
     return np.concatenate([order, *extra])
 
 
+def events_at(arrived: np.ndarray, capacity_milli: int, pct: int) -> np.ndarray:
+    """The arrivals (indexes into the cumulative arrived request) a result at `pct` arrived is the mean over:
+    those whose arrived % rounds to pct, else to pct +- 1 (the paper's scripts); for coarse traces, else the last
+    one at or below pct. Empty if pct was not reached."""
+    exact = arrived * 100.0 / capacity_milli
+    rounded = np.round(exact)
+    sel = np.flatnonzero(rounded == pct)
+    if not len(sel):
+        sel = np.flatnonzero(np.abs(rounded - pct) <= 1)
+    if len(sel):
+        return sel
+    below = np.flatnonzero(exact <= pct)
+    return below[-1:] if below.size and exact[-1] >= pct else np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class Run:
     """One replay: per arrived pod, the cumulative arrived GPU request and the allocated GPU share (milli)."""
@@ -518,18 +533,10 @@ class Run:
         return self.moves / len(self.placed) if len(self.placed) else 0.0
 
     def alloc_pct_at(self, pct: int) -> float:
-        """Allocated GPU % at `pct` arrived: the mean over events whose arrived % rounds to pct, else to pct +- 1
-        (the paper's scripts); for coarse traces, else the last event at or below pct. NaN if pct was not reached."""
-        exact = self.arrived * 100.0 / self.capacity_milli
-        arrived = np.round(exact)
-        alloc = np.round(self.used * 100.0 / self.capacity_milli, 2)
-        sel = arrived == pct
-        if not sel.any():
-            sel = np.abs(arrived - pct) <= 1
-        if sel.any():
-            return float(alloc[sel].mean())
-        below = np.flatnonzero(exact <= pct)
-        return float(alloc[below[-1]]) if below.size and exact[-1] >= pct else float("nan")
+        """Allocated GPU % at `pct` arrived: the mean over `events_at` (NaN if pct was not reached)."""
+        sel = events_at(self.arrived, self.capacity_milli, pct)
+        alloc = np.round(self.used[sel] * 100.0 / self.capacity_milli, 2)
+        return float(alloc.mean()) if len(sel) else float("nan")
 
     def unallocated_at(self, pct: int = 100) -> float:
         return 100.0 - self.alloc_pct_at(pct)

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kai_opt.bench import batch as batch_engines
-from kai_opt.bench import openb, plots, trace
+from kai_opt.bench import openb, plots, trace, trace_bound
 from kai_opt.cli.app import app
 from kai_opt.cli.render import console, print_json
 from kai_opt.config import Config, load_config
@@ -116,18 +116,34 @@ def trace_cmd(
     moving = {"on": (True,), "off": (False,), "both": (False, True)}[consolidation.value]
     runs = _run_all(node_list, pod_list, names, seed_list, inflate, batch, moving)
     summary = trace.summarize(runs)
+    bound = _bound(node_list, pod_list, seed_list, inflate)
     published = _published_applies(nodes_path, pods_path, inflate)
     if not published:
         for row in summary:
             row["published_at_100"] = row["delta_vs_published"] = None
+    notes = _notes(node_list, pod_list, seed_list, inflate, batch, summary, bound)
     if output == TraceOutput.json:
-        print_json({"results": [r.to_json() for r in runs], "summary": summary})
+        print_json({"results": [r.to_json() for r in runs], "summary": summary, "bound": bound})
     elif output == TraceOutput.markdown:
-        print(_markdown(summary, _notes(node_list, pod_list, seed_list, inflate, batch, summary)))
+        print(_markdown(summary, notes))
     else:
-        _table(summary, _notes(node_list, pod_list, seed_list, inflate, batch, summary))
+        _table(summary, notes)
     if plot is not None:
-        _plot(runs, summary, plot)
+        _plot(runs, summary, plot, bound)
+
+
+def _bound(nodes: openb.NodeList, pods: openb.PodList, seeds: list[int], inflate: float) -> dict[str, Any] | None:
+    """trace_bound's lower bounds at 100% arrived per seed and their mean over seeds (None: no seed reaches 100%
+    or the cluster has no GPUs)."""
+    if nodes.total_gpu_milli == 0:
+        return None
+    per = {s: trace_bound.seed_bound(nodes, pods, s, inflate) for s in seeds}
+    got = {s: b for s, b in per.items() if b is not None}
+    if not got:
+        return None
+    return {"any_engine_mean": round(float(np.mean([b.any_engine for b in got.values()])), 4),
+            "every_share_placed_mean": round(float(np.mean([b.every_share_placed for b in got.values()])), 4),
+            "seeds": {str(s): b.to_json() for s, b in got.items()}}
 
 
 def _published_applies(nodes: Path, pods: Path, inflate: float) -> bool:
@@ -162,7 +178,7 @@ def _run_all(nodes: openb.NodeList, pods: openb.PodList, names: list[str], seeds
 
 
 def _notes(nodes: openb.NodeList, pods: openb.PodList, seeds: list[int], inflate: float, batch: int,
-           summary: list[dict[str, Any]]) -> list[str]:
+           summary: list[dict[str, Any]], bound: dict[str, Any] | None = None) -> list[str]:
     notes = [f"cluster {nodes.source}: {len(nodes)} nodes, {nodes.total_gpu_milli // openb.MILLI} GPUs; "
              f"pods {pods.source}: {len(pods)} pods; seeds {seeds[0]}..{seeds[-1]}; inflate {inflate:g}; "
              f"batch {batch}",
@@ -177,6 +193,12 @@ def _notes(nodes: openb.NodeList, pods: openb.PodList, seeds: list[int], inflate
             verdict = "within" if gap <= FGD_TOLERANCE else "NOT within"
             notes.append(f"harness check: FGD {row['unallocated_pct_at_100_mean']:.2f} vs published "
                          f"{row['published_at_100']:.2f}, {verdict} {FGD_TOLERANCE} points")
+    if bound is not None:
+        notes.append(f"lower bound at 100% arrived (mean over the seeds, the same arrivals): no engine, moves "
+                     f"included, leaves less than {bound['any_engine_mean']:.2f}% unallocated; one that places "
+                     f"every arrived GPU share leaves at least {bound['every_share_placed_mean']:.2f}% (an LP "
+                     "packing the arrived GPU requests onto the devices, CPU, memory, GPU models, nodes and order "
+                     "ignored: kai_opt/bench/trace_bound.py)")
     return notes
 
 
@@ -228,7 +250,8 @@ def _markdown(summary: list[dict[str, Any]], notes: list[str]) -> str:
     return "\n".join([*lines, "", *(f"- {n}" for n in notes)])
 
 
-def _plot(runs: list[trace.Run], summary: list[dict[str, Any]], path: Path) -> None:
+def _plot(runs: list[trace.Run], summary: list[dict[str, Any]], path: Path,
+          bound: dict[str, Any] | None = None) -> None:
     plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
     for row in summary:
@@ -243,6 +266,9 @@ def _plot(runs: list[trace.Run], summary: list[dict[str, Any]], path: Path) -> N
             ax.fill_between(xs, ys.mean(axis=0) - sd, ys.mean(axis=0) + sd, color=line.get_color(), alpha=0.15)
         if row["published_at_100"] is not None:
             ax.scatter([100], [row["published_at_100"]], marker="x", color=line.get_color(), zorder=3)
+    if bound is not None:
+        ax.scatter([100], [bound["any_engine_mean"]], marker="_", s=200, color="black", zorder=3,
+                   label="lower bound (any engine)")
     lo, hi = trace.CURVE_RANGE
     ax.plot([lo, 100], [100 - lo, 0], linestyle=":", color="grey", label="ideal")
     ax.set_xlim(lo, hi)
