@@ -62,6 +62,9 @@ def test_trace_fgd_policy_uses_the_shared_math() -> None:
     owner = np.array([0, 0, 1, 1])
     cnt2, below2 = model.device_levels(gpu_free.ravel(), owner, 2)
     assert (cnt == cnt2).all() and (below == below2).all()
+    for n in range(2):  # one node alone (its own path) gives that node's row
+        one = model.device_levels(gpu_free[n], np.zeros(2, dtype=np.int64), 1)
+        assert (one[0] == cnt[n:n + 1]).all() and (one[1] == below[n:n + 1]).all()
     cluster = trace.Cluster(("m",), np.array([0, 0]), np.array([2, 2]), np.array([8000, 8000]),
                             np.array([1, 1]), np.array([8000, 8000]), np.array([1, 1]), gpu_free)
     policy = trace.FgdPolicy(cluster, np.random.default_rng(0), wl)

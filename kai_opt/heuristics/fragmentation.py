@@ -144,6 +144,10 @@ class FragModel:
 
     def device_levels(self, dev_free: np.ndarray, owner: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         """`levels_of` from a flat list of devices: free share (D,) and owner (D,) in 0..n-1."""
+        if n == 1:  # (most calls: the node one placement changed)
+            ge = dev_free[:, None] >= self.levels
+            return (ge.sum(axis=0, dtype=np.int64)[None, :],
+                    np.where(ge, 0, dev_free[:, None]).sum(axis=0, dtype=np.int64)[None, :])
         cnt = np.zeros((n, len(self.levels)), dtype=np.int64)
         below = np.zeros((n, len(self.levels)), dtype=np.int64)
         for j, u in enumerate(self.levels.tolist()):

@@ -96,6 +96,9 @@ class Placer(NodeFilter):
 
     def _devices_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(global device indexes of `nodes`, position in `nodes` of each device's node)."""
+        if len(nodes) == 1:  # (most calls: the node one placement changed)
+            first, end = int(self.sess.dev_start[nodes[0]]), int(self.sess.dev_start[nodes[0] + 1])
+            return np.arange(first, end), np.zeros(end - first, dtype=np.int64)
         starts = self.sess.dev_start[nodes]
         counts = self.sess.dev_start[nodes + 1] - starts
         owner = np.repeat(np.arange(len(nodes)), counts)
@@ -494,10 +497,11 @@ class FgdScorer:
         self.free = np.zeros(n, dtype=np.int64)
         self.cpu = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n)
-        # pod shape (growth_key) -> each node's growth for that shape (nan: not known); a node's entries are
-        # dropped whenever its statistics are refreshed, so a gang's identical pods, and pods of one shape across
-        # gangs, pay for the nodes that changed only
-        self._growth: dict[tuple[int, ...], np.ndarray] = {}
+        # pod shape (growth_key) -> its row of `_known`: each node's growth for that shape (nan: not known); a
+        # node's column is dropped whenever its statistics are refreshed, so a gang's identical pods, and pods of
+        # one shape across gangs, pay for the nodes that changed only
+        self._growth: dict[tuple[int, ...], int] = {}
+        self._known = np.full((0, n), np.nan)
         if sess.caches.touched or target.start is None:
             self._refresh(np.arange(n))
             if not sess.caches.touched:  # every session of the state starts from these statistics
@@ -527,8 +531,7 @@ class FgdScorer:
         cpu = self._cpu_free(nodes)
         self.cnt[nodes], self.below[nodes], self.free[nodes], self.cpu[nodes] = cnt, below, free, cpu
         self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
-        for known in self._growth.values():
-            known[nodes] = np.nan
+        self._known[:, nodes] = np.nan
 
     def _sync(self) -> None:
         """Bring the cache up to date: every change of node resources logs its node in sess.caches.touched."""
@@ -560,11 +563,15 @@ class FgdScorer:
         node changes (each node's value depends on that node and the shape alone)."""
         self._sync()
         key = growth_key(self.sess.state, p)
-        known = self._growth.get(key)
-        if known is None:
+        row = self._growth.get(key)
+        if row is None:
             if len(self._growth) >= GROWTH_SHAPES:
                 return self._growth_of(p, nodes)
-            known = self._growth[key] = np.full(self.sess.state.n_nodes, np.nan)
+            row = self._growth[key] = len(self._growth)
+            if row == len(self._known):  # room for twice as many shapes
+                more = np.full((max(8, row), self._known.shape[1]), np.nan)
+                self._known = np.concatenate([self._known, more])
+        known = self._known[row]
         got = known[nodes]
         miss = np.isnan(got)
         if miss.any():
