@@ -133,6 +133,19 @@ def test_states_built_with_the_memos_equal_fresh_builds_over_changing_cycles(fam
         _mutate(c, rng, step)
 
 
+def test_a_pod_rows_restart_makes_the_group_rows_read_again() -> None:
+    """The groups' key ids are interned in the pods' key table: when that table starts again (PodRows does when
+    keys of pods long gone pile up), the group rows are read again rather than keep ids of the old table."""
+    c = _load(families.gangs(40, 5))
+    snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    build_state(snap, now=snap.now)
+    build_mod._POD_ROWS.__init__()  # type: ignore[misc]  # (what PodRows.columns does on too many keys)
+    build_mod._POD_ROWS.keys.id("another/key")  # the new table's ids differ from the old one's
+    with_memo = build_state(snap, now=snap.now)
+    build_mod.reset_memos()
+    _same(with_memo, build_state(snap, now=snap.now))
+
+
 @settings(max_examples=60, deadline=None)
 @given(hst.lists(hst.tuples(hst.sampled_from([None, "train", "build", "no-such-class"]),
                             hst.lists(hst.tuples(hst.sampled_from([None, "inference", "build", "nope"]),

@@ -62,9 +62,9 @@ def build_state(snapshot: Snapshot, *, now: float | None = None, default_queue: 
     pc_value = dict(DEFAULT_PRIORITY_CLASSES)
     pc_value.update({pc.name: pc.value for pc in snapshot.priority_classes})
     global_default = next((pc.value for pc in snapshot.priority_classes if pc.global_default), 0)
-    group_rows = _GROUP_ROWS.columns(snapshot.podgroups, pc_value, global_default)
+    group_rows = _GROUP_ROWS.columns(snapshot.podgroups, pc_value, global_default, _POD_ROWS.keys)
     declared_keys: list[str] = group_rows["key"].tolist()
-    values = _pod_values(kept, col, declared_keys)
+    values = _pod_values(kept, col, declared_keys, group_rows["kid"])
     pod_pg = _group_index(values, declared_keys)
     groups = _podgroups(snapshot.podgroups, group_rows, declared_keys, kept, values, pod_pg, topologies, queues,
                         pc_value, global_default, default_queue)
@@ -335,8 +335,9 @@ class _PodValues:
     missing: set[str]  # keys pods name that no podgroup declares
 
 
-def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str]) -> _PodValues:
-    """Per-pod values and group keys from the kept pods' rows."""
+def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str], decl_ids: np.ndarray) -> _PodValues:
+    """Per-pod values and group keys from the kept pods' rows (`decl_ids`: the declared keys' ids in
+    PodRows.keys)."""
     c, ours = kept.c, kept.ours
     extra = [(i, col[r], x) for i in np.flatnonzero(c["has_extra"]).tolist() for r, x in c["extra"][i]]
     lens = c["devices" + LEN]
@@ -364,7 +365,6 @@ def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str]) -> _
     with_subgroup = np.flatnonzero(ours & (c["subgroup"] != 0)).tolist()
     # group keys: the named PodGroup, else the pod's implicit group ("-implicit" added while a PodGroup holds it)
     keys = _POD_ROWS.keys
-    decl_ids = keys.ids_of(declared_keys)
     gkey, ikey = c["gkey"], c["ikey"]
     named = ours & (gkey >= 0)
     lone = ours & (gkey < 0)
@@ -381,13 +381,21 @@ def _pod_values(kept: _Kept, col: dict[str, int], declared_keys: list[str]) -> _
     if len(is_decl) < len(keys):
         is_decl = np.concatenate([is_decl, np.zeros(len(keys) - len(is_decl), dtype=bool)])
     values_of = keys.values
-    implicit = {values_of[k] for k in np.unique(kid[lone]).tolist()}
-    named_ids = np.unique(kid[named])
+    implicit = {values_of[k] for k in _distinct(kid[lone], len(keys)).tolist()}
+    named_ids = _distinct(kid[named], len(keys))
     missing = {values_of[k] for k in named_ids[~is_decl[named_ids]].tolist()}
-    used_ids = np.unique(kid[kid >= 0])
+    used_ids = _distinct(kid[kid >= 0], len(keys))
     undeclared = sorted(values_of[k] for k in used_ids[~is_decl[used_ids]].tolist())
     return _PodValues(extra, explicit, gpu_groups, sig, sigs, with_subgroup, kid, decl_ids, undeclared, implicit,
                       missing)
+
+
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """The distinct values of `ids` (in 0..n-1), ascending: np.unique by a presence mask (ids are interned
+    integers, so no sort)."""
+    seen = np.zeros(n, dtype=bool)
+    seen[ids] = True
+    return np.flatnonzero(seen)
 
 
 @dataclass

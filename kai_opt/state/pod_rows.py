@@ -227,18 +227,21 @@ class GroupRows:
     """Declared PodGroups' rows: for a group without subgroups or topology, all its values but the queue's index
     come from the spec (`alone` 1) or, without a known priority class of its own, all but its priority too, which
     its pods give (`alone` 2; `preempt` -1 when that priority decides it); other groups are read on each build.
-    Valid while the priority classes are the same."""
+    Valid while the priority classes are the same. Column `kid`: each group's key interned in `keys` (the pods'
+    group keys, PodRows.keys), valid while that table is the same."""
 
     def __init__(self) -> None:
         self.queues = Interned()  # queue names (-1: none named)
         self.rows = RowCache(self._read)
         self.classes: tuple[dict[str, int], int] | None = None
+        self.keys: Interned | None = None
 
-    def columns(self, groups: Sequence[PodGroup], pc_value: dict[str, int],
-                global_default: int) -> dict[str, np.ndarray]:
-        if self.classes != (pc_value, global_default) or len(self.queues) > 4 * len(groups) + 100_000:
+    def columns(self, groups: Sequence[PodGroup], pc_value: dict[str, int], global_default: int,
+                keys: Interned) -> dict[str, np.ndarray]:
+        if self.classes != (pc_value, global_default) or len(self.queues) > 4 * len(groups) + 100_000 \
+                or self.keys is not keys:
             self.__init__()  # type: ignore[misc]
-            self.classes = (dict(pc_value), global_default)
+            self.classes, self.keys = (dict(pc_value), global_default), keys
         return self.rows.columns(groups)
 
     def _read(self, groups: list[PodGroup]) -> dict[str, np.ndarray]:
@@ -263,6 +266,8 @@ class GroupRows:
         out: dict[str, np.ndarray] = {c: ints[:, j] for j, c in enumerate(GROUP_INTS)}
         out.update({c: floats[:, j] for j, c in enumerate(GROUP_FLOATS)})
         out["key"] = keys
+        assert self.keys is not None
+        out["kid"] = self.keys.ids_of(keys.tolist())
         return out
 
 
