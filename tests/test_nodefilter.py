@@ -116,6 +116,32 @@ def test_reasons_name_each_failing_check() -> None:
     assert len(d.feasible) == 0 and d.why.failed.sum() == 6
 
 
+def test_a_share_without_a_device_of_its_own_still_counts_against_its_node() -> None:
+    """Three 0.6 shares bound to a 2-GPU node: the third finds no device left (the state warns) but holds node GPU
+    all the same. A 0.3 share fits device 0 by its device alone; the node's GPU total refuses it (the checker
+    would reject the plan), so it goes to b, and the reason names the node's GPUs."""
+    from kai_opt.checker import check_plan
+    from kai_opt.engine import run_cycle
+
+    dev0 = {"kai-opt.io/gpu-devices": "0"}
+    dev1 = {"kai-opt.io/gpu-devices": "1"}
+    objs = [node("a", gpus=2), node("b", gpus=1), queue("q", gpu=(-1, 1, -1)),
+            pod("r0", gpus=0.6, node_name="a", queue_name="q", annotations=dev0),
+            pod("r1", gpus=0.6, node_name="a", queue_name="q", annotations=dev1),
+            pod("r2", gpus=0.6, node_name="a", queue_name="q"),
+            podgroup("g", "q"), pod("p", group="g", gpus=0.3)]
+    state = build_state(snapshot(objs))
+    assert any("no GPU device left for its share" in w for w in state.warnings)
+    placer = Placer(Session(state, compute_fair_share(state), Config()))
+    d = placer.diagnose(state.pod_index["default/p"])
+    assert [state.node_names[n] for n in d.feasible] == ["b"]
+    assert d.reasons == Counter({"Insufficient nvidia.com/gpu": 1})  # a
+    for engine in (Engine.greedy, Engine.cpsat):
+        plan, fs = run_cycle(state, Config(engine=engine))
+        assert [state.node_names[pl.node] for pl in plan.placements] == ["b"], engine
+        check_plan(state, plan, fs, Config(engine=engine))
+
+
 @SETTINGS
 @given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(1, 30))
 def test_memoised_verdicts_equal_the_checks_after_any_operations(objs: list[RawObject], rnd: random.Random,

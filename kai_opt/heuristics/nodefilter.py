@@ -190,6 +190,16 @@ class NodeFilter:
             future_ok &= room
             if why is not None:
                 self._share_reasons(p, candidates, room, why)
+        gpu = int(req[R_GPU])
+        if gpu and (whole or st.pod_gpu_frac[p]):
+            # the node's GPU total holds too: a share bound there without a device of its own (the state warns
+            # "no GPU device left for its share") holds node GPU no device shows
+            free = sess.alloc[candidates, R_GPU] - sess.held[candidates, R_GPU]
+            total = free >= gpu
+            if why is not None:
+                why.add(WHOLE_GPUS, candidates[future_ok & ~total])
+            future_ok &= total
+            now_ok &= total & (free - sess.rel[candidates, R_GPU] >= gpu)
         if st.pod_gpu_mem[p]:
             known = self.gpu_memory_ok(p, candidates)
             now_ok &= known
