@@ -207,7 +207,7 @@ def main() -> int:
     except ImportError:  # (older trees: a pass over every pod)
         live = None
     pg_res = _res(cache_mod, "PodGroup")
-    to_confirm: list[tuple[str, str, str]] = []
+    to_confirm: list[tuple[str, str, str, tuple[int, ...]]] = []
     rows: list[dict[str, float]] = []
     prof = cProfile.Profile() if args.profile else None
     writer = pool = None
@@ -231,12 +231,16 @@ def main() -> int:
                                          recorder)
     for cycle in range(args.cycles + args.warmup):
         # the watch: last cycle's binds confirmed, then this cycle's churn
-        for ns, name, node in to_confirm:
+        for ns, name, node, devices in to_confirm:
             pod = cache.pod(ns, name)
             if pod is not None:
                 rv = str(int(pod["metadata"]["resourceVersion"]) + 1)
-                new = {**pod, "spec": {**pod["spec"], "nodeName": node},
-                       "metadata": {**pod["metadata"], "resourceVersion": rv}, "status": {"phase": "Running"}}
+                meta = {**pod["metadata"], "resourceVersion": rv}
+                if devices:  # the binder writes the pod's GPU devices before it binds (kaibind)
+                    meta["annotations"] = {**(meta.get("annotations") or {}),
+                                           "kai-opt.io/gpu-devices": ",".join(map(str, devices))}
+                new = {**pod, "spec": {**pod["spec"], "nodeName": node}, "metadata": meta,
+                       "status": {"phase": "Running"}}
                 cache._apply(pod_res, "MODIFIED", new)
         to_confirm = []
         _land(cache, cache_mod, writes)  # last cycle's status writes, as the watch shows them
@@ -269,7 +273,7 @@ def main() -> int:
                 pod_m = state.pods[b.pod]
                 node_name = state.node_names[b.node]
                 cache.assume_bound(pod_m.meta.uid or "", pod_m.namespace, pod_m.name, node_name, tuple(b.devices))
-                to_confirm.append((pod_m.namespace, pod_m.name, node_name))
+                to_confirm.append((pod_m.namespace, pod_m.name, node_name, tuple(b.devices)))
             c5, t5 = time.process_time(), time.perf_counter()
         if prof and cycle >= args.warmup and writer is None:
             prof.disable()
