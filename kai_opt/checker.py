@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,9 @@ DEV = 1000
 
 
 class PlanViolation(AssertionError):
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], nodes: Collection[int] = ()) -> None:
         self.problems = problems
+        self.nodes = frozenset(nodes)  # the nodes a capacity problem names (resources or devices over capacity)
         super().__init__(f"plan violates {len(problems)} invariant(s): " + "; ".join(problems[:10]))
 
 
@@ -82,7 +84,8 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
     problems: list[str] = []
     names = _PodNames(state)  # only messages use them
     dec = _decisions(state, plan, names, problems)
-    problems += _capacity_problems(state, dec, names)
+    overfilled: set[int] = set()
+    problems += _capacity_problems(state, dec, names, overfilled)
     active_after = (state.pod_status == PodStatus.BOUND) | (state.pod_status == PodStatus.PIPELINED)
     active_after[list(dec.evicted)] = False
     active_after[list(dec.placed)] = True
@@ -93,7 +96,7 @@ def check_plan(state: ClusterState, plan: Plan, fs: FairShare, config: Config) -
     if state.dra is not None:
         problems += _dra_problems(state, dec, active_after, names)
     if problems:
-        raise PlanViolation(problems)
+        raise PlanViolation(problems, overfilled)
 
 
 def _decisions(state: ClusterState, plan: Plan, names: _PodNames, problems: list[str]) -> _Decisions:
@@ -154,10 +157,10 @@ def flat_devices(state: ClusterState, pods: np.ndarray, nodes: np.ndarray, devic
     return owner, base + local, per[owner], valid
 
 
-def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -> list[str]:
+def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames, overfilled: set[int]) -> list[str]:
     """Binds fit now (evicted pods still hold their resources); once every eviction and release finishes and every
     bind, pipelined pod and move lands, no node resource and no GPU device is over capacity; each pod gets the
-    devices it needs, on its node."""
+    devices it needs, on its node. The nodes over capacity go into `overfilled`."""
     problems: list[str] = []
     now_used = state.node_used.copy()
     final = state.node_used - state.node_releasing + state.node_pipelined  # releasing pods will be gone
@@ -206,6 +209,7 @@ def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -
         for n, r in over[:20].tolist():
             if before[n, r] > state.node_alloc[n, r] and (label == "now" or used[n, r] <= before[n, r]):
                 continue  # was already over before the plan (inconsistent snapshot), not the plan's doing
+            overfilled.add(n)
             problems.append(f"node {state.node_names[n]} over capacity {label} in {state.resources[r]}: "
                             f"{int(used[n, r])} > {int(state.node_alloc[n, r])}")
     for label, used, before in (("now", dev_now, state.dev_used), ("after the plan", dev_final, dev_final_before)):
@@ -213,6 +217,7 @@ def _capacity_problems(state: ClusterState, dec: _Decisions, names: _PodNames) -
             if before[d] > DEV and (label == "now" or used[d] <= before[d]):
                 continue  # as for nodes
             n = int(np.searchsorted(state.dev_start, d, side="right") - 1)
+            overfilled.add(n)
             problems.append(f"GPU device {d - int(state.dev_start[n])} of {state.node_names[n]} over capacity "
                             f"{label}: {int(used[d])} milli-GPU")
     return problems

@@ -6,6 +6,7 @@ the plan. Engines never apply anything; sinks (CLI, simulate, the in-cluster bin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import nullcontext
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kai_opt.checker import check_plan
+from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Engine
 from kai_opt.fairshare import FairShare, compute_fair_share
 from kai_opt.fairshare.history import HistoricalUsage
@@ -106,12 +107,13 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         except Exception:  # (an optional stage: cpsat_plan forks the worker itself when the model runs)
             log.exception("forking the CP-SAT worker early raised; it is forked when the model runs")
 
+    replanned = ""
     try:
         plan = greedy_plan(state, fs, config, actions, progress, after if early else None)
         if second is not None and not second.keep_going(time.perf_counter() - t0, config.solver.time_budget_s):
             second = None
         say("checking the greedy plan")
-        check_plan(state, plan, fs, config)
+        plan, replanned = _verified_greedy(state, fs, config, plan, actions, progress)
         if engine == Engine.cpsat:
             say(f"CP-SAT (budget {config.solver.time_budget_s:g}s)")
             from kai_opt.formulation.solve import cpsat_plan, kept_unbeatable
@@ -143,6 +145,33 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             worker.cancel()
         if second is not None:
             second.close()
+    if replanned:
+        plan.solver.add_failure("greedy", "violation", replanned)
     plan.phases["fair_share"] = t_fs
     plan.phases["total"] = time.perf_counter() - t0
     return plan, fs
+
+
+def _verified_greedy(state: ClusterState, fs: FairShare, config: Config, plan: Plan,
+                     actions: tuple[str, ...] | None, progress: Progress | None) -> tuple[Plan, str]:
+    """The greedy plan, checked. One the checker finds over capacity on some nodes (the engine misjudged their
+    state, e.g. a pod holding node resources no device shows) is planned again once with those nodes out of the
+    cycle, and that plan is checked against the cluster as it is: one node the engine cannot judge does not stop
+    the scheduling of the rest. Returns the plan and, when planned again, what happened ('' otherwise). Any other
+    violation, or one the second plan still has, is raised: nothing is applied."""
+    try:
+        check_plan(state, plan, fs, config)
+        return plan, ""
+    except PlanViolation as exc:
+        if not exc.nodes:
+            raise
+        first = exc
+    ok = state.node_ok.copy()
+    ok[sorted(first.nodes)] = False
+    again = greedy_plan(dataclasses.replace(state, node_ok=ok), fs, config, actions, progress)
+    check_plan(state, again, fs, config)
+    names = sorted(state.node_names[n] for n in first.nodes)
+    said = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    log.error("the greedy plan failed the checker (%s); planned again without node(s) %s",
+              "; ".join(first.problems[:3]), said)
+    return again, f"the greedy plan failed the checker ({first.problems[0]}); planned again without node(s) {said}"

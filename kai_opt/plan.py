@@ -10,8 +10,9 @@ from kai_opt.state import ClusterState
 
 # An optional stage of a cycle that failed, and how: the cycle goes on with the verified greedy plan, the failure
 # counted in SolverInfo.failures (kai_opt_solver_failures_total{stage,kind} in a cluster) and named in the note.
-FAILURE_STAGES = ("cpsat", "decode", "second_hint")  # the CP-SAT worker (scope, model, hint, solve, the check of
-# its plan) and its solver sub-worker; decoding the solution; the FGD-scored greedy plan computed beside
+FAILURE_STAGES = ("cpsat", "decode", "second_hint", "greedy")  # the CP-SAT worker (scope, model, hint, solve, the
+# check of its plan) and its solver sub-worker; decoding the solution; the FGD-scored greedy plan computed beside;
+# the greedy plan itself, planned again without the nodes its checker violation named (engine._verified_greedy)
 FAILURE_KINDS = ("exception", "crash", "timeout", "violation")  # raised; died without a message (signal, out of
 # memory, broken pipe); killed by a hard watchdog; its plan failed the checker
 

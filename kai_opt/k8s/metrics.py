@@ -165,8 +165,8 @@ class SchedulerMetrics:
         self._m["kai_opt_solver_gap"].set(math.nan if gap is None else gap)
 
     def solver_failure(self, stage: str, kind: str) -> None:
-        """Count an optional stage (cpsat, decode, second_hint) that failed (exception, crash, timeout, violation)
-        in a cycle that went on without it."""
+        """Count a stage of a cycle that failed (kai_opt.plan.FAILURE_STAGES, FAILURE_KINDS) in a cycle that went
+        on without it (the greedy stage: with its plan made again without the nodes it overfilled)."""
         self._m["kai_opt_solver_failures_total"].labels(stage=stage, kind=kind).inc()
 
     def bound(self, n: int = 1) -> None:
