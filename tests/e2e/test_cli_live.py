@@ -38,6 +38,14 @@ def untimed(data: Any) -> Any:
     return data
 
 
+def _diff(live: Any, dumped: Any) -> str:
+    """The two answers' differing lines (a failure says what differs, not only that something does)."""
+    import difflib
+
+    lines = [json.dumps(x, indent=1, sort_keys=True).splitlines() for x in (live, dumped)]
+    return "\n".join(difflib.unified_diff(*lines, "live", "dump", lineterm="", n=2))
+
+
 @pytest.fixture
 def live(clean_cluster: LocalCluster, tmp_path: Path) -> tuple[Path, Path]:
     """Two GPU nodes, a queue tree, a placeable gang, a gang too big for the cluster, one pod bound already; the
@@ -86,7 +94,9 @@ def test_live_answers_equal_the_dumps(live: tuple[Path, Path], question: tuple[s
     assert on_file.returncode == 0 and on_stdin.returncode == 0, (on_file.stderr, on_stdin.stderr)
     if "json" in rest:
         live_answer = untimed(json.loads(on_cluster.stdout))
-        assert live_answer == untimed(json.loads(on_file.stdout)) == untimed(json.loads(on_stdin.stdout))
+        for other in (on_file, on_stdin):
+            answer = untimed(json.loads(other.stdout))
+            assert live_answer == answer, _diff(live_answer, answer)
         assert live_answer  # something was answered
     else:
         assert on_cluster.stdout == on_file.stdout == on_stdin.stdout
