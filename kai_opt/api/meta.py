@@ -88,6 +88,11 @@ def format_time(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def now_rfc3339() -> str:
+    """The time now as the API writes timestamps (whole seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class OwnerReference(BaseModel):
     model_config = MODEL
     api_version: str

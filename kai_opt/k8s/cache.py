@@ -39,7 +39,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kai_opt.api.meta import format_time
+from kai_opt.api.meta import now_rfc3339 as _now_rfc3339  # (a module name: tests set the time here)
 from kai_opt.api.pod import GPU_DEVICES_ANNOTATION, PODGROUP_ANNOTATION
 from kai_opt.gcpause import gc_paused
 from kai_opt.k8s.client import PODGROUP, QUEUE, TOPOLOGY, object_path, request, stream_lines
@@ -981,10 +981,6 @@ def _memo_key(kind: str, obj: dict[str, Any]) -> tuple[str, ...] | None:
     meta = obj.get("metadata") or {}
     uid, rv = meta.get("uid"), meta.get("resourceVersion")
     return (kind, str(uid), str(rv)) if uid and rv else None
-
-
-def _now_rfc3339() -> str:
-    return format_time(time.time()) or ""
 
 
 def watch_kinds_of(owner_kinds: Iterable[tuple[str, str, str]]) -> list[Resource]:

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from kai_opt.api import Pod
-from kai_opt.api.meta import format_time
+from kai_opt.api.meta import format_time, now_rfc3339  # (now_rfc3339 a module name here: tests set the time)
 from kai_opt.api.podgroup import LAST_START_ANNOTATION, STALE_TIMESTAMP_ANNOTATION
 from kai_opt.fairshare import FairShare
 from kai_opt.heuristics.positions import Position
@@ -69,10 +69,6 @@ VALID_CONDITION = "Valid"
 _API_VERSION = {r.kind: r.api_version for r in SCHEDULING_KINDS}
 QUEUE_POSITION_ANNOTATION = "kai-opt.io/queue-position"
 QUEUE_POSITION_IN_QUEUE_ANNOTATION = "kai-opt.io/queue-position-in-queue"
-
-
-def now_rfc3339() -> str:
-    return format_time(time.time()) or ""
 
 
 # -- PodGroup status -------------------------------------------------------------------------------------------------
