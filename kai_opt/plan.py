@@ -10,9 +10,10 @@ from kai_opt.state import ClusterState
 
 # An optional stage of a cycle that failed, and how: the cycle goes on with the verified greedy plan, the failure
 # counted in SolverInfo.failures (kai_opt_solver_failures_total{stage,kind} in a cluster) and named in the note.
-FAILURE_STAGES = ("cpsat", "decode", "second_hint", "greedy")  # the CP-SAT worker (scope, model, hint, solve, the
-# check of its plan) and its solver sub-worker; decoding the solution; the FGD-scored greedy plan computed beside;
-# the greedy plan itself, planned again without the nodes its checker violation named (engine._verified_greedy)
+FAILURE_STAGES = ("cpsat", "decode", "second_hint", "greedy", "pattern_hint")  # the CP-SAT worker (scope, model,
+# hint, solve, the check of its plan) and its solver sub-worker; decoding the solution; the FGD-scored greedy plan
+# computed beside; the greedy plan itself, planned again without the nodes its checker violation named
+# (engine._verified_greedy); the greedy plan guided by the pattern model (formulation/pattern_plan.py)
 FAILURE_KINDS = ("exception", "crash", "timeout", "violation")  # raised; died without a message (signal, out of
 # memory, broken pipe); killed by a hard watchdog; its plan failed the checker
 
@@ -63,7 +64,8 @@ class SolverInfo:
     solve_s: float = 0.0
     decode_s: float = 0.0
     note: str | None = None
-    hint: str | None = None  # CP-SAT: the greedy plan it started from or kept, kai (KAI-scored) or fgd (FGD-scored)
+    hint: str | None = None  # CP-SAT: the greedy plan it started from or kept, kai (KAI-scored), fgd (FGD-scored) or
+    # pattern (guided by the pattern model: formulation/pattern_plan.py)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (stage, kind) of each optional stage that
     # failed this cycle (FAILURE_STAGES, FAILURE_KINDS); the note says what happened
 

@@ -41,11 +41,14 @@ def test_pools_partition_the_shapes_into_interchangeable_pods(family: str, nodes
 def test_pooled_model_reaches_the_packing_the_greedy_misses() -> None:
     """fragmentation-300: about 200 identical gangs per shape. With one variable per (shape, node), each shape's
     24 candidate nodes were the same best-fitting ones and the model could only return the greedy plan (993 GPUs);
-    pooled, every fitting node is a candidate."""
+    pooled, every fitting node is a candidate. (The model alone: the pattern plan, which reaches that packing too,
+    is off; tests/test_pattern_plan.py.)"""
     st = build_state(Instance("fragmentation", 300, 0).snapshot())
-    greedy, fs = run_cycle(st, CONFIG, engine=Engine.greedy)
-    plan, _ = run_cycle(st, CONFIG, engine=Engine.cpsat)
-    check_plan(st, plan, fs, CONFIG)
+    config = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 2, "seed": 0,
+                                                         "pattern_hint": False}})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
 
     def gpus(p) -> float:
         return sum(float(st.pod_req[pl.pod, 2]) for pl in p.placements if not pl.moved) / 1000

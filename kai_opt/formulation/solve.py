@@ -21,6 +21,7 @@ from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.packing import less_fragmented
+from kai_opt.formulation.pattern_plan import MODEL_SHARE, guided_plan
 from kai_opt.formulation.runner import run_with_watchdog
 from kai_opt.formulation.scope import (
     Scope,
@@ -48,6 +49,8 @@ SLOWDOWN_MAX = 4.0  # the reserve grows with the worker's wall/CPU ratio while b
 INLINE_SHARE = 0.25  # a second hint not ready when the worker starts is computed there if it costs at most this
 # share of the budget (SLOWDOWN x the KAI-scored cycle)
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
+PATTERN_SHARE = 0.5  # the pattern plan's guided greedy cycle is run when one greedy cycle (its action phases) costs
+# at most this share of the budget (it costs about as much again)
 
 
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
@@ -258,11 +261,18 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     start, cpu_start = time.perf_counter(), time.process_time()
     budget = config.solver.time_budget_s
     greedy, via = _starting_plan(state, fs, config, greedy, actions, second, phase)
+    hint = "fgd" if via else "kai"
+    greedy, pattern_via, pattern_failed = _pattern_start(state, fs, config, greedy, actions, phase)
+    if pattern_via:  # (its base, the plan above, stays named)
+        via, hint = f"{via}; then {pattern_via}" if via else pattern_via, "pattern"
     phase("building the scope (pending groups, victims, candidate nodes)")
     sess, scope = model_scope(state, fs, config, greedy, actions)
     if via:
         scope.notes.insert(0, via)
-    info = SolverInfo(hint="fgd" if via else "kai")
+    info = SolverInfo(hint=hint)
+    if pattern_failed is not None:
+        info.failures.append(("pattern_hint", pattern_failed[0]))
+        scope.notes.append(failure_note("pattern_hint", *pattern_failed))
     if actions is not None and "allocate" not in actions:
         return _keep(greedy, info, start, "the model decides whole cycles (allocate included); this run asked "
                      f"only for {', '.join(actions)}", "GREEDY_KEPT")
@@ -386,6 +396,34 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
     return alt, "started from " + note
 
 
+def _pattern_start(state: ClusterState, fs: FairShare, config: Config, start: Plan, actions: tuple[str, ...] | None,
+                   phase: Callable[[str], None]) -> tuple[Plan, str, tuple[str, str] | None]:
+    """The greedy cycle guided by the pattern model (pattern_plan.py) instead of the starting plan when it keeps
+    every group that plan places, evicts no more and scores higher. Returns (the plan, its note or '', a failure
+    (kind, detail) or None): an optional stage, whatever goes wrong leaves the starting plan."""
+    budget = config.solver.time_budget_s
+    if not config.solver.pattern_hint or (actions is not None and "allocate" not in actions) \
+            or action_seconds(start) > PATTERN_SHARE * budget:
+        return start, "", None
+    phase("the pattern model over node classes, and the greedy cycle it guides (a third hint)")
+    try:
+        alt, pm = guided_plan(state, fs, config, start, actions, MODEL_SHARE * budget)
+        if alt is None:
+            return start, "", None
+        check_plan(state, alt, fs, config)
+    except PlanViolation as exc:
+        return start, "", ("violation", f"the pattern-guided plan failed the checker: {exc.problems[0]}")
+    except Exception:
+        return start, "", ("exception", f"the pattern-guided plan raised {last_line(traceback.format_exc())}")
+    scores = keeps_and_scores(state, fs, start, alt)
+    if scores is None or not scores[0][0] > scores[1][0] + 1e-9:
+        return start, "", None
+    alt.phases = start.phases  # the cycle's own phases (the first greedy's)
+    return alt, (f"started from the greedy plan guided by the pattern model (value {scores[0][0]:g} vs "
+                 f"{scores[1][0]:g}: {len(pm.chosen)} more groups; {pm.classes} node classes, {pm.patterns} "
+                 f"patterns, {pm.seconds:.2f}s)"), None
+
+
 def _beside_is_sooner(second: SecondHint, greedy: Plan) -> bool:
     """Whether the plan computed beside is expected before the same plan computed here would be done (SLOWDOWN x
     the KAI-scored cycle's action phases, on this process's core), at the share of a core it got so far."""
@@ -410,10 +448,11 @@ def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan
     scoring dropped 3 KAI-placed groups, and the KAI-scored plan stays."""
     if _same_decisions(greedy, alt):  # (every measure below would tie)
         return ""
-    counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
-    ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, greedy)
-    if any(alt_counts[g] < k for g, k in counts.items()) or ours[1] > theirs[1] + 1e-9:
+    scores = keeps_and_scores(state, fs, greedy, alt)
+    if scores is None:
         return ""
+    ours, theirs = scores
+    counts, alt_counts = placed_per_group(state, greedy), placed_per_group(state, alt)
     if ours[0] > theirs[0] + 1e-9:
         return (f"the greedy plan with FGD scoring (value {ours[0]:g} vs {theirs[0]:g} KAI-scored, the same groups "
                 f"and {len(set(alt_counts) - set(counts))} more)")
@@ -424,6 +463,17 @@ def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan
         return ""
     return (f"the greedy plan with FGD scoring (the same groups for the same value {ours[0]:g}, expected GPU "
             f"fragmentation {frag[0]:.1f} vs {frag[1]:.1f} GPUs KAI-scored)")
+
+
+def keeps_and_scores(state: ClusterState, fs: FairShare, base: Plan,
+                     alt: Plan) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """(alt's plan_score, base's) when `alt` places every group `base` places with at least as many pods and evicts
+    no more (KAI's queue order keeps its say over a starting plan); None otherwise."""
+    counts, alt_counts = placed_per_group(state, base), placed_per_group(state, alt)
+    ours, theirs = plan_score(state, fs, alt), plan_score(state, fs, base)
+    if any(alt_counts[g] < k for g, k in counts.items()) or ours[1] > theirs[1] + 1e-9:
+        return None
+    return ours, theirs
 
 
 def _same_decisions(a: Plan, b: Plan) -> bool:

@@ -1,0 +1,279 @@
+"""The pattern plan: a starting plan from a model over node classes, for the cycle's whole-GPU and CPU-only work.
+
+Nodes that the cycle's pending shapes see alike (the same scheduling class, and the same count of each shape
+fitting alone in their free room) form one class; a pattern is a multiset of pending shapes that fits the smallest
+free room of a class's nodes, with no shape left that would still fit. One small CP-SAT model chooses how many of a
+class's nodes take each pattern and which groups are placed, so packing decisions are made over classes and counts,
+never per pod and node (Borg's equivalence classes; a cutting-stock pattern model). The greedy cycle then runs again
+guided by it: each pod of a chosen group tries the nodes of the class the model gave its shape first, and the
+checker and the plan choice judge the result like any other plan.
+
+Only work whose fit is the room of one node takes part: groups whose pending pods need whole GPUs or none, without
+GPU shares, sub-groups, topology constraints, pod (anti-)affinity or resource claims, all of them placed by the
+starting plan or none. Everything else keeps the starting plan's decisions, which the classes' room leaves out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from kai_opt.config import Config
+from kai_opt.fairshare import FairShare
+from kai_opt.formulation.objective import Objective
+from kai_opt.formulation.scope import apply_fixed
+from kai_opt.heuristics.cycle import greedy_plan
+from kai_opt.heuristics.nodefilter import NodeFilter
+from kai_opt.heuristics.session import Session
+from kai_opt.plan import Plan
+from kai_opt.state import ClusterState, PodStatus
+
+PATTERN_CAP = 1_000  # patterns over all classes: beyond it the cycle's shapes mix too freely for this model
+MODEL_SHARE = 0.1  # of the time budget, the most the pattern model's search may take
+
+
+@dataclass
+class PatternModel:
+    """What the model decided: per chosen group's pod, the node mask of its class (the guide), and its counts."""
+
+    guide: dict[int, np.ndarray] = field(default_factory=dict)
+    chosen: list[int] = field(default_factory=list)  # groups the model places that the starting plan does not
+    classes: int = 0
+    patterns: int = 0
+    status: str = ""
+    why: str = ""  # why there is no guide ('' when there is one)
+    seconds: float = 0.0  # the model and the guided cycle
+
+
+def eligible_groups(sess: Session, plan: Plan) -> tuple[dict[int, np.ndarray], set[int]]:
+    """(group -> its pending pods, groups the plan places whole) for the groups the model may decide."""
+    st = sess.state
+    pending = (sess.status == PodStatus.PENDING) & (st.pod_pg >= 0)
+    placed = np.zeros(st.n_pods, dtype=bool)
+    placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
+    pods = np.flatnonzero(pending)
+    bad = (st.pod_gpu_frac[pods] > 0) | (st.pod_gpu_mem[pods] > 0) | (st.pod_sg[pods] >= 0)
+    groups: dict[int, np.ndarray] = {}
+    whole: set[int] = set()
+    order = np.argsort(st.pod_pg[pods], kind="stable")
+    pods, bad = pods[order], bad[order]
+    cuts = np.flatnonzero(np.diff(st.pod_pg[pods])) + 1
+    for seg, seg_bad in zip(np.split(pods, cuts), np.split(bad, cuts), strict=True):
+        if not len(seg):
+            continue
+        g = int(st.pod_pg[seg[0]])
+        if seg_bad.any() or st.pg_problem[g] is not None or st.pg_topology[g] >= 0:
+            continue
+        if any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity or st.pods[p].resource_claims
+               for p in seg.tolist()):
+            continue
+        n_placed = int(placed[seg].sum())
+        if n_placed not in (0, len(seg)):
+            continue
+        groups[g] = seg
+        if n_placed:
+            whole.add(g)
+    return groups, whole
+
+
+def _shape_key(st: ClusterState, p: int) -> tuple[Any, ...]:
+    return int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p])
+
+
+def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float) -> PatternModel:
+    """The pattern model for starting plan `plan` (no evictions, no moves), solved within budget_s."""
+    out = PatternModel()
+    if plan.evictions or any(pl.moved for pl in plan.placements):
+        out.why = "the starting plan evicts or moves pods"
+        return out
+    sess = Session(state, fs, config)
+    groups, kept = eligible_groups(sess, plan)
+    if len(groups) <= len(kept):
+        out.why = "no group left pending that the model could place"
+        return out
+    st = state
+    apply_fixed(sess, plan, sorted({int(st.pod_pg[pl.pod]) for pl in plan.placements} - set(groups)))
+    # shapes: pods interchangeable on every node
+    shape_of: dict[tuple[Any, ...], int] = {}
+    reps: list[int] = []
+    counts: dict[int, dict[int, int]] = {}  # group -> shape -> pods
+    for g, pods in groups.items():
+        per: dict[int, int] = {}
+        for p in pods.tolist():
+            key = _shape_key(st, p)
+            s = shape_of.get(key)
+            if s is None:
+                s = shape_of[key] = len(reps)
+                reps.append(p)
+            per[s] = per.get(s, 0) + 1
+        counts[g] = per
+    n_shapes = len(reps)
+    demand = np.zeros(n_shapes, dtype=np.int64)
+    for per in counts.values():
+        for s, k in per.items():
+            demand[s] += k
+    rep = np.array(reps, dtype=np.int64)
+    req = st.pod_req[rep].astype(np.int64)  # [S, R]
+    whole = st.pod_gpu_whole[rep].astype(np.int64)  # [S]
+    free = (sess.alloc - sess.held).astype(np.int64)  # [N, R]
+    idle = sess.whole_idle.astype(np.int64)  # [N]
+    nf = NodeFilter(sess)
+    allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in reps], axis=1)  # [N, S]
+    # how many of each shape fit alone (0 where not allowed), capped by its demand
+    big = np.iinfo(np.int64).max // 4
+    fit = np.full((st.n_nodes, n_shapes), big, dtype=np.int64)
+    for s in range(n_shapes):
+        for r in np.flatnonzero(req[s] > 0):
+            fit[:, s] = np.minimum(fit[:, s], np.maximum(free[:, r], 0) // req[s, r])
+        if whole[s] > 0:
+            fit[:, s] = np.minimum(fit[:, s], idle // whole[s])
+    fit = np.where(allowed, np.minimum(fit, demand[None, :]), 0)
+    useful = fit.any(axis=1) & (free >= 0).all(axis=1)
+    nodes = np.flatnonzero(useful)
+    if not len(nodes):
+        out.why = "no node has room for any of the pending shapes"
+        return out
+    keys = np.column_stack([st.node_class[nodes].astype(np.int64), fit[nodes]])
+    _, cls = np.unique(keys, axis=0, return_inverse=True)
+    cls = cls.ravel()
+    n_cls = int(cls.max()) + 1
+    members = [nodes[cls == c] for c in range(n_cls)]
+    cap = np.stack([free[m].min(axis=0) for m in members])  # [C, R]: the smallest room of each class
+    cap_idle = np.array([idle[m].min() for m in members], dtype=np.int64)
+    patterns: list[list[tuple[int, np.ndarray]]] = []  # per class: (pattern id, counts[S])
+    total = 0
+    for c in range(n_cls):
+        shapes_c = [s for s in range(n_shapes) if fit[members[c][0], s] > 0]
+        pats = _maximal_patterns(shapes_c, req, whole, demand, cap[c], int(cap_idle[c]), PATTERN_CAP - total)
+        if pats is None:
+            out.why = f"more than {PATTERN_CAP} patterns"
+            return out
+        total += len(pats)
+        patterns.append([(i, p) for i, p in enumerate(pats)])
+    out.classes, out.patterns = n_cls, total
+    # the model
+    m = cp_model.CpModel()
+    supply: list[list[Any]] = [[] for _ in range(n_shapes)]
+    y: dict[tuple[int, int], Any] = {}
+    for c in range(n_cls):
+        size = len(members[c])
+        vs = []
+        for i, pat in patterns[c]:
+            v = m.new_int_var(0, size, f"y{c}_{i}")
+            y[(c, i)] = v
+            vs.append(v)
+            for s in np.flatnonzero(pat).tolist():
+                supply[s].append(int(pat[s]) * v)
+        if vs:
+            m.add(sum(vs) <= size)
+    obj = Objective(state, fs)
+    z: dict[int, Any] = {}
+    use: list[list[Any]] = [[] for _ in range(n_shapes)]
+    terms = []
+    for g in groups:
+        v = m.new_bool_var(f"z{g}")
+        z[g] = v
+        if g in kept:
+            m.add(v == 1)
+        m.add_hint(v, 1 if g in kept else 0)
+        for s, k in counts[g].items():
+            use[s].append(k * v)
+        terms.append(int(obj.work(groups[g]).sum()) * v)
+    for s in range(n_shapes):
+        m.add(sum(use[s]) <= sum(supply[s]))
+    m.maximize(sum(terms))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    if config.solver.deterministic:  # reproducible: a deterministic limit
+        solver.parameters.max_deterministic_time = max(0.01, budget_s)
+        solver.parameters.random_seed = config.solver.seed
+    else:
+        solver.parameters.max_time_in_seconds = max(0.01, budget_s)
+    status = solver.solve(m)
+    out.status = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        out.why = f"the pattern model found no solution ({out.status})"
+        return out
+    out.chosen = [g for g in groups if g not in kept and solver.value(z[g])]
+    if not out.chosen:
+        out.why = "the pattern model places nothing the starting plan leaves pending"
+        return out
+    # each chosen group's pod goes to a class supplying its shape, in group order
+    slots: list[list[list[int]]] = [[] for _ in range(n_shapes)]  # shape -> [class, slots left]
+    for (c, i), v in y.items():
+        k = solver.value(v)
+        if k:
+            pat = patterns[c][i][1]
+            for s in np.flatnonzero(pat).tolist():
+                slots[s].append([c, k * int(pat[s])])
+    masks = []
+    for c in range(n_cls):
+        mask = np.zeros(st.n_nodes, dtype=bool)
+        mask[members[c]] = True
+        masks.append(mask)
+    for g in groups:
+        if not solver.value(z[g]):
+            continue
+        for p in groups[g].tolist():
+            s = shape_of[_shape_key(st, p)]
+            for slot in slots[s]:
+                if slot[1] > 0:
+                    slot[1] -= 1
+                    out.guide[p] = masks[slot[0]]
+                    break
+    return out
+
+
+def _maximal_patterns(shapes: list[int], req: np.ndarray, whole: np.ndarray, demand: np.ndarray, cap: np.ndarray,
+                      idle: int, limit: int) -> list[np.ndarray] | None:
+    """Every multiset of `shapes` fitting (cap, idle whole devices) to which none of them can be added (a count
+    never above the shape's demand); None when there are more than `limit`."""
+    n_shapes = len(req)
+    out: list[np.ndarray] = []
+    counts = np.zeros(n_shapes, dtype=np.int64)
+
+    def fits_one(s: int, room: np.ndarray, room_idle: int) -> bool:
+        return bool((req[s] <= room).all()) and whole[s] <= room_idle and counts[s] < demand[s]
+
+    def walk(i: int, room: np.ndarray, room_idle: int) -> bool:
+        if i == len(shapes):
+            if any(fits_one(s, room, room_idle) for s in shapes):
+                return True  # not maximal
+            if len(out) >= limit:
+                return False
+            out.append(counts.copy())
+            return True
+        s = shapes[i]
+        most = int(demand[s])
+        for r in np.flatnonzero(req[s] > 0):
+            most = min(most, int(room[r] // req[s, r]))
+        if whole[s] > 0:
+            most = min(most, room_idle // int(whole[s]))
+        for k in range(max(most, 0), -1, -1):
+            counts[s] = k
+            if not walk(i + 1, room - k * req[s], room_idle - k * int(whole[s])):
+                counts[s] = 0
+                return False
+        counts[s] = 0
+        return True
+
+    if not walk(0, cap.copy(), idle):
+        return None
+    return [p for p in out if p.any()]
+
+
+def guided_plan(state: ClusterState, fs: FairShare, config: Config, plan: Plan,
+                actions: tuple[str, ...] | None, budget_s: float) -> tuple[Plan | None, PatternModel]:
+    """The greedy cycle guided by the pattern model (None with the model's why when there is no guide)."""
+    t = time.perf_counter()
+    pm = build(state, fs, config, plan, budget_s)
+    if not pm.guide:
+        return None, pm
+    alt = greedy_plan(state, fs, config, actions, guide=pm.guide)
+    alt.solver = plan.solver
+    pm.seconds = time.perf_counter() - t
+    return alt, pm

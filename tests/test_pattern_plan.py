@@ -1,0 +1,118 @@
+"""The pattern plan: a model over node classes and the patterns of pending shapes that fit them, and the greedy
+cycle it guides, as the CP-SAT model's starting plan (kai_opt/formulation/pattern_plan.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from kai_opt.bench.instances import Instance
+from kai_opt.checker import check_plan
+from kai_opt.config import Engine, parse_config
+from kai_opt.engine import run_cycle
+from kai_opt.formulation import pattern_plan, solve
+from kai_opt.formulation.solve import plan_score
+from kai_opt.state import build_state
+
+SOLVER = {"deterministic": True, "time_budget_s": 2, "seed": 0}
+
+
+def _placed_groups(st, plan) -> set[int]:
+    return {int(st.pod_pg[p.pod]) for p in plan.placements if not p.moved}
+
+
+def test_the_guided_cycle_escapes_the_traps_the_greedy_falls_into() -> None:
+    """fragmentation-300: the greedy leaves 3-GPU pods without their 3-free nodes and 8-GPU pods without CPU; the
+    nodes fall into a handful of classes, and the guided cycle places more, every greedy group included."""
+    st = build_state(Instance("fragmentation", 300, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    alt, pm = pattern_plan.guided_plan(st, fs, config, greedy, None, 1.0)
+    assert alt is not None, pm.why
+    check_plan(st, alt, fs, config)
+    assert pm.classes <= 10 and 0 < pm.patterns <= 100 and pm.chosen
+    assert _placed_groups(st, greedy) <= _placed_groups(st, alt)
+    assert plan_score(st, fs, alt)[0] > plan_score(st, fs, greedy)[0]
+    assert set(pm.chosen) <= _placed_groups(st, alt)  # the guide was followed
+    for p, mask in pm.guide.items():  # and every guided pod that was placed went to its class
+        pl = next((x for x in alt.placements if x.pod == p), None)
+        if pl is not None and int(st.pod_pg[p]) in pm.chosen:
+            assert mask[pl.node]
+
+
+def test_the_engine_starts_from_it_and_the_option_turns_it_off() -> None:
+    st = build_state(Instance("fragmentation", 300, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    assert plan.solver is not None and plan.solver.hint == "pattern", plan.solver
+    assert "guided by the pattern model" in (plan.solver.note or "")
+    assert plan_score(st, fs, plan)[0] > plan_score(st, fs, greedy)[0]
+    off = parse_config({"engine": "cpsat", "solver": {**SOLVER, "pattern_hint": False}})
+    plan_off, _ = run_cycle(st, off, engine=Engine.cpsat)
+    assert plan_off.solver.hint != "pattern" and "pattern model" not in (plan_off.solver.note or "")
+
+
+def test_a_starting_plan_that_evicts_is_left_alone() -> None:
+    st = build_state(Instance("contention", 100, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    assert greedy.evictions  # (the instance's greedy plan reclaims)
+    alt, pm = pattern_plan.guided_plan(st, fs, config, greedy, None, 1.0)
+    assert alt is None and "evicts" in pm.why
+
+
+def test_a_failing_pattern_stage_leaves_the_starting_plan(monkeypatch) -> None:
+    st = build_state(Instance("fragmentation", 100, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+
+    def boom(*_a, **_k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(solve, "guided_plan", boom)
+    plan, fs = run_cycle(st, config, engine=Engine.cpsat)
+    check_plan(st, plan, fs, config)
+    assert ("pattern_hint", "exception") in plan.solver.failures
+    assert plan.solver.hint != "pattern" and "boom" in plan.solver.note
+
+
+def _fits(counts: np.ndarray, req: np.ndarray, whole: np.ndarray, cap: np.ndarray, idle: int) -> bool:
+    return bool((counts @ req <= cap).all()) and int(counts @ whole) <= idle
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.tuples(hs.integers(0, 6), hs.integers(0, 3), hs.integers(1, 4)), min_size=1, max_size=3),
+       hs.integers(0, 12), hs.integers(0, 4))
+def test_the_patterns_are_the_maximal_fitting_multisets(shapes, cpu, idle) -> None:
+    """Every enumerated pattern fits and no shape can be added to it; every fitting multiset lies below one."""
+    req = np.array([[c, 0] for c, _, _ in shapes], dtype=np.int64)
+    whole = np.array([w for _, w, _ in shapes], dtype=np.int64)
+    demand = np.array([d for _, _, d in shapes], dtype=np.int64)
+    cap = np.array([cpu, 0], dtype=np.int64)
+    n = len(shapes)
+    pats = pattern_plan._maximal_patterns(list(range(n)), req, whole, demand, cap, idle, 10_000)
+    assert pats is not None
+    seen = set()
+    for p in pats:
+        assert _fits(p, req, whole, cap, idle) and (p <= demand).all()
+        for s in range(n):
+            more = p.copy()
+            more[s] += 1
+            assert more[s] > demand[s] or not _fits(more, req, whole, cap, idle)
+        seen.add(tuple(p.tolist()))
+    assert len(seen) == len(pats)
+    for counts in itertools.product(*(range(int(d) + 1) for d in demand)):
+        c = np.array(counts, dtype=np.int64)
+        if c.any() and _fits(c, req, whole, cap, idle):
+            assert any((c <= p).all() for p in pats), c
+
+
+def test_too_many_patterns_give_up() -> None:
+    req = np.array([[1, 0]] * 6, dtype=np.int64)
+    whole = np.zeros(6, dtype=np.int64)
+    demand = np.full(6, 10, dtype=np.int64)
+    assert pattern_plan._maximal_patterns(list(range(6)), req, whole, demand, np.array([10, 0]), 0, 50) is None
