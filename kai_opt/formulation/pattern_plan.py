@@ -84,6 +84,26 @@ def _shape_key(st: ClusterState, p: int) -> tuple[Any, ...]:
     return int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p])
 
 
+@dataclass
+class _Shapes:
+    """The model's pending shapes: a representative pod each, its requests, and what each group asks of each."""
+
+    of: dict[tuple[Any, ...], int]
+    rep: np.ndarray  # [S] a pod of each shape
+    req: np.ndarray  # [S, R]
+    whole: np.ndarray  # [S] whole GPUs
+    demand: np.ndarray  # [S] pending pods over all groups
+    counts: dict[int, dict[int, int]]  # group -> shape -> pods
+
+
+@dataclass
+class _Classes:
+    """Node classes: members, the smallest room of each, and each class's maximal patterns."""
+
+    members: list[np.ndarray]
+    patterns: list[list[np.ndarray]]  # per class: counts per shape
+
+
 def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float) -> PatternModel:
     """The pattern model for starting plan `plan` (no evictions, no moves), solved within budget_s."""
     out = PatternModel()
@@ -95,76 +115,100 @@ def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget
     if len(groups) <= len(kept):
         out.why = "no group left pending that the model could place"
         return out
-    st = state
-    apply_fixed(sess, plan, sorted({int(st.pod_pg[pl.pod]) for pl in plan.placements} - set(groups)))
-    # shapes: pods interchangeable on every node
-    shape_of: dict[tuple[Any, ...], int] = {}
+    # the starting plan's other decisions stay: the classes see the room they leave
+    apply_fixed(sess, plan, sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements} - set(groups)))
+    shapes = _shapes(state, groups)
+    classes = _classes(sess, shapes, out)
+    if classes is None:
+        return out
+    chosen = _solve(state, fs, config, groups, kept, shapes, classes, budget_s, out)
+    if chosen is None:
+        return out
+    z, supply = chosen
+    out.chosen = [g for g in groups if g not in kept and g in z]
+    if not out.chosen:
+        out.why = "the pattern model places nothing the starting plan leaves pending"
+        return out
+    out.guide = _guide(state, groups, z, shapes, classes, supply)
+    return out
+
+
+def _shapes(st: ClusterState, groups: dict[int, np.ndarray]) -> _Shapes:
+    of: dict[tuple[Any, ...], int] = {}
     reps: list[int] = []
-    counts: dict[int, dict[int, int]] = {}  # group -> shape -> pods
+    counts: dict[int, dict[int, int]] = {}
     for g, pods in groups.items():
         per: dict[int, int] = {}
         for p in pods.tolist():
             key = _shape_key(st, p)
-            s = shape_of.get(key)
+            s = of.get(key)
             if s is None:
-                s = shape_of[key] = len(reps)
+                s = of[key] = len(reps)
                 reps.append(p)
             per[s] = per.get(s, 0) + 1
         counts[g] = per
-    n_shapes = len(reps)
-    demand = np.zeros(n_shapes, dtype=np.int64)
+    demand = np.zeros(len(reps), dtype=np.int64)
     for per in counts.values():
         for s, k in per.items():
             demand[s] += k
     rep = np.array(reps, dtype=np.int64)
-    req = st.pod_req[rep].astype(np.int64)  # [S, R]
-    whole = st.pod_gpu_whole[rep].astype(np.int64)  # [S]
+    return _Shapes(of, rep, st.pod_req[rep].astype(np.int64), st.pod_gpu_whole[rep].astype(np.int64), demand,
+                   counts)
+
+
+def _classes(sess: Session, sh: _Shapes, out: PatternModel) -> _Classes | None:
+    """Nodes grouped by scheduling class and how many of each shape fit alone (capped by its demand), with each
+    class's maximal patterns; None (and out.why) when no node takes any shape or the patterns are too many."""
+    st = sess.state
+    n_shapes = len(sh.rep)
     free = (sess.alloc - sess.held).astype(np.int64)  # [N, R]
     idle = sess.whole_idle.astype(np.int64)  # [N]
     nf = NodeFilter(sess)
-    allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in reps], axis=1)  # [N, S]
-    # how many of each shape fit alone (0 where not allowed), capped by its demand
-    big = np.iinfo(np.int64).max // 4
-    fit = np.full((st.n_nodes, n_shapes), big, dtype=np.int64)
+    allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in sh.rep.tolist()], axis=1)  # [N, S]
+    fit = np.full((st.n_nodes, n_shapes), np.iinfo(np.int64).max // 4, dtype=np.int64)
     for s in range(n_shapes):
-        for r in np.flatnonzero(req[s] > 0):
-            fit[:, s] = np.minimum(fit[:, s], np.maximum(free[:, r], 0) // req[s, r])
-        if whole[s] > 0:
-            fit[:, s] = np.minimum(fit[:, s], idle // whole[s])
-    fit = np.where(allowed, np.minimum(fit, demand[None, :]), 0)
-    useful = fit.any(axis=1) & (free >= 0).all(axis=1)
-    nodes = np.flatnonzero(useful)
+        for r in np.flatnonzero(sh.req[s] > 0):
+            fit[:, s] = np.minimum(fit[:, s], np.maximum(free[:, r], 0) // sh.req[s, r])
+        if sh.whole[s] > 0:
+            fit[:, s] = np.minimum(fit[:, s], idle // sh.whole[s])
+    fit = np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
+    nodes = np.flatnonzero(fit.any(axis=1) & (free >= 0).all(axis=1))
     if not len(nodes):
         out.why = "no node has room for any of the pending shapes"
-        return out
+        return None
     keys = np.column_stack([st.node_class[nodes].astype(np.int64), fit[nodes]])
-    _, cls = np.unique(keys, axis=0, return_inverse=True)
-    cls = cls.ravel()
-    n_cls = int(cls.max()) + 1
-    members = [nodes[cls == c] for c in range(n_cls)]
-    cap = np.stack([free[m].min(axis=0) for m in members])  # [C, R]: the smallest room of each class
-    cap_idle = np.array([idle[m].min() for m in members], dtype=np.int64)
-    patterns: list[list[tuple[int, np.ndarray]]] = []  # per class: (pattern id, counts[S])
+    cls = np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+    members = [nodes[cls == c] for c in range(int(cls.max()) + 1)]
+    patterns: list[list[np.ndarray]] = []
     total = 0
-    for c in range(n_cls):
-        shapes_c = [s for s in range(n_shapes) if fit[members[c][0], s] > 0]
-        pats = _maximal_patterns(shapes_c, req, whole, demand, cap[c], int(cap_idle[c]), PATTERN_CAP - total)
+    for m in members:
+        shapes_c = [s for s in range(n_shapes) if fit[m[0], s] > 0]
+        room = free[m].min(axis=0)  # the smallest room of the class: every pattern fits every member
+        pats = _maximal_patterns(shapes_c, sh.req, sh.whole, sh.demand, room, int(idle[m].min()),
+                                 PATTERN_CAP - total)
         if pats is None:
             out.why = f"more than {PATTERN_CAP} patterns"
-            return out
+            return None
         total += len(pats)
-        patterns.append([(i, p) for i, p in enumerate(pats)])
-    out.classes, out.patterns = n_cls, total
-    # the model
+        patterns.append(pats)
+    out.classes, out.patterns = len(members), total
+    return _Classes(members, patterns)
+
+
+def _solve(state: ClusterState, fs: FairShare, config: Config, groups: dict[int, np.ndarray], kept: set[int],
+           sh: _Shapes, cl: _Classes, budget_s: float,
+           out: PatternModel) -> tuple[set[int], list[list[list[int]]]] | None:
+    """The model: nodes per (class, pattern) and groups placed, every group in `kept` included, most work placed
+    (tier 1 of the objective). Returns (groups placed, per shape its [class, pods] supplied) or None (out.why)."""
     m = cp_model.CpModel()
+    n_shapes = len(sh.rep)
     supply: list[list[Any]] = [[] for _ in range(n_shapes)]
     y: dict[tuple[int, int], Any] = {}
-    for c in range(n_cls):
-        size = len(members[c])
+    for c, pats in enumerate(cl.patterns):
+        size = len(cl.members[c])
         vs = []
-        for i, pat in patterns[c]:
-            v = m.new_int_var(0, size, f"y{c}_{i}")
-            y[(c, i)] = v
+        for i, pat in enumerate(pats):
+            v = y[(c, i)] = m.new_int_var(0, size, f"y{c}_{i}")
             vs.append(v)
             for s in np.flatnonzero(pat).tolist():
                 supply[s].append(int(pat[s]) * v)
@@ -174,15 +218,14 @@ def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget
     z: dict[int, Any] = {}
     use: list[list[Any]] = [[] for _ in range(n_shapes)]
     terms = []
-    for g in groups:
-        v = m.new_bool_var(f"z{g}")
-        z[g] = v
+    for g, pods in groups.items():
+        v = z[g] = m.new_bool_var(f"z{g}")
         if g in kept:
             m.add(v == 1)
         m.add_hint(v, 1 if g in kept else 0)
-        for s, k in counts[g].items():
+        for s, k in sh.counts[g].items():
             use[s].append(k * v)
-        terms.append(int(obj.work(groups[g]).sum()) * v)
+        terms.append(int(obj.work(pods).sum()) * v)
     for s in range(n_shapes):
         m.add(sum(use[s]) <= sum(supply[s]))
     m.maximize(sum(terms))
@@ -197,35 +240,36 @@ def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget
     out.status = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         out.why = f"the pattern model found no solution ({out.status})"
-        return out
-    out.chosen = [g for g in groups if g not in kept and solver.value(z[g])]
-    if not out.chosen:
-        out.why = "the pattern model places nothing the starting plan leaves pending"
-        return out
-    # each chosen group's pod goes to a class supplying its shape, in group order
-    slots: list[list[list[int]]] = [[] for _ in range(n_shapes)]  # shape -> [class, slots left]
+        return None
+    slots: list[list[list[int]]] = [[] for _ in range(n_shapes)]
     for (c, i), v in y.items():
         k = solver.value(v)
         if k:
-            pat = patterns[c][i][1]
+            pat = cl.patterns[c][i]
             for s in np.flatnonzero(pat).tolist():
                 slots[s].append([c, k * int(pat[s])])
+    return {g for g, v in z.items() if solver.value(v)}, slots
+
+
+def _guide(st: ClusterState, groups: dict[int, np.ndarray], placed: set[int], sh: _Shapes, cl: _Classes,
+           slots: list[list[list[int]]]) -> dict[int, np.ndarray]:
+    """Each placed group's pod -> the node mask of a class supplying its shape (group order)."""
     masks = []
-    for c in range(n_cls):
+    for members in cl.members:
         mask = np.zeros(st.n_nodes, dtype=bool)
-        mask[members[c]] = True
+        mask[members] = True
         masks.append(mask)
-    for g in groups:
-        if not solver.value(z[g]):
+    guide: dict[int, np.ndarray] = {}
+    for g, pods in groups.items():
+        if g not in placed:
             continue
-        for p in groups[g].tolist():
-            s = shape_of[_shape_key(st, p)]
-            for slot in slots[s]:
+        for p in pods.tolist():
+            for slot in slots[sh.of[_shape_key(st, p)]]:
                 if slot[1] > 0:
                     slot[1] -= 1
-                    out.guide[p] = masks[slot[0]]
+                    guide[p] = masks[slot[0]]
                     break
-    return out
+    return guide
 
 
 def _maximal_patterns(shapes: list[int], req: np.ndarray, whole: np.ndarray, demand: np.ndarray, cap: np.ndarray,
