@@ -126,11 +126,11 @@ class Solver(_Model):
                            "model), and use it when it keeps every group the KAI-scored plan places, evicts no more "
                            "and scores higher (or as high, with less fragmented GPU share left): as the model's start "
                            "when ready in time, else as the plan if it beats the model's by the deadline")
-    pattern_hint: bool = Field(True, description="cpsat: when the starting plan evicts nothing and leaves whole-GPU "
-                               "or CPU-only groups pending, a small model over node classes and the patterns of "
-                               "pending shapes that fit them chooses what to place, and the greedy cycle guided by it "
-                               "becomes the model's start when it keeps every group the starting plan places and "
-                               "scores higher (skipped when one greedy cycle costs more than "
+    pattern_hint: bool = Field(True, description="cpsat: a small model over node classes and the patterns of "
+                               "pending shapes that fit them chooses which pending whole-GPU and CPU-only groups to "
+                               "place, and the greedy cycle guided by it becomes the model's start when it keeps "
+                               "every group the starting plan places, evicts no more and scores higher (skipped "
+                               "beyond 16 pending shapes, or when one greedy cycle costs more than "
                                "solver.time_budget_s x 0.5)")
     objective: Objective = Objective()
 

@@ -18,7 +18,9 @@ from kai_opt.state import build_state
 # the second hint and the worker forked at the cycle start, as on clusters large enough for it
 pytestmark = pytest.mark.usefixtures("fork_early")
 
-WALL = {"deterministic": False, "time_budget_s": 3, "seed": 0}
+# the pattern plan off: on this instance it beats the FGD-scored plan, which these tests are about
+# (tests/test_pattern_plan.py has the pattern plan with the second hint on)
+WALL = {"deterministic": False, "time_budget_s": 3, "seed": 0, "pattern_hint": False}
 
 
 def _state():
@@ -33,7 +35,7 @@ def test_the_plan_is_never_worse_than_the_fgd_plan_computed_beside() -> None:
     assert fgd is not None and plan_score(st, fs, fgd)[0] > plan_score(st, fs, kai)[0]
     plan, _ = run_cycle(st, config, engine=Engine.cpsat)
     check_plan(st, plan, fs, config)
-    assert plan.solver is not None and plan.solver.hint in ("kai", "fgd", "pattern")
+    assert plan.solver is not None and plan.solver.hint in ("kai", "fgd")
     assert plan_score(st, fs, plan)[0] >= plan_score(st, fs, fgd)[0]
     assert not mp.active_children()  # the process beside is gone with the cycle
 

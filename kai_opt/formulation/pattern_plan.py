@@ -10,7 +10,8 @@ checker and the plan choice judge the result like any other plan.
 
 Only work whose fit is the room of one node takes part: groups whose pending pods need whole GPUs or none, without
 GPU shares, sub-groups, topology constraints, pod (anti-)affinity or resource claims, all of them placed by the
-starting plan or none. Everything else keeps the starting plan's decisions, which the classes' room leaves out.
+starting plan or none, and none onto room being released. Everything else keeps the starting plan's decisions
+(moves and evictions included), which the classes' room leaves out.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ortools.sat.python import cp_model
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.objective import Objective
-from kai_opt.formulation.scope import apply_fixed
+from kai_opt.formulation.scope import apply_consolidation, apply_fixed
 from kai_opt.heuristics.cycle import greedy_plan
 from kai_opt.heuristics.nodefilter import NodeFilter
 from kai_opt.heuristics.session import Session
@@ -33,6 +34,8 @@ from kai_opt.plan import Plan
 from kai_opt.state import ClusterState, PodStatus
 
 PATTERN_CAP = 1_000  # patterns over all classes: beyond it the cycle's shapes mix too freely for this model
+MAX_SHAPES = 16  # pending shapes: more, and the patterns explode (the gangs family has 46 at 1,000 nodes)
+VISITS_PER_PATTERN = 20  # the pattern walk gives up after this many steps per pattern allowed
 MODEL_SHARE = 0.1  # of the time budget, the most the pattern model's search may take
 
 
@@ -50,11 +53,14 @@ class PatternModel:
 
 
 def eligible_groups(sess: Session, plan: Plan) -> tuple[dict[int, np.ndarray], set[int]]:
-    """(group -> its pending pods, groups the plan places whole) for the groups the model may decide."""
+    """(group -> its pending pods, groups the plan places whole) for the groups the model may decide: not placed in
+    part, not onto room being released (pipelined) and not for evictions."""
     st = sess.state
     pending = (sess.status == PodStatus.PENDING) & (st.pod_pg >= 0)
     placed = np.zeros(st.n_pods, dtype=bool)
-    placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
+    fresh = [pl for pl in plan.placements if not pl.moved]
+    placed[[pl.pod for pl in fresh]] = True
+    fixed = {int(st.pod_pg[pl.pod]) for pl in fresh if pl.pipelined} | {e.beneficiary for e in plan.evictions}
     pods = np.flatnonzero(pending)
     bad = (st.pod_gpu_frac[pods] > 0) | (st.pod_gpu_mem[pods] > 0) | (st.pod_sg[pods] >= 0)
     groups: dict[int, np.ndarray] = {}
@@ -66,7 +72,7 @@ def eligible_groups(sess: Session, plan: Plan) -> tuple[dict[int, np.ndarray], s
         if not len(seg):
             continue
         g = int(st.pod_pg[seg[0]])
-        if seg_bad.any() or st.pg_problem[g] is not None or st.pg_topology[g] >= 0:
+        if seg_bad.any() or g in fixed or st.pg_problem[g] is not None or st.pg_topology[g] >= 0:
             continue
         if any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity or st.pods[p].resource_claims
                for p in seg.tolist()):
@@ -105,19 +111,22 @@ class _Classes:
 
 
 def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float) -> PatternModel:
-    """The pattern model for starting plan `plan` (no evictions, no moves), solved within budget_s."""
+    """The pattern model for starting plan `plan`, solved within budget_s."""
     out = PatternModel()
-    if plan.evictions or any(pl.moved for pl in plan.placements):
-        out.why = "the starting plan evicts or moves pods"
-        return out
     sess = Session(state, fs, config)
     groups, kept = eligible_groups(sess, plan)
     if len(groups) <= len(kept):
         out.why = "no group left pending that the model could place"
         return out
-    # the starting plan's other decisions stay: the classes see the room they leave
-    apply_fixed(sess, plan, sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements} - set(groups)))
     shapes = _shapes(state, groups)
+    if len(shapes.rep) > MAX_SHAPES:
+        out.why = f"{len(shapes.rep)} pending shapes (more than {MAX_SHAPES})"
+        return out
+    # the starting plan's other decisions stay (its moves and evictions included): the classes see the room they
+    # leave free now (room being released is not counted)
+    apply_consolidation(sess, plan)
+    apply_fixed(sess, plan, sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved}
+                                   - set(groups)))
     classes = _classes(sess, shapes, out)
     if classes is None:
         return out
@@ -161,7 +170,7 @@ def _classes(sess: Session, sh: _Shapes, out: PatternModel) -> _Classes | None:
     class's maximal patterns; None (and out.why) when no node takes any shape or the patterns are too many."""
     st = sess.state
     n_shapes = len(sh.rep)
-    free = (sess.alloc - sess.held).astype(np.int64)  # [N, R]
+    free = sess.idle().astype(np.int64)  # [N, R]: free now (room being released is not counted)
     idle = sess.whole_idle.astype(np.int64)  # [N]
     nf = NodeFilter(sess)
     allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in sh.rep.tolist()], axis=1)  # [N, S]
@@ -187,7 +196,7 @@ def _classes(sess: Session, sh: _Shapes, out: PatternModel) -> _Classes | None:
         pats = _maximal_patterns(shapes_c, sh.req, sh.whole, sh.demand, room, int(idle[m].min()),
                                  PATTERN_CAP - total)
         if pats is None:
-            out.why = f"more than {PATTERN_CAP} patterns"
+            out.why = f"more than {PATTERN_CAP} patterns (or their walk too long)"
             return None
         total += len(pats)
         patterns.append(pats)
@@ -275,15 +284,20 @@ def _guide(st: ClusterState, groups: dict[int, np.ndarray], placed: set[int], sh
 def _maximal_patterns(shapes: list[int], req: np.ndarray, whole: np.ndarray, demand: np.ndarray, cap: np.ndarray,
                       idle: int, limit: int) -> list[np.ndarray] | None:
     """Every multiset of `shapes` fitting (cap, idle whole devices) to which none of them can be added (a count
-    never above the shape's demand); None when there are more than `limit`."""
+    never above the shape's demand); None when there are more than `limit`, or the walk takes more than
+    VISITS_PER_PATTERN x `limit` steps."""
     n_shapes = len(req)
     out: list[np.ndarray] = []
     counts = np.zeros(n_shapes, dtype=np.int64)
+    steps = [VISITS_PER_PATTERN * max(limit, 1)]
 
     def fits_one(s: int, room: np.ndarray, room_idle: int) -> bool:
         return bool((req[s] <= room).all()) and whole[s] <= room_idle and counts[s] < demand[s]
 
     def walk(i: int, room: np.ndarray, room_idle: int) -> bool:
+        steps[0] -= 1
+        if steps[0] < 0:
+            return False
         if i == len(shapes):
             if any(fits_one(s, room, room_idle) for s in shapes):
                 return True  # not maximal
