@@ -128,10 +128,10 @@ class Solver(_Model):
                            "when ready in time, else as the plan if it beats the model's by the deadline")
     pattern_hint: bool = Field(True, description="cpsat: a small model over node classes and the patterns of "
                                "pending shapes that fit them chooses which pending whole-GPU and CPU-only groups to "
-                               "place, and the greedy cycle guided by it becomes the model's start when it keeps "
+                               "place and on which class's nodes; its plan becomes the model's start when it keeps "
                                "every group the starting plan places, evicts no more and scores higher (skipped "
-                               "beyond 16 pending shapes, or when one greedy cycle costs more than "
-                               "solver.time_budget_s x 0.5)")
+                               "beyond 16 pending shapes; the model then runs only if at most 40% of "
+                               "solver.time_budget_s is gone)")
     objective: Objective = Objective()
 
 

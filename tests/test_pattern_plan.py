@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -13,10 +14,11 @@ from kai_opt.bench.instances import Instance
 from kai_opt.checker import check_plan
 from kai_opt.config import Engine, parse_config
 from kai_opt.engine import run_cycle
-from kai_opt.formulation import pattern_plan, solve
+from kai_opt.formulation import pattern_plan, second_hint, solve
 from kai_opt.formulation.solve import plan_score
 from kai_opt.heuristics.session import Session
 from kai_opt.state import build_state
+from models.generators import FAMILIES
 
 SOLVER = {"deterministic": True, "time_budget_s": 2, "seed": 0}
 
@@ -25,23 +27,44 @@ def _placed_groups(st, plan) -> set[int]:
     return {int(st.pod_pg[p.pod]) for p in plan.placements if not p.moved}
 
 
-def test_the_guided_cycle_escapes_the_traps_the_greedy_falls_into() -> None:
+def test_the_pattern_plan_escapes_the_traps_the_greedy_falls_into() -> None:
     """fragmentation-300: the greedy leaves 3-GPU pods without their 3-free nodes and 8-GPU pods without CPU; the
-    nodes fall into a handful of classes, and the guided cycle places more, every greedy group included."""
+    nodes fall into a handful of classes, and the decoded plan places more, every greedy group included, each
+    node's pods a pattern of its class."""
     st = build_state(Instance("fragmentation", 300, 0).snapshot())
     config = parse_config({"engine": "cpsat", "solver": SOLVER})
     greedy, fs = run_cycle(st, config, engine=Engine.greedy)
-    alt, pm = pattern_plan.guided_plan(st, fs, config, greedy, None, 1.0)
+    pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
+    alt = pm.plan
     assert alt is not None, pm.why
     check_plan(st, alt, fs, config)
     assert pm.classes <= 10 and 0 < pm.patterns <= 100 and pm.chosen
     assert _placed_groups(st, greedy) <= _placed_groups(st, alt)
+    assert set(pm.chosen) <= _placed_groups(st, alt)
     assert plan_score(st, fs, alt)[0] > plan_score(st, fs, greedy)[0]
-    assert set(pm.chosen) <= _placed_groups(st, alt)  # the guide was followed
-    for p, mask in pm.guide.items():  # and every guided pod that was placed went to its class
-        pl = next((x for x in alt.placements if x.pod == p), None)
-        if pl is not None and int(st.pod_pg[p]) in pm.chosen:
-            assert mask[pl.node]
+    assert not alt.evictions and alt.evictions == greedy.evictions
+
+
+def test_queue_limits_bound_what_the_model_places() -> None:
+    """A limit on the queue of the pending work: the model places no more than the limit lets it (the checker
+    would refuse the plan otherwise)."""
+    st = build_state(Instance("fragmentation", 100, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    sess = Session(st, fs, config)
+    groups, kept = pattern_plan.eligible_groups(sess, greedy)
+    leaves = {int(st.pg_queue[g]) for g in groups if g not in kept}
+    q = next(iter(leaves))
+    mine = [p for g in kept if int(st.pg_queue[g]) == q for p in groups[g].tolist()]
+    placed = float(sess.queue_request(mine).sum(axis=0)[0]) if mine else 0.0
+    fs.limit[q, 0] = float(sess.ledger.allocated[q, 0]) + placed  # GPUs: what the greedy gave q, nothing more
+    fs.limit[q, 1:] = -1.0
+    assert all(fs.limit[a, 0] == -1.0 for a in st.q_ancestors[q][1:])  # (q's own limit decides)
+    pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
+    assert pm.plan is not None, pm.why
+    check_plan(st, pm.plan, fs, config)
+    added = {g for g in pm.chosen if int(st.pg_queue[g]) == q and st.pod_req[groups[g], 2].sum() > 0}
+    assert not added, added
 
 
 def test_the_engine_starts_from_it_and_the_option_turns_it_off() -> None:
@@ -51,7 +74,7 @@ def test_the_engine_starts_from_it_and_the_option_turns_it_off() -> None:
     plan, _ = run_cycle(st, config, engine=Engine.cpsat)
     check_plan(st, plan, fs, config)
     assert plan.solver is not None and plan.solver.hint == "pattern", plan.solver
-    assert "guided by the pattern model" in (plan.solver.note or "")
+    assert "the pattern model's plan" in (plan.solver.note or "")
     assert plan_score(st, fs, plan)[0] > plan_score(st, fs, greedy)[0]
     off = parse_config({"engine": "cpsat", "solver": {**SOLVER, "pattern_hint": False}})
     plan_off, _ = run_cycle(st, off, engine=Engine.cpsat)
@@ -70,8 +93,8 @@ def test_work_placed_onto_released_room_or_for_evictions_stays_with_the_starting
     groups, kept = pattern_plan.eligible_groups(Session(st, fs, config), greedy)
     assert groups and not fixed & set(groups)
     assert kept <= set(groups) and kept == {g for g in groups if g in _placed_groups(st, greedy)}
-    alt, pm = pattern_plan.guided_plan(st, fs, config, greedy, None, 1.0)
-    assert alt is None and "pending shapes" in pm.why  # (this instance's shapes are many)
+    pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
+    assert pm.plan is None and "pending shapes" in pm.why  # (this instance's shapes are many)
 
 
 def test_a_failing_pattern_stage_leaves_the_starting_plan(monkeypatch) -> None:
@@ -81,7 +104,7 @@ def test_a_failing_pattern_stage_leaves_the_starting_plan(monkeypatch) -> None:
     def boom(*_a, **_k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(solve, "guided_plan", boom)
+    monkeypatch.setattr(solve, "pattern_plan", boom)
     plan, fs = run_cycle(st, config, engine=Engine.cpsat)
     check_plan(st, plan, fs, config)
     assert ("pattern_hint", "exception") in plan.solver.failures
@@ -124,3 +147,35 @@ def test_too_many_patterns_give_up() -> None:
     whole = np.zeros(6, dtype=np.int64)
     demand = np.full(6, 10, dtype=np.int64)
     assert pattern_plan._maximal_patterns(list(range(6)), req, whole, demand, np.array([10, 0]), 0, 50) is None
+
+
+def test_without_the_consolidation_when_the_model_finds_room() -> None:
+    """fragmentation-100-s1: the greedy consolidates (moves running pods) to place some groups; the pattern model
+    finds them room without the moves, so its plan evicts nothing and places everything."""
+    st = build_state(Instance("fragmentation", 100, 1).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    assert any(e.reason == "consolidate" for e in greedy.evictions)
+    pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
+    assert pm.plan is not None and pm.moves_dropped, pm.why
+    check_plan(st, pm.plan, fs, config)
+    assert not pm.plan.evictions and not any(pl.moved for pl in pm.plan.placements)
+    assert _placed_groups(st, greedy) <= _placed_groups(st, pm.plan)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_pattern_plan_passes_the_checker(family: str) -> None:
+    """Whatever the starting plan (moves, evictions, pipelined pods, limits), a pattern plan that comes back is
+    one the checker accepts and one that keeps the starting plan's groups."""
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    for nodes, seed in ((30, 0), (30, 1), (30, 2), (100, 0), (100, 2)):
+        st = build_state(Instance(family, nodes, seed).snapshot())
+        greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+        for start in (greedy, second_hint.compute(st, fs, config, None)):
+            if start is None:
+                continue
+            pm = pattern_plan.pattern_plan(st, fs, config, start, 1.0)
+            if pm.plan is not None:
+                check_plan(st, pm.plan, fs, config)
+                assert _placed_groups(st, start) <= _placed_groups(st, pm.plan), (family, nodes, seed)
+

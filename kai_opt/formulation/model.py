@@ -39,12 +39,12 @@ QSCALE = (1000.0, 1.0, 1.0)  # queue resources to integers: milli-GPU, millicore
 EPS = 1e-6
 
 
-def _up(x: np.ndarray) -> np.ndarray:
+def scaled_up(x: np.ndarray) -> np.ndarray:
     """Scaled amounts a placement adds, rounded up (never under-counted)."""
     return np.ceil(np.asarray(x) * np.array(QSCALE) - EPS).astype(np.int64)
 
 
-def _down(x: np.ndarray) -> np.ndarray:
+def scaled_down(x: np.ndarray) -> np.ndarray:
     """Scaled amounts an eviction frees, and caps, rounded down (never over-counted)."""
     return np.floor(np.asarray(x) * np.array(QSCALE) + EPS).astype(np.int64)
 
@@ -83,7 +83,7 @@ class Built:
 def _qreq(sess: Session, pods: list[int]) -> np.ndarray:
     """Integer queue request per pod (milli-GPU, millicores, MB); gpu-memory pods at their largest fraction."""
     q = sess.queue_request(pods[:1]).reshape(-1)
-    return _up(q)
+    return scaled_up(q)
 
 
 def build_model(sess: Session, scope: Scope) -> Built:
@@ -479,7 +479,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
     unit_amounts: list[np.ndarray] = []
     for vi, v in enumerate(victims):
         qv = int(st.pg_queue[v.group])
-        amt = _down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
+        amt = scaled_down(sess.queue_request(v.pods, sess.node[np.array(v.pods)]).sum(axis=0))
         unit_amounts.append(amt)
         for q in anc[qv]:
             evicted_q[q].append((vi, amt))

@@ -3,10 +3,10 @@
 Nodes that the cycle's pending shapes see alike (the same scheduling class, and the same count of each shape
 fitting alone in their free room) form one class; a pattern is a multiset of pending shapes that fits the smallest
 free room of a class's nodes, with no shape left that would still fit. One small CP-SAT model chooses how many of a
-class's nodes take each pattern and which groups are placed, so packing decisions are made over classes and counts,
-never per pod and node (Borg's equivalence classes; a cutting-stock pattern model). The greedy cycle then runs again
-guided by it: each pod of a chosen group tries the nodes of the class the model gave its shape first, and the
-checker and the plan choice judge the result like any other plan.
+class's nodes take each pattern and which groups are placed, within the queues' limits and quotas, so packing
+decisions are made over classes and counts, never per pod and node (Borg's equivalence classes; a cutting-stock
+pattern model). The decoder gives each class's nodes their patterns and each placed group's pods a slot of their
+shape, in O(pods); the checker and the plan choice judge the result like any other plan.
 
 Only work whose fit is the room of one node takes part: groups whose pending pods need whole GPUs or none, without
 GPU shares, sub-groups, topology constraints, pod (anti-)affinity or resource claims, all of them placed by the
@@ -16,6 +16,7 @@ starting plan or none, and none onto room being released. Everything else keeps 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,11 @@ from ortools.sat.python import cp_model
 
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
+from kai_opt.fairshare.share import UNLIMITED
+from kai_opt.formulation.model import EPS, QSCALE, scaled_up
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.scope import apply_consolidation, apply_fixed
-from kai_opt.heuristics.cycle import greedy_plan
+from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.nodefilter import NodeFilter
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan
@@ -41,47 +44,51 @@ MODEL_SHARE = 0.1  # of the time budget, the most the pattern model's search may
 
 @dataclass
 class PatternModel:
-    """What the model decided: per chosen group's pod, the node mask of its class (the guide), and its counts."""
+    """What the model decided, and its counts; `plan` is the decoded plan (None: see `why`)."""
 
-    guide: dict[int, np.ndarray] = field(default_factory=dict)
+    plan: Plan | None = None
     chosen: list[int] = field(default_factory=list)  # groups the model places that the starting plan does not
     classes: int = 0
     patterns: int = 0
     status: str = ""
-    why: str = ""  # why there is no guide ('' when there is one)
-    seconds: float = 0.0  # the model and the guided cycle
+    why: str = ""  # why there is no plan ('' when there is one)
+    seconds: float = 0.0  # model and decoder
+    moves_dropped: bool = False  # the plan does without the starting plan's consolidation
 
 
 def eligible_groups(sess: Session, plan: Plan) -> tuple[dict[int, np.ndarray], set[int]]:
     """(group -> its pending pods, groups the plan places whole) for the groups the model may decide: not placed in
-    part, not onto room being released (pipelined) and not for evictions."""
+    part, not onto room being released (pipelined) and not for evictions. Judged in bulk per group."""
     st = sess.state
-    pending = (sess.status == PodStatus.PENDING) & (st.pod_pg >= 0)
-    placed = np.zeros(st.n_pods, dtype=bool)
+    pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
+    if not len(pods):
+        return {}, set()
+    pods = pods[np.argsort(st.pod_pg[pods], kind="stable")]
+    pg = st.pod_pg[pods]
+    starts = np.flatnonzero(np.concatenate([[True], pg[1:] != pg[:-1]]))
+    gs = pg[starts]
+    sizes = np.diff(np.append(starts, len(pods)))
     fresh = [pl for pl in plan.placements if not pl.moved]
+    placed = np.zeros(st.n_pods, dtype=bool)
     placed[[pl.pod for pl in fresh]] = True
-    fixed = {int(st.pod_pg[pl.pod]) for pl in fresh if pl.pipelined} | {e.beneficiary for e in plan.evictions}
-    pods = np.flatnonzero(pending)
+    n_placed = np.add.reduceat(placed[pods].astype(np.int64), starts)
     bad = (st.pod_gpu_frac[pods] > 0) | (st.pod_gpu_mem[pods] > 0) | (st.pod_sg[pods] >= 0)
+    fixed = np.zeros(st.n_groups, dtype=bool)
+    fixed[[int(st.pod_pg[pl.pod]) for pl in fresh if pl.pipelined]] = True
+    fixed[[e.beneficiary for e in plan.evictions if e.beneficiary >= 0]] = True
+    ok = ~np.logical_or.reduceat(bad, starts) & ((n_placed == 0) | (n_placed == sizes)) & ~fixed[gs] \
+        & (st.pg_topology[gs] < 0)
     groups: dict[int, np.ndarray] = {}
     whole: set[int] = set()
-    order = np.argsort(st.pod_pg[pods], kind="stable")
-    pods, bad = pods[order], bad[order]
-    cuts = np.flatnonzero(np.diff(st.pod_pg[pods])) + 1
-    for seg, seg_bad in zip(np.split(pods, cuts), np.split(bad, cuts), strict=True):
-        if not len(seg):
-            continue
-        g = int(st.pod_pg[seg[0]])
-        if seg_bad.any() or g in fixed or st.pg_problem[g] is not None or st.pg_topology[g] >= 0:
-            continue
-        if any(st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity or st.pods[p].resource_claims
-               for p in seg.tolist()):
-            continue
-        n_placed = int(placed[seg].sum())
-        if n_placed not in (0, len(seg)):
+    for i in np.flatnonzero(ok).tolist():
+        g = int(gs[i])
+        seg = pods[starts[i]:starts[i] + sizes[i]]
+        if st.pg_problem[g] is not None or any(
+                st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity or st.pods[p].resource_claims
+                for p in seg.tolist()):
             continue
         groups[g] = seg
-        if n_placed:
+        if n_placed[i]:
             whole.add(g)
     return groups, whole
 
@@ -111,11 +118,52 @@ class _Classes:
 
 
 def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float) -> PatternModel:
-    """The pattern model for starting plan `plan`, solved within budget_s."""
+    """The pattern model for starting plan `plan`, solved within budget_s: first without the plan's consolidation
+    (its moves and the room they make), when the model then places every group the plan places; else beside it."""
+    bare = _without_consolidation(state, plan)
+    if bare is not None:
+        out = _build(state, fs, config, bare[0], budget_s, helped=bare[1])
+        if out.plan is not None or out.status not in ("INFEASIBLE", "MODEL_INVALID", ""):
+            return out
+    return _build(state, fs, config, plan, budget_s)
+
+
+def _without_consolidation(st: ClusterState, plan: Plan) -> tuple[Plan, set[int]] | None:
+    """`plan` without consolidation's evictions and moves, with the groups that wait for the room they release
+    (the ones it made room for, and any other pipelined onto a node it empties) placed as if that room were free:
+    the model then finds them room, or fails. Also returns those groups. None when the plan has no consolidation,
+    moves that re-place victims of other evictions (reclaim and preempt keep those), or such a group also waits on
+    a node where other evictions release room."""
+    consolidated = {e.pod for e in plan.evictions if e.reason == "consolidate"}
+    moved = {pl.pod for pl in plan.placements if pl.moved}
+    if not consolidated or not moved <= consolidated:
+        return None
+    cons_nodes = {int(st.pod_node[p]) for p in consolidated}
+    other_nodes = {int(st.pod_node[e.pod]) for e in plan.evictions if e.reason != "consolidate"}
+    piped = [pl for pl in plan.placements if pl.pipelined and not pl.moved]
+    helped = {e.beneficiary for e in plan.evictions if e.reason == "consolidate"}
+    helped |= {int(st.pod_pg[pl.pod]) for pl in piped if pl.node in cons_nodes}
+    if any(pl.node not in cons_nodes or pl.node in other_nodes for pl in piped if int(st.pod_pg[pl.pod]) in helped):
+        return None
+    return dataclasses.replace(
+        plan, evictions=[e for e in plan.evictions if e.reason != "consolidate"],
+        placements=[dataclasses.replace(pl, pipelined=False) if pl.pipelined and int(st.pod_pg[pl.pod]) in helped
+                    else pl for pl in plan.placements if not pl.moved],
+        pending={g: rs for g, rs in plan.pending.items() if g not in helped}), helped
+
+
+def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float, *,
+           helped: set[int] | None = None) -> PatternModel:
+    """build() for `plan`; `helped`: the groups consolidation made room for, when `plan` is without it (the model
+    must place them all, so every one must take part)."""
     out = PatternModel()
+    moves_dropped = helped is not None
     sess = Session(state, fs, config)
     groups, kept = eligible_groups(sess, plan)
-    if len(groups) <= len(kept):
+    if helped is not None and not helped <= set(groups):
+        out.why = "a group the consolidation made room for cannot take part"
+        return out
+    if len(groups) <= len(kept) and not moves_dropped:
         out.why = "no group left pending that the model could place"
         return out
     shapes = _shapes(state, groups)
@@ -123,22 +171,31 @@ def build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget
         out.why = f"{len(shapes.rep)} pending shapes (more than {MAX_SHAPES})"
         return out
     # the starting plan's other decisions stay (its moves and evictions included): the classes see the room they
-    # leave free now (room being released is not counted)
+    # leave free now (room being released is not counted). Replaying them costs (0.24 s for 42,000 decisions at
+    # 10,000 nodes), so the classes are first formed on the cycle start's room: when the patterns explode there,
+    # the stage gives up before the replay (a gate only: the model's classes are the ones formed after it)
+    if _classes(sess, shapes, out, sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)) is None:
+        return out
+    outside = sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved} - set(groups))
     apply_consolidation(sess, plan)
-    apply_fixed(sess, plan, sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved}
-                                   - set(groups)))
-    classes = _classes(sess, shapes, out)
+    apply_fixed(sess, plan, outside)
+    for e in plan.evictions:  # the rest (stale gangs': no beneficiary), one by one in the plan's order
+        if int(sess.status[e.pod]) == PodStatus.BOUND:
+            sess.evict_many([e.pod], e.reason, e.beneficiary)
+    classes = _classes(sess, shapes, out, sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64))
     if classes is None:
         return out
-    chosen = _solve(state, fs, config, groups, kept, shapes, classes, budget_s, out)
-    if chosen is None:
+    solved = _solve(sess, config, groups, kept, shapes, classes, budget_s, out)
+    if solved is None:
         return out
-    z, supply = chosen
-    out.chosen = [g for g in groups if g not in kept and g in z]
-    if not out.chosen:
+    placed, counts = solved
+    out.chosen = [g for g in groups if g not in kept and g in placed]
+    if not out.chosen and not moves_dropped:
         out.why = "the pattern model places nothing the starting plan leaves pending"
         return out
-    out.guide = _guide(state, groups, z, shapes, classes, supply)
+    _decode(sess, groups, placed, kept, shapes, classes, counts)
+    out.plan = plan_from_session(sess, dict(plan.pending), plan.engine)
+    out.moves_dropped = moves_dropped
     return out
 
 
@@ -165,13 +222,12 @@ def _shapes(st: ClusterState, groups: dict[int, np.ndarray]) -> _Shapes:
                    counts)
 
 
-def _classes(sess: Session, sh: _Shapes, out: PatternModel) -> _Classes | None:
-    """Nodes grouped by scheduling class and how many of each shape fit alone (capped by its demand), with each
-    class's maximal patterns; None (and out.why) when no node takes any shape or the patterns are too many."""
+def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray) -> _Classes | None:
+    """Nodes grouped by scheduling class and how many of each shape fit alone (capped by its demand) in `free`
+    [N, R] and `idle` whole devices [N], with each class's maximal patterns; None (and out.why) when no node takes
+    any shape or the patterns are too many."""
     st = sess.state
     n_shapes = len(sh.rep)
-    free = sess.idle().astype(np.int64)  # [N, R]: free now (room being released is not counted)
-    idle = sess.whole_idle.astype(np.int64)  # [N]
     nf = NodeFilter(sess)
     allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in sh.rep.tolist()], axis=1)  # [N, S]
     fit = np.full((st.n_nodes, n_shapes), np.iinfo(np.int64).max // 4, dtype=np.int64)
@@ -204,11 +260,24 @@ def _classes(sess: Session, sh: _Shapes, out: PatternModel) -> _Classes | None:
     return _Classes(members, patterns)
 
 
-def _solve(state: ClusterState, fs: FairShare, config: Config, groups: dict[int, np.ndarray], kept: set[int],
-           sh: _Shapes, cl: _Classes, budget_s: float,
-           out: PatternModel) -> tuple[set[int], list[list[list[int]]]] | None:
-    """The model: nodes per (class, pattern) and groups placed, every group in `kept` included, most work placed
-    (tier 1 of the objective). Returns (groups placed, per shape its [class, pods] supplied) or None (out.why)."""
+def _group_classes(st: ClusterState, groups: dict[int, np.ndarray], sh: _Shapes) -> list[list[int]]:
+    """Groups interchangeable for the model (one queue, priority and preemptibility, the same pods per shape):
+    one count variable each, never one per group."""
+    by: dict[tuple[Any, ...], list[int]] = {}
+    for g in groups:
+        key = (int(st.pg_queue[g]), int(st.pg_priority[g]), bool(st.pg_preemptible[g]),
+               tuple(sorted(sh.counts[g].items())))
+        by.setdefault(key, []).append(g)
+    return list(by.values())
+
+
+def _solve(sess: Session, config: Config, groups: dict[int, np.ndarray], kept: set[int], sh: _Shapes, cl: _Classes,
+           budget_s: float, out: PatternModel) -> tuple[set[int], dict[tuple[int, int], int]] | None:
+    """The model: nodes per (class, pattern) and groups placed per group class (at least the ones in `kept`),
+    within the queues' limits and non-preemptible quotas, most work placed (tier 1 of the objective). Returns
+    (groups placed: the kept ones of each group class first, then by index; nodes per (class, pattern)) or None
+    (out.why)."""
+    st = sess.state
     m = cp_model.CpModel()
     n_shapes = len(sh.rep)
     supply: list[list[Any]] = [[] for _ in range(n_shapes)]
@@ -223,20 +292,22 @@ def _solve(state: ClusterState, fs: FairShare, config: Config, groups: dict[int,
                 supply[s].append(int(pat[s]) * v)
         if vs:
             m.add(sum(vs) <= size)
-    obj = Objective(state, fs)
-    z: dict[int, Any] = {}
+    obj = Objective(st, sess.fs)
+    gcs = [sorted(gc, key=lambda g: (g not in kept, g)) for gc in _group_classes(st, groups, sh)]
+    x: list[Any] = []
     use: list[list[Any]] = [[] for _ in range(n_shapes)]
     terms = []
-    for g, pods in groups.items():
-        v = z[g] = m.new_bool_var(f"z{g}")
-        if g in kept:
-            m.add(v == 1)
-        m.add_hint(v, 1 if g in kept else 0)
-        for s, k in sh.counts[g].items():
-            use[s].append(k * v)
-        terms.append(int(obj.work(pods).sum()) * v)
+    for k, gc in enumerate(gcs):
+        least = sum(1 for g in gc if g in kept)
+        v = m.new_int_var(least, len(gc), f"x{k}")
+        m.add_hint(v, least)
+        x.append(v)
+        for s, n in sh.counts[gc[0]].items():
+            use[s].append(n * v)
+        terms.append(int(obj.work(groups[gc[0]]).sum()) * v)
     for s in range(n_shapes):
         m.add(sum(use[s]) <= sum(supply[s]))
+    _queue_rows(m, sess, groups, gcs, x)
     m.maximize(sum(terms))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -250,35 +321,73 @@ def _solve(state: ClusterState, fs: FairShare, config: Config, groups: dict[int,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         out.why = f"the pattern model found no solution ({out.status})"
         return None
-    slots: list[list[list[int]]] = [[] for _ in range(n_shapes)]
-    for (c, i), v in y.items():
-        k = solver.value(v)
-        if k:
-            pat = cl.patterns[c][i]
-            for s in np.flatnonzero(pat).tolist():
-                slots[s].append([c, k * int(pat[s])])
-    return {g for g, v in z.items() if solver.value(v)}, slots
+    counts = {key: int(solver.value(v)) for key, v in y.items()}
+    placed = {g for gc, v in zip(gcs, x, strict=True) for g in gc[:int(solver.value(v))]}
+    return placed, {key: k for key, k in counts.items() if k}
 
 
-def _guide(st: ClusterState, groups: dict[int, np.ndarray], placed: set[int], sh: _Shapes, cl: _Classes,
-           slots: list[list[list[int]]]) -> dict[int, np.ndarray]:
-    """Each placed group's pod -> the node mask of a class supplying its shape (group order)."""
-    masks = []
-    for members in cl.members:
-        mask = np.zeros(st.n_nodes, dtype=bool)
-        mask[members] = True
-        masks.append(mask)
-    guide: dict[int, np.ndarray] = {}
-    for g, pods in groups.items():
-        if g not in placed:
-            continue
-        for p in pods.tolist():
-            for slot in slots[sh.of[_shape_key(st, p)]]:
-                if slot[1] > 0:
-                    slot[1] -= 1
-                    guide[p] = masks[slot[0]]
-                    break
-    return guide
+def _queue_rows(m: cp_model.CpModel, sess: Session, groups: dict[int, np.ndarray], gcs: list[list[int]],
+                x: list[Any]) -> None:
+    """What the queues allow on top of their allocation (the session's: the starting plan's fixed decisions in):
+    per queue with a limit, everything placed below it; per queue with a deserved quota, the non-preemptible work
+    placed below it (KAI's IsJobOverQueueCapacity, as the CP-SAT model writes it: model._queue_constraints)."""
+    st, fs = sess.state, sess.fs
+    scale = np.array(QSCALE)
+    alloc = np.round(sess.ledger.allocated * scale).astype(np.int64)
+    alloc_np = np.round(sess.ledger.allocated_np * scale).astype(np.int64)
+    below: dict[int, list[tuple[Any, np.ndarray, bool]]] = {}
+    for gc, v in zip(gcs, x, strict=True):
+        g = gc[0]  # (a group class: one queue, the same requests)
+        qreq = scaled_up(sess.queue_request(groups[g]).sum(axis=0))
+        for q in st.q_ancestors[int(st.pg_queue[g])]:
+            below.setdefault(q, []).append((v, qreq, bool(st.pg_preemptible[g])))
+    for q, items in sorted(below.items()):
+        for r in range(len(QSCALE)):
+            lim, des = fs.limit[q, r], fs.deserved[q, r]
+            if lim != UNLIMITED:
+                bound = max(int(np.floor(lim * scale[r] + EPS)), int(alloc[q, r]))
+                m.add(sum(int(a[r]) * v for v, a, _ in items if a[r]) <= bound - int(alloc[q, r]))
+            if des != UNLIMITED:
+                bound = max(int(np.floor(des * scale[r] + EPS)), int(alloc_np[q, r]))
+                m.add(sum(int(a[r]) * v for v, a, pre in items if a[r] and not pre) <= bound - int(alloc_np[q, r]))
+
+
+def _decode(sess: Session, groups: dict[int, np.ndarray], placed: set[int], kept: set[int], sh: _Shapes,
+            cl: _Classes, counts: dict[tuple[int, int], int]) -> None:
+    """Each class's nodes take their patterns (in node order), and each placed group's pods (the starting plan's
+    groups first, then by index) take a slot of their shape on such a node and its first idle devices; bound in one
+    bulk step. Every pattern fits the room of every node of its class, so no placement overfills a node."""
+    st = sess.state
+    slots: list[list[list[int]]] = [[] for _ in range(len(sh.rep))]  # shape -> [node, pods left]
+    for c, members in enumerate(cl.members):
+        at = 0
+        for i, pat in enumerate(cl.patterns[c]):
+            k = counts.get((c, i), 0)
+            for n in members[at:at + k].tolist():
+                for s in np.flatnonzero(pat).tolist():
+                    slots[s].append([n, int(pat[s])])
+            at += k
+    cursor = [0] * len(sh.rep)
+    idle = (sess.dev_held + sess.dev_rel) == 0
+    free_devs: dict[int, list[int]] = {}  # node -> its idle devices not yet given out
+    items: list[tuple[int, int, tuple[int, ...], bool]] = []
+    for g in sorted(placed, key=lambda x: (x not in kept, x)):
+        for p in groups[g].tolist():
+            s = sh.of[_shape_key(st, p)]
+            while slots[s][cursor[s]][1] == 0:
+                cursor[s] += 1
+            slot = slots[s][cursor[s]]
+            slot[1] -= 1
+            n, whole = slot[0], int(sh.whole[s])
+            devices: tuple[int, ...] = ()
+            if whole:
+                devs = free_devs.get(n)
+                if devs is None:
+                    a = int(sess.dev_start[n])
+                    devs = free_devs[n] = (a + np.flatnonzero(idle[a:int(sess.dev_start[n + 1])])).tolist()
+                devices, devs[:whole] = tuple(devs[:whole]), []
+            items.append((p, n, devices, False))
+    sess.place_many(items)
 
 
 def _maximal_patterns(shapes: list[int], req: np.ndarray, whole: np.ndarray, demand: np.ndarray, cap: np.ndarray,
@@ -324,14 +433,11 @@ def _maximal_patterns(shapes: list[int], req: np.ndarray, whole: np.ndarray, dem
     return [p for p in out if p.any()]
 
 
-def guided_plan(state: ClusterState, fs: FairShare, config: Config, plan: Plan,
-                actions: tuple[str, ...] | None, budget_s: float) -> tuple[Plan | None, PatternModel]:
-    """The greedy cycle guided by the pattern model (None with the model's why when there is no guide)."""
+def pattern_plan(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float) -> PatternModel:
+    """The pattern model's plan for starting plan `plan` (PatternModel.plan; None with its why)."""
     t = time.perf_counter()
     pm = build(state, fs, config, plan, budget_s)
-    if not pm.guide:
-        return None, pm
-    alt = greedy_plan(state, fs, config, actions, guide=pm.guide)
-    alt.solver = plan.solver
+    if pm.plan is not None:
+        pm.plan.solver, pm.plan.phases = plan.solver, plan.phases
     pm.seconds = time.perf_counter() - t
-    return alt, pm
+    return pm

@@ -21,7 +21,7 @@ from kai_opt.formulation.hint import add_greedy_hint
 from kai_opt.formulation.model import build_model
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.packing import less_fragmented
-from kai_opt.formulation.pattern_plan import MODEL_SHARE, guided_plan
+from kai_opt.formulation.pattern_plan import MODEL_SHARE, pattern_plan
 from kai_opt.formulation.runner import run_with_watchdog
 from kai_opt.formulation.scope import (
     Scope,
@@ -49,8 +49,8 @@ SLOWDOWN_MAX = 4.0  # the reserve grows with the worker's wall/CPU ratio while b
 INLINE_SHARE = 0.25  # a second hint not ready when the worker starts is computed there if it costs at most this
 # share of the budget (SLOWDOWN x the KAI-scored cycle)
 HARD_GRACE = 0.1  # s past the budget before the hard watchdog kills the CP-SAT worker
-PATTERN_SHARE = 0.5  # the pattern plan's guided greedy cycle is run when one greedy cycle (its action phases) costs
-# at most this share of the budget (it costs about as much again)
+PATTERN_ALONE = 0.4  # once the pattern plan is taken, the model is built only if at most this share of the budget
+# is gone (scope, model, solve, decode and check do not fit in the rest, and the model rarely betters that plan)
 
 
 def plan_score(state: ClusterState, fs: FairShare, plan: Plan) -> tuple[float, float]:
@@ -265,6 +265,10 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     greedy, pattern_via, pattern_failed = _pattern_start(state, fs, config, greedy, actions, phase)
     if pattern_via:  # (its base, the plan above, stays named)
         via, hint = f"{via}; then {pattern_via}" if via else pattern_via, "pattern"
+        used = time.perf_counter() - start
+        if used > PATTERN_ALONE * budget and not config.solver.deterministic:
+            return _keep(greedy, SolverInfo(hint=hint), start, f"{via}; the model was not built: {used:.2f}s of the "
+                         f"{budget:g}s budget were gone", "GREEDY_KEPT")
     phase("building the scope (pending groups, victims, candidate nodes)")
     sess, scope = model_scope(state, fs, config, greedy, actions)
     if via:
@@ -398,30 +402,30 @@ def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: P
 
 def _pattern_start(state: ClusterState, fs: FairShare, config: Config, start: Plan, actions: tuple[str, ...] | None,
                    phase: Callable[[str], None]) -> tuple[Plan, str, tuple[str, str] | None]:
-    """The greedy cycle guided by the pattern model (pattern_plan.py) instead of the starting plan when it keeps
-    every group that plan places, evicts no more and scores higher. Returns (the plan, its note or '', a failure
-    (kind, detail) or None): an optional stage, whatever goes wrong leaves the starting plan."""
+    """The pattern model's plan (pattern_plan.py) instead of the starting plan when it keeps every group that plan
+    places, evicts no more and scores higher. Returns (the plan, its note or '', a failure (kind, detail) or None):
+    an optional stage, whatever goes wrong leaves the starting plan."""
     budget = config.solver.time_budget_s
-    if not config.solver.pattern_hint or (actions is not None and "allocate" not in actions) \
-            or action_seconds(start) > PATTERN_SHARE * budget:
+    if not config.solver.pattern_hint or (actions is not None and "allocate" not in actions):
         return start, "", None
-    phase("the pattern model over node classes, and the greedy cycle it guides (a third hint)")
+    phase("the pattern model over node classes (a third hint)")
     try:
-        alt, pm = guided_plan(state, fs, config, start, actions, MODEL_SHARE * budget)
+        pm = pattern_plan(state, fs, config, start, MODEL_SHARE * budget)
+        alt = pm.plan
         if alt is None:
             return start, "", None
         check_plan(state, alt, fs, config)
     except PlanViolation as exc:
-        return start, "", ("violation", f"the pattern-guided plan failed the checker: {exc.problems[0]}")
+        return start, "", ("violation", f"the pattern plan failed the checker: {exc.problems[0]}")
     except Exception:
-        return start, "", ("exception", f"the pattern-guided plan raised {last_line(traceback.format_exc())}")
+        return start, "", ("exception", f"the pattern plan raised {last_line(traceback.format_exc())}")
     scores = keeps_and_scores(state, fs, start, alt)
-    if scores is None or not scores[0][0] > scores[1][0] + 1e-9:
+    if scores is None or not _beats(*scores):
         return start, "", None
-    alt.phases = start.phases  # the cycle's own phases (the first greedy's)
-    return alt, (f"started from the greedy plan guided by the pattern model (value {scores[0][0]:g} vs "
-                 f"{scores[1][0]:g}: {len(pm.chosen)} more groups; {pm.classes} node classes, {pm.patterns} "
-                 f"patterns, {pm.seconds:.2f}s)"), None
+    dropped = ", without the consolidation" if pm.moves_dropped else ""
+    return alt, (f"started from the pattern model's plan (value {scores[0][0]:g} vs {scores[1][0]:g}, eviction "
+                 f"cost {scores[0][1]:g} vs {scores[1][1]:g}: {len(pm.chosen)} more groups{dropped}; {pm.classes} "
+                 f"node classes, {pm.patterns} patterns, {pm.seconds:.2f}s)"), None
 
 
 def _beside_is_sooner(second: SecondHint, greedy: Plan) -> bool:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from kai_opt.actions import ACTION_ORDER as ACTION_ORDER  # re-exported (kai_opt.engine)
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
@@ -24,14 +22,12 @@ AfterAction = Callable[[str, Session], None]  # told each action's name and the 
 
 def greedy_plan(state: ClusterState, fs: FairShare, config: Config,
                 actions: tuple[str, ...] | None = None, progress: Progress | None = None,
-                after: AfterAction | None = None, guide: dict[int, np.ndarray] | None = None) -> Plan:
+                after: AfterAction | None = None) -> Plan:
     """KAI-like heuristics: each enabled action in order on one session. `after` sees the session after each
-    action (it must not change it). `guide`: pod -> the nodes it tries first (Placer.guide)."""
+    action (it must not change it)."""
     start = time.perf_counter()
     sess = Session(state, fs, config)
     ctx = ActionContext(sess)
-    if guide:
-        ctx.placer.guide = guide
     enabled = enabled_actions(config, actions)
     phases: dict[str, float] = {}
     for action in REGISTRY:

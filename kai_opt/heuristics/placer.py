@@ -76,8 +76,6 @@ class Placer(NodeFilter):
         # instead of what is free now; on only inside consolidation's scenario simulation (heuristics/
         # consolidation.py, KAI's literal simulation): see docs/DESIGN-NOTES.md, "Consolidation is KAI's search"
         self._releasing_free = False
-        # pod -> the nodes it tries before any other (a starting plan's guide: formulation/pattern_plan.py)
-        self.guide: dict[int, np.ndarray] = {}
 
     @contextmanager
     def releasing_free(self) -> Iterator[None]:
@@ -214,11 +212,6 @@ class Placer(NodeFilter):
     # -- one pod -------------------------------------------------------------------------------------------------
     def choose(self, p: int, mask: np.ndarray | None = None, *, allow_pipeline: bool = True,
                exclude: int = -1) -> Choice | None:
-        if self.guide and mask is None and exclude < 0 and p in self.guide:
-            self._last = None
-            guided = self._choose(p, self.guide[p], allow_pipeline=allow_pipeline)
-            if guided is not None:
-                return guided
         again = self._same_node_again(p, mask, allow_pipeline, exclude)
         if again is not None:
             return again
