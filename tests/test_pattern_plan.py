@@ -179,3 +179,16 @@ def test_every_pattern_plan_passes_the_checker(family: str) -> None:
                 check_plan(st, pm.plan, fs, config)
                 assert _placed_groups(st, start) <= _placed_groups(st, pm.plan), (family, nodes, seed)
 
+
+
+def test_too_many_node_classes_give_up_before_the_replay(monkeypatch) -> None:
+    """Nodes too unlike for classes to pay: the stage gives up on the cycle start's room, before it replays the
+    starting plan's other decisions."""
+    st = build_state(Instance("fragmentation", 100, 0).snapshot())
+    config = parse_config({"engine": "cpsat", "solver": SOLVER})
+    greedy, fs = run_cycle(st, config, engine=Engine.greedy)
+    monkeypatch.setattr(pattern_plan, "MAX_CLASSES", 2)
+    replays = []
+    monkeypatch.setattr(pattern_plan, "apply_fixed", lambda *a: replays.append(a))
+    pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
+    assert pm.plan is None and "node classes (more than 2)" in pm.why and not replays

@@ -30,6 +30,7 @@ from kai_opt.fairshare.share import UNLIMITED
 from kai_opt.formulation.model import EPS, QSCALE, scaled_up
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.scope import apply_consolidation, apply_fixed
+from kai_opt.formulation.unbeatable import hopeless_groups
 from kai_opt.heuristics.cycle import plan_from_session
 from kai_opt.heuristics.nodefilter import NodeFilter
 from kai_opt.heuristics.session import Session
@@ -39,6 +40,8 @@ from kai_opt.state import ClusterState, PodStatus
 PATTERN_CAP = 1_000  # patterns over all classes: beyond it the cycle's shapes mix too freely for this model
 MAX_SHAPES = 16  # pending shapes: more, and the patterns explode (the gangs family has 46 at 1,000 nodes)
 VISITS_PER_PATTERN = 20  # the pattern walk gives up after this many steps per pattern allowed
+MAX_CLASSES = 32  # node classes: more, and the nodes are too unlike for the classes to pay (the 1,000-node scale
+# instance has 79, and the stage's time came off the CP-SAT model's: value 8.2027e6 -> 8.1585e6)
 MODEL_SHARE = 0.1  # of the time budget, the most the pattern model's search may take
 
 
@@ -174,7 +177,15 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
     # leave free now (room being released is not counted). Replaying them costs (0.24 s for 42,000 decisions at
     # 10,000 nodes), so the classes are first formed on the cycle start's room: when the patterns explode there,
     # the stage gives up before the replay (a gate only: the model's classes are the ones formed after it)
-    if _classes(sess, shapes, out, sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)) is None:
+    free0, idle0 = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
+    room = _fit_alone(sess, shapes, free0, idle0).sum(axis=0)  # (the replay binds more: room only shrinks)
+    left = [g for g in groups if g not in kept]
+    refused = hopeless_groups(state, fs, config, left)  # by its queue's limits or quota at the cycle start
+    if not moves_dropped and not any(all(room[s] >= k for s, k in shapes.counts[g].items())
+                                     for g in left if g not in refused):
+        out.why = "no group left pending fits the free room alone and its queue's limits"
+        return out
+    if _classes(sess, shapes, out, free0, idle0) is None:
         return out
     outside = sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved} - set(groups))
     apply_consolidation(sess, plan)
@@ -222,21 +233,27 @@ def _shapes(st: ClusterState, groups: dict[int, np.ndarray]) -> _Shapes:
                    counts)
 
 
-def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray) -> _Classes | None:
-    """Nodes grouped by scheduling class and how many of each shape fit alone (capped by its demand) in `free`
-    [N, R] and `idle` whole devices [N], with each class's maximal patterns; None (and out.why) when no node takes
-    any shape or the patterns are too many."""
+def _fit_alone(sess: Session, sh: _Shapes, free: np.ndarray, idle: np.ndarray) -> np.ndarray:
+    """[N, S]: how many of each shape fit alone in `free` [N, R] and `idle` whole devices [N] (0 where its
+    scheduling signature refuses the node), capped by the shape's demand."""
     st = sess.state
-    n_shapes = len(sh.rep)
     nf = NodeFilter(sess)
-    allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in sh.rep.tolist()], axis=1)  # [N, S]
-    fit = np.full((st.n_nodes, n_shapes), np.iinfo(np.int64).max // 4, dtype=np.int64)
-    for s in range(n_shapes):
+    allowed = np.stack([nf.static_mask(int(st.pod_sig[p])) for p in sh.rep.tolist()], axis=1)
+    fit = np.full((st.n_nodes, len(sh.rep)), np.iinfo(np.int64).max // 4, dtype=np.int64)
+    for s in range(len(sh.rep)):
         for r in np.flatnonzero(sh.req[s] > 0):
             fit[:, s] = np.minimum(fit[:, s], np.maximum(free[:, r], 0) // sh.req[s, r])
         if sh.whole[s] > 0:
             fit[:, s] = np.minimum(fit[:, s], idle // sh.whole[s])
-    fit = np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
+    return np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
+
+
+def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray) -> _Classes | None:
+    """Nodes grouped by scheduling class and how many of each shape fit alone (_fit_alone), with each class's
+    maximal patterns; None (and out.why) when no node takes any shape or the patterns are too many."""
+    st = sess.state
+    n_shapes = len(sh.rep)
+    fit = _fit_alone(sess, sh, free, idle)
     nodes = np.flatnonzero(fit.any(axis=1) & (free >= 0).all(axis=1))
     if not len(nodes):
         out.why = "no node has room for any of the pending shapes"
@@ -244,6 +261,9 @@ def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, id
     keys = np.column_stack([st.node_class[nodes].astype(np.int64), fit[nodes]])
     cls = np.unique(keys, axis=0, return_inverse=True)[1].ravel()
     members = [nodes[cls == c] for c in range(int(cls.max()) + 1)]
+    if len(members) > MAX_CLASSES:
+        out.why = f"{len(members)} node classes (more than {MAX_CLASSES})"
+        return None
     patterns: list[list[np.ndarray]] = []
     total = 0
     for m in members:
