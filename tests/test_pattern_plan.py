@@ -1,5 +1,5 @@
-"""The pattern plan: a model over node classes and the patterns of pending shapes that fit them, and the greedy
-cycle it guides, as the CP-SAT model's starting plan (kai_opt/formulation/pattern_plan.py)."""
+"""The pattern plan: a model over node classes and the patterns of pending shapes that fit them, decoded onto
+nodes, as the CP-SAT model's starting plan (kai_opt/formulation/pattern_plan.py)."""
 
 from __future__ import annotations
 

@@ -38,10 +38,10 @@ from kai_opt.plan import Plan
 from kai_opt.state import ClusterState, PodStatus
 
 PATTERN_CAP = 1_000  # patterns over all classes: beyond it the cycle's shapes mix too freely for this model
-MAX_SHAPES = 16  # pending shapes: more, and the patterns explode (the gangs family has 46 at 1,000 nodes)
+MAX_SHAPES = 16  # pending shapes: more, and the patterns explode
 VISITS_PER_PATTERN = 20  # the pattern walk gives up after this many steps per pattern allowed
-MAX_CLASSES = 32  # node classes: more, and the nodes are too unlike for the classes to pay (the 1,000-node scale
-# instance has 79, and the stage's time came off the CP-SAT model's: value 8.2027e6 -> 8.1585e6)
+MAX_CLASSES = 32  # node classes: more, and the nodes are too unlike for the classes to pay for the time they take
+# from the CP-SAT model (docs/DESIGN-NOTES.md, the pattern plan)
 MODEL_SHARE = 0.1  # of the time budget, the most the pattern model's search may take
 
 
@@ -174,9 +174,9 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
         out.why = f"{len(shapes.rep)} pending shapes (more than {MAX_SHAPES})"
         return out
     # the starting plan's other decisions stay (its moves and evictions included): the classes see the room they
-    # leave free now (room being released is not counted). Replaying them costs (0.24 s for 42,000 decisions at
-    # 10,000 nodes), so the classes are first formed on the cycle start's room: when the patterns explode there,
-    # the stage gives up before the replay (a gate only: the model's classes are the ones formed after it)
+    # leave free now (room being released is not counted). Replaying them is costly at scale, so the gates run on
+    # the cycle start's room first: a stage that gives up does so before the replay (the model's classes are the
+    # ones formed after it)
     free0, idle0 = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
     room = _fit_alone(sess, shapes, free0, idle0).sum(axis=0)  # (the replay binds more: room only shrinks)
     left = [g for g in groups if g not in kept]
