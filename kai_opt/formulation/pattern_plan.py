@@ -151,8 +151,7 @@ def _without_consolidation(st: ClusterState, plan: Plan) -> tuple[Plan, set[int]
     return dataclasses.replace(
         plan, evictions=[e for e in plan.evictions if e.reason != "consolidate"],
         placements=[dataclasses.replace(pl, pipelined=False) if pl.pipelined and int(st.pod_pg[pl.pod]) in helped
-                    else pl for pl in plan.placements if not pl.moved],
-        pending={g: rs for g, rs in plan.pending.items() if g not in helped}), helped
+                    else pl for pl in plan.placements if not pl.moved]), helped
 
 
 def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budget_s: float, *,
@@ -178,14 +177,15 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
     # the cycle start's room first: a stage that gives up does so before the replay (the model's classes are the
     # ones formed after it)
     free0, idle0 = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
-    room = _fit_alone(sess, shapes, free0, idle0).sum(axis=0)  # (the replay binds more: room only shrinks)
+    fit0 = _fit_alone(sess, shapes, free0, idle0)
+    room = fit0.sum(axis=0)  # (the replay binds more: room only shrinks)
     left = [g for g in groups if g not in kept]
     refused = hopeless_groups(state, fs, config, left)  # by its queue's limits or quota at the cycle start
     if not moves_dropped and not any(all(room[s] >= k for s, k in shapes.counts[g].items())
                                      for g in left if g not in refused):
         out.why = "no group left pending fits the free room alone and its queue's limits"
         return out
-    if _classes(sess, shapes, out, free0, idle0) is None:
+    if _classes(sess, shapes, out, free0, idle0, fit0) is None:
         return out
     outside = sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved} - set(groups))
     apply_consolidation(sess, plan)
@@ -193,7 +193,8 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
     for e in plan.evictions:  # the rest (stale gangs': no beneficiary), one by one in the plan's order
         if int(sess.status[e.pod]) == PodStatus.BOUND:
             sess.evict_many([e.pod], e.reason, e.beneficiary)
-    classes = _classes(sess, shapes, out, sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64))
+    free, idle = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
+    classes = _classes(sess, shapes, out, free, idle, _fit_alone(sess, shapes, free, idle))
     if classes is None:
         return out
     solved = _solve(sess, config, groups, kept, shapes, classes, budget_s, out)
@@ -248,12 +249,13 @@ def _fit_alone(sess: Session, sh: _Shapes, free: np.ndarray, idle: np.ndarray) -
     return np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
 
 
-def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray) -> _Classes | None:
-    """Nodes grouped by scheduling class and how many of each shape fit alone (_fit_alone), with each class's
-    maximal patterns; None (and out.why) when no node takes any shape or the patterns are too many."""
+def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray,
+             fit: np.ndarray) -> _Classes | None:
+    """Nodes grouped by scheduling class and how many of each shape fit alone (`fit`: _fit_alone of `free` and
+    `idle`), with each class's maximal patterns; None (and out.why) when no node takes any shape or the patterns
+    are too many."""
     st = sess.state
     n_shapes = len(sh.rep)
-    fit = _fit_alone(sess, sh, free, idle)
     nodes = np.flatnonzero(fit.any(axis=1) & (free >= 0).all(axis=1))
     if not len(nodes):
         out.why = "no node has room for any of the pending shapes"
