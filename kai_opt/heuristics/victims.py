@@ -637,6 +637,8 @@ def solve_with_victims(
             last_why = f"gave up after {scenarios} victim scenarios (max_victim_scenarios)"
             break
         scenarios += 1
+        if not _each_task_fits_somewhere(sess, gang, tasks):
+            continue  # the placement below fails in this scenario whatever the simulation gives back
         cp = sess.checkpoint()
         ahead = _victims_ahead(sess, g, accumulated, pending_order) if pending_order is not None else set()
         attempt = gang.place(g, tasks, allow_pipeline=True)
@@ -1028,6 +1030,26 @@ class _Simulation:
             ledger.allocated_np[...] = saved[1]
             self.sess.unevict_many(back_pods)
         return ahead
+
+
+def _each_task_fits_somewhere(sess: Session, gang: GangPlacer, tasks: list[int]) -> bool:
+    """Whether every task pod fits, on its own, some node its signature allows once releases finish, with every
+    victim of the scenario evicted. A necessary condition of the scenario's placement: the gang placer puts each
+    pod on such a node that fits it, and the victims the simulation gives back only take room again, so when it
+    fails the scenario fails whatever the simulation (the costly part of a reclaim scenario) would return. Each
+    pod shape is judged once, from the placer's kept verdicts (NodeFilter.fit_memo)."""
+    st, placer = sess.state, gang.placer
+    seen: set[tuple[object, ...]] = set()
+    for p in tasks:
+        shape = (int(st.pod_sig[p]), st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]), int(st.pod_gpu_frac[p]),
+                 int(st.pod_gpu_mem[p]), int(st.pod_gpu_ndev[p]))
+        if shape in seen:
+            continue
+        seen.add(shape)
+        _now, future = placer.fit(p, np.flatnonzero(placer.static_mask(shape[0])))
+        if not future.any():
+            return False
+    return True
 
 
 def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,
