@@ -5,6 +5,7 @@ because allocate will cause a loop"). Both engines."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,8 @@ def _plain_simulation(sess: Session, g: int, accumulated: list[list[int]]) -> se
 
 
 @pytest.mark.parametrize("instance", ["contention:30:0", "contention:30:1", "contention:30:2", "openb:30:0",
-                                      "openb:30:2", "fractions:30:0", "gangs:200:2"])
+                                      "openb:30:2", "fractions:30:0", "gangs:200:2",
+                                      "openb:100:0", "openb:200:0", "contention:200:2"])
 def test_the_simulation_pops_as_one_plain_job_queue(instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """victims._victims_ahead (per-state pending order, only the subtrees that can decide, queue order rules 1-2
     without popping) puts back exactly the victims a literal JobQueue simulation does, in every reclaim scenario
@@ -117,3 +119,52 @@ def test_the_simulation_pops_as_one_plain_job_queue(instance: str, monkeypatch: 
     monkeypatch.setattr(victims, "_victims_ahead", both)
     run_cycle(st, Config(), engine=Engine.greedy)
     assert seen["scenarios"] > 0
+
+
+def _tie_prone_cluster(rng: random.Random) -> list:
+    """Sibling queues alike in everything but their names (created together, one quota), full nodes, and pending
+    jobs of one or two GPUs: queue keys often tie exactly, so the walk's tie rule decides between siblings."""
+    nodes = rng.randint(2, 3)
+    objs = [node(f"n{i}", gpus=4) for i in range(nodes)]
+    depts = rng.randint(1, 2)
+    leaves = []
+    for d in range(depts):
+        objs.append(queue(f"d{d}", gpu=(-1, 1, -1)))
+        for i in range(rng.randint(2, 4)):
+            leaves.append(f"d{d}q{i}")
+            objs.append(queue(leaves[-1], f"d{d}", gpu=(1, 1, -1)))
+    free = [4] * nodes
+    for j in range(4 * nodes):  # running 1-GPU jobs fill the nodes
+        n = j % nodes
+        if free[n] and rng.random() < 0.9:
+            q = rng.choice(leaves[: max(1, len(leaves) // 2)] if rng.random() < 0.7 else leaves)
+            objs += [podgroup(f"r{j}", q, created_min=rng.randint(0, 3)),
+                     pod(f"r{j}-0", f"r{j}", gpus=1, node_name=f"n{n}", started_min_ago=600)]
+            free[n] -= 1
+    for j in range(rng.randint(6, 16)):
+        objs += [podgroup(f"p{j}", rng.choice(leaves), created_min=rng.randint(4, 6)),
+                 pod(f"p{j}-0", f"p{j}", gpus=rng.choice([1, 1, 2]))]
+    return objs
+
+
+def test_the_simulation_pops_as_one_plain_job_queue_when_keys_tie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fuzz: the same check on small random clusters whose sibling queues are alike, where keys tie and the
+    shortcut that pops along the last path (_Simulation.pop_along) must leave ties to the walk."""
+    fast = victims._victims_ahead
+    seen = {"scenarios": 0, "put_back": 0}
+
+    def both(sess: Session, g: int, accumulated: list[list[int]], po: Any) -> set[int]:
+        cp = sess.checkpoint()
+        want = _plain_simulation(sess, g, accumulated)
+        sess.rollback(cp)
+        got = fast(sess, g, accumulated, po)
+        assert got == want, (sess.state.pg_keys[g], sorted(got ^ want))
+        seen["scenarios"] += 1
+        seen["put_back"] += bool(got)
+        return got
+
+    monkeypatch.setattr(victims, "_victims_ahead", both)
+    rng = random.Random(17)
+    for _ in range(150):
+        run_cycle(state(_tie_prone_cluster(rng)), Config(), engine=Engine.greedy)
+    assert seen["scenarios"] > 100 and seen["put_back"] > 10, seen

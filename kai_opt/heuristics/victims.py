@@ -989,6 +989,7 @@ class _Simulation:
             s = -1
             walked: list[int] = []
             x: int | None = None
+            child: int | None = None  # the victim-free child x popped from (None: a queue's own job)
             while True:
                 if s in owns:
                     x = self.own_head(s)
@@ -1005,6 +1006,7 @@ class _Simulation:
                     k = at.get(nxt, 0)
                     x = po.item(nxt, k)
                     at[nxt] = k + 1
+                    child = nxt
                     break
                 walked.append(nxt)
                 s = nxt
@@ -1016,8 +1018,9 @@ class _Simulation:
             if x is None or x == self.g:
                 break
             back = chunks.get(x)
-            if back is None:
-                continue  # a pending job that is neither victim nor preemptor
+            if back is None:  # a pending job that is neither victim nor preemptor: so may the next ones be
+                self.pop_along(walked, child)
+                continue
             pods = [p for k in back for p in self.accumulated[k]]
             self.sess.unevict_in_ledger(pods)
             back_pods.extend(pods)
@@ -1030,6 +1033,77 @@ class _Simulation:
             ledger.allocated_np[...] = saved[1]
             self.sess.unevict_many(back_pods)
         return ahead
+
+
+    def pop_along(self, walked: list[int], child: int | None) -> None:
+        """Pop, without walking the tree, the pending jobs that come next along the path the last pop took (the
+        special queues `walked`, then the victim-free `child`, or with None the last walked queue's own jobs):
+        skipped jobs change no allocation, so every key off the path stays as it is, and the walk would take the
+        same path again while, at each level, the path's key with the next job at its head is below every other
+        child's key there (an equal key ends the run: the walk's tie rule decides it). Stops before a victim, the
+        preemptor, or a key that is not below."""
+        if child is None and not walked:
+            return
+        po, at = self.po, self.at
+        path = [*walked, child] if child is not None else walked
+        levels = [-1, *walked]
+        others: list[tuple[Any, ...] | None] = []  # per level, the smallest key among its other children
+        for parent, mine in zip(levels, path, strict=False):
+            low: tuple[Any, ...] | None = None
+            for o in self.included[parent]:
+                if o != mine:
+                    k = self._key_now(o)
+                    if k is not None and (low is None or k < low):
+                        low = k
+            others.append(low)
+        leaf = walked[-1] if child is None else -1
+        while True:
+            if child is not None:
+                i = at.get(child, 0)
+                if i >= po.count[child]:
+                    return
+                x = po.item(child, i)
+                low = others[-1]
+                if x == self.g or not (low is None or po.key(child, i) < low):
+                    return
+            else:
+                x_own = self.own_head(leaf)
+                if x_own is None or x_own in self.chunks or x_own == self.g:
+                    return
+                x = x_own
+            for j in range(len(walked) - 1, -1, -1):
+                low = others[j]
+                if low is not None and not self._pending_key(walked[j], x) < low:
+                    return
+            if child is not None:
+                at[child] = i + 1
+            else:
+                self.own_at[leaf] += 1
+            for w in walked:
+                self.left_in[w] -= 1
+
+    def _key_now(self, c: int) -> tuple[Any, ...] | None:
+        """A child's key as `best` reads it (None: nothing left in it)."""
+        if c in self.special:
+            if not self.left_in[c]:
+                return None
+            hk = self.head_key.get(c)
+            return (hk if hk is not None else self.head(c))[1]
+        i = self.at.get(c, 0)
+        if i >= self.po.count[c]:
+            return None
+        return self.po.key(c, i)
+
+    def _pending_key(self, s: int, x: int) -> tuple[Any, ...]:
+        """Special queue s's key with pending job x at its head (as `head` makes it)."""
+        a = self.alloc.get(s)
+        if a is None:
+            a = self.alloc[s] = tuple(self.sess.ledger.allocated[s].tolist())
+        mk = (s, x, a)
+        k = self.po.live_keys.get(mk)
+        if k is None:
+            k = self.po.live_keys[mk] = self.po.live.key(s, self.po.request[x])
+        return k
 
 
 def _each_task_fits_somewhere(sess: Session, gang: GangPlacer, tasks: list[int]) -> bool:
