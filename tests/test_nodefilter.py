@@ -210,3 +210,38 @@ def test_kept_choice_keys_choose_as_fresh_scores_after_any_operations(objs: list
         placer_mod.RANK_MIN = old
     if any(placer.rank_key(p, True) is not None and placer.static_mask(int(state.pod_sig[p])).any() for p in pods):
         assert kept
+
+
+@SETTINGS
+@given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(1, 30))
+def test_kept_reasons_diagnose_as_the_checks_after_any_operations(objs: list[RawObject], rnd: random.Random,
+                                                                  n_ops: int) -> None:
+    """diagnose read off a pod shape's kept failing masks (NodeFilter._reason_memo, refreshed with its verdicts)
+    gives the reasons, in the same order, the feasible nodes and the failing nodes the checks made afresh give,
+    over every node and over a random node set, after any sequence of operations, rollbacks and commits."""
+    state = build_state(snapshot(objs))
+    placer = Placer(Session(state, compute_fair_share(state), Config()))
+    sess = placer.sess
+    open_cps: list = []
+    pods = rnd.sample(range(state.n_pods), min(state.n_pods, 6))
+    kept = {"read": 0}
+
+    def check(some: list[int]) -> None:
+        for p in some:
+            for mask in (None, np.array([rnd.random() < 0.5 for _ in range(state.n_nodes)], dtype=bool)):
+                memo = placer.diagnose(p, mask)
+                kept["read"] += placer._reason_memo(p) is not None
+                fresh_placer = Placer.__new__(Placer)
+                fresh_placer.__dict__.update(placer.__dict__)
+                fresh_placer._reason_memo = lambda _p: None  # type: ignore[method-assign]
+                fresh = fresh_placer.diagnose(p, mask)
+                assert list(memo.reasons.items()) == list(fresh.reasons.items()), (memo.reasons, fresh.reasons)
+                assert np.array_equal(np.sort(memo.feasible), np.sort(fresh.feasible))
+                assert np.array_equal(memo.why.failed, fresh.why.failed)
+
+    for _ in range(n_ops):
+        random_op(sess, rnd, open_cps)
+        check(rnd.sample(pods, rnd.randint(0, len(pods))))
+    check(pods)
+    if state.n_nodes and any(not (state.pod_gpu_frac[p] or state.pod_gpu_mem[p]) for p in pods):
+        assert kept["read"]

@@ -45,6 +45,21 @@ class FitReasons:
             self.counts[reason] += len(nodes)
             self.failed[nodes] = True
 
+    def add_where(self, reason: str, candidates: np.ndarray, fails: np.ndarray) -> None:
+        """The candidates where `fails` holds fail the check `reason` names."""
+        self.add(reason, candidates[fails])
+
+
+class _ReasonRows:
+    """The checks' failing masks in the order `_fit` asks them (one row per check, aligned with its candidates):
+    what a pod shape's kept verdicts keep to count reasons over any node set (NodeFilter.diagnose)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, np.ndarray]] = []
+
+    def add_where(self, reason: str, candidates: np.ndarray, fails: np.ndarray) -> None:
+        self.rows.append((reason, fails))
+
 
 @dataclass
 class Diagnosis:
@@ -62,10 +77,11 @@ class Diagnosis:
 class _FitMemo:
     """One pod shape's fit verdicts over every node, as of `seen` entries of the session's touched list."""
 
-    __slots__ = ("future", "now", "seen")
+    __slots__ = ("future", "now", "rows", "seen")
 
     def __init__(self, seen: int, now: np.ndarray, future: np.ndarray) -> None:
         self.seen, self.now, self.future = seen, now, future
+        self.rows: list[tuple[str, np.ndarray]] | None = None  # each check's failing nodes, once diagnose asks
 
 
 class NodeFilter:
@@ -118,7 +134,8 @@ class NodeFilter:
         return hit
 
     # -- resources ---------------------------------------------------------------------------------------------
-    def fit(self, p: int, candidates: np.ndarray, why: FitReasons | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def fit(self, p: int, candidates: np.ndarray,
+            why: FitReasons | _ReasonRows | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(fits now, fits once releases finish) over the candidate node indexes; with `why`, each check's
         failing candidates (once releases finish) are added to it. Many candidates without `why`: read from the
         pod shape's memoised verdicts (fit_memo), the same values."""
@@ -146,12 +163,29 @@ class NodeFilter:
                 del self._fit_memo[next(iter(self._fit_memo))]
         elif len(touched) > memo.seen:
             nodes = self.sess.caches.touched_since(memo.seen)
-            memo.now[nodes], memo.future[nodes] = self._fit(p, nodes)
+            if memo.rows is None:
+                memo.now[nodes], memo.future[nodes] = self._fit(p, nodes)
+            else:
+                fresh = _ReasonRows()
+                memo.now[nodes], memo.future[nodes] = self._fit(p, nodes, fresh)
+                for (_, row), (_, part) in zip(memo.rows, fresh.rows, strict=True):
+                    row[nodes] = part
             memo.seen = len(touched)
         self._fit_memo[key] = memo
         return memo
 
-    def _fit(self, p: int, candidates: np.ndarray, why: FitReasons | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _reason_memo(self, p: int) -> _FitMemo | None:
+        """fit_memo with each check's failing nodes kept as well (made on first use, refreshed with the verdicts
+        from then on): reasons over any nodes are then counts of kept rows."""
+        memo = self.fit_memo(p)
+        if memo is not None and memo.rows is None:
+            rows = _ReasonRows()
+            self._fit(p, self._all_nodes, rows)
+            memo.rows = rows.rows
+        return memo
+
+    def _fit(self, p: int, candidates: np.ndarray,
+             why: FitReasons | _ReasonRows | None = None) -> tuple[np.ndarray, np.ndarray]:
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
         cols = self._cols.get(p)
@@ -166,7 +200,7 @@ class NodeFilter:
             now_ok = (free - sess.rel[rows, cols] >= need).all(axis=1) & future_ok
             if why is not None:
                 for j, c in enumerate(cols.tolist()):
-                    why.add(self._resource_reason(c), candidates[~room[:, j]])
+                    why.add_where(self._resource_reason(c), candidates, ~room[:, j])
         else:  # many: column by column (cheaper than copying their whole rows)
             future_ok = np.ones(len(candidates), dtype=bool)
             now_ok = np.ones(len(candidates), dtype=bool)
@@ -176,7 +210,7 @@ class NodeFilter:
                 future_ok &= room
                 now_ok &= free - sess.rel[candidates, c] >= req[c]
                 if why is not None:
-                    why.add(self._resource_reason(c), candidates[~room])
+                    why.add_where(self._resource_reason(c), candidates, ~room)
             now_ok &= future_ok
         whole = int(st.pod_gpu_whole[p])
         if whole:
@@ -184,7 +218,7 @@ class NodeFilter:
             room = sess.whole_future[candidates] >= whole
             future_ok &= room
             if why is not None:
-                why.add(WHOLE_GPUS, candidates[~room])
+                why.add_where(WHOLE_GPUS, candidates, ~room)
         elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
             room = self._share_fits(p, candidates, now_ok)
             future_ok &= room
@@ -197,7 +231,7 @@ class NodeFilter:
             free = sess.alloc[candidates, R_GPU] - sess.held[candidates, R_GPU]
             total = free >= gpu
             if why is not None:
-                why.add(WHOLE_GPUS, candidates[future_ok & ~total])
+                why.add_where(WHOLE_GPUS, candidates, future_ok & ~total)
             future_ok &= total
             now_ok &= total & (free - sess.rel[candidates, R_GPU] >= gpu)
         if st.pod_gpu_mem[p]:
@@ -222,19 +256,18 @@ class NodeFilter:
             room[i] = int((DEV - sess.dev_held[a:b] >= per[i]).sum()) >= ndev
         return room
 
-    def _share_reasons(self, p: int, candidates: np.ndarray, room: np.ndarray, why: FitReasons) -> None:
+    def _share_reasons(self, p: int, candidates: np.ndarray, room: np.ndarray,
+                       why: FitReasons | _ReasonRows) -> None:
         """A GPU node the GPU-memory rule refuses counts under that rule only; every other node without `room`
-        (CPU-only nodes included) is short of a GPU share."""
+        (CPU-only nodes included) is short of a GPU share. Each check's nodes depend on their node alone."""
         st = self.sess.state
-        mem_ok = self.gpu_memory_ok(p, candidates)
-        if not mem_ok.all():
-            gpu = self.has_gpu[candidates]
-            labelled = st.node_gpu_mem_known[candidates]
-            why.add(NO_GPU_MEMORY_LABEL, candidates[gpu & ~labelled])
-            why.add(f"node(s) had less GPU memory per device than the requested {int(st.pod_gpu_mem[p])} MiB",
-                    candidates[labelled & ~mem_ok])
-            mem_ok |= ~gpu
-        why.add(NO_GPU_SHARE, candidates[~room & mem_ok])
+        refused = ~self.gpu_memory_ok(p, candidates)
+        gpu = self.has_gpu[candidates]
+        labelled = st.node_gpu_mem_known[candidates]
+        why.add_where(NO_GPU_MEMORY_LABEL, candidates, refused & gpu & ~labelled)
+        why.add_where(f"node(s) had less GPU memory per device than the requested {int(st.pod_gpu_mem[p])} MiB",
+                      candidates, refused & labelled)
+        why.add_where(NO_GPU_SHARE, candidates, ~room & ~(refused & gpu))
 
     def _resource_reason(self, col: int) -> str:
         return "Too many pods" if col == R_PODS else f"Insufficient {short_name(self.sess.state.resources[col])}"
@@ -305,7 +338,13 @@ class NodeFilter:
             why.add(f"node(s) {texts[c]}", considered[ready & (code == c)])
         cand = considered[ready & (code < 0)]
         feasible = cand[:0]
-        if len(cand):
+        pod = st.pods[p]
+        memo = None if pod.pod_affinity or pod.pod_anti_affinity else self._reason_memo(p)
+        if memo is not None and memo.rows is not None:  # (no pod affinity: the filter is the checks alone)
+            for reason, row in memo.rows:
+                why.add_where(reason, cand, row[cand])
+            feasible = cand[memo.future[cand]]
+        elif len(cand):
             _, future_ok = self.filter(p, cand, why)
             feasible = cand[future_ok]
         return Diagnosis(len(considered), feasible, why)
