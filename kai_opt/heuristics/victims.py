@@ -216,23 +216,11 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     model's rule: a group placed this cycle keeps its core; evicting it would stop running pods of the job the
     cycle grows). Lazy: the caller stops taking chunks once the beneficiary fits."""
     st = sess.state
-    status = sess.status[st.pg_pods]
-    victim = victim_pods(sess)[st.pg_pods]
-    bound_c = np.concatenate([[0], np.cumsum(victim)])
-    active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[status])])
+    victim, left_all, newly = _chunk_counts(sess)
     start = st.pg_pod_start
     remaining: dict[int, list[int]] = {}  # the group's victim pods in task order, made when first needed
     gs = np.asarray(groups, dtype=np.int64)
-    left_all = bound_c[start[1:]] - bound_c[start[:-1]]
-    # pods this cycle already placed (or pipelined) for a group with bound pods count towards its gang (the victim
-    # order) but cannot be victims, and keep its core; so do its pods moved (re-placed) by consolidating victims,
-    # which keep their releasing status where they were
-    newly_all = active_c[start[1:]] - active_c[start[:-1]] - left_all
-    if sess.moves:
-        moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
-        newly_all = newly_all + np.bincount(moved[moved >= 0], minlength=len(newly_all))
-    left = left_all.copy()
-    newly = newly_all
+    left: dict[int, int] = {}  # victim pods left per group this order took chunks from (else left_all's)
     rank = victim_rank(sess)
     min_member = st.pg_min_member
 
@@ -245,12 +233,12 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
 
     def elastic(g: int) -> int:
         m = int(min_member[g])
-        n = int(left[g]) + int(newly[g])
+        n = left.get(g, int(left_all[g])) + int(newly[g])
         return 0 if n > m else (1 if n == m else 2)
 
     # the first heap of every leaf queue, from one sort: (elasticity, rank) is the job key
     gs = gs[left_all[gs] > 0]
-    n_all = left_all[gs] + newly_all[gs]
+    n_all = left_all[gs] + newly[gs]
     mm = min_member[gs]
     el = np.where(n_all > mm, 0, np.where(n_all == mm, 1, 2))
     rk = rank[gs]
@@ -278,6 +266,27 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         if pods:
             tree.push_job(q, (elastic(g), int(rank[g])), g)
         tree.refresh(q)
+
+
+def _chunk_counts(sess: Session) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per session state (read-only, shared by every victim order made from it): whether each slot of
+    `pg_pods` is a victim pod, and per group its victim pods and its pods placed, pipelined or moved in this
+    cycle that are no victims. The latter count towards a group's gang (the victim order) and keep its core;
+    pods moved (re-placed) by consolidating victims keep their releasing status where they were."""
+    def make() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        st = sess.state
+        victim = victim_pods(sess)[st.pg_pods]
+        bound_c = np.concatenate([[0], np.cumsum(victim)])
+        active_c = np.concatenate([[0], np.cumsum(IS_ACTIVE[sess.status[st.pg_pods]])])
+        start = st.pg_pod_start
+        left = bound_c[start[1:]] - bound_c[start[:-1]]
+        newly = active_c[start[1:]] - active_c[start[:-1]] - left
+        if sess.moves:
+            moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
+            newly = newly + np.bincount(moved[moved >= 0], minlength=len(newly))
+        return _read_only(victim), _read_only(left), _read_only(newly)
+
+    return sess.memo("chunk_counts", make)
 
 
 def queue_job_order(qs: np.ndarray, el: np.ndarray, rk: np.ndarray) -> np.ndarray:
