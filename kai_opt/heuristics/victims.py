@@ -712,6 +712,7 @@ class _PendingOrder:
         self.tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
         values = _pending_values(sess, probe, pending)
         self.request = {x: v[1] for x, v in zip(pending, values, strict=True)}
+        self.request_bytes = {x: v[3] for x, v in zip(pending, values, strict=True)}
         # queue -> its own jobs in job order (job key, group): leaf queues' jobs
         self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = [0] * st.n_queues  # pending jobs in each queue's subtree
@@ -727,9 +728,9 @@ class _PendingOrder:
         self.keys: dict[int, list[tuple[Any, ...]]] = {}  # queue -> its key with each of those jobs at its head
         self._own_at: dict[int, int] = {}
         self._starved: dict[tuple[int, int], bool] = {}
-        # (queue, pending job, the queue's allocation) -> the queue's key with that job at its head, as
-        # simulations of this state's searches met them (the key depends on nothing else)
-        self.live_keys: dict[tuple[int, int, tuple[float, ...]], tuple[Any, ...]] = {}
+        # (queue, a pending job's request as bytes, the queue's allocation) -> the queue's key with that job at its
+        # head, as simulations of this state's searches met them (the key depends on nothing else)
+        self.live_keys: dict[tuple[int, bytes, tuple[float, ...]], tuple[Any, ...]] = {}
         self._child_at: dict[int, dict[int, int]] = {}
 
     def starved_until(self, q: int, g: int) -> bool:
@@ -785,20 +786,23 @@ class _PendingOrder:
             at[best] = i + 1
 
 
-def _pending_values(sess: Session, probe: Any, pending: list[int]) -> list[tuple[bytes, np.ndarray, tuple[Any, ...]]]:
-    """Per pending job: (its pods' statuses, its request, its job key). The request and the key read nothing but
+def _pending_values(sess: Session, probe: Any,
+                    pending: list[int]) -> list[tuple[bytes, np.ndarray, tuple[Any, ...], bytes]]:
+    """Per pending job: (its pods' statuses, its request, its job key, its request's bytes). The request and the
+    key read nothing but
     the statuses of the job's own pods, so they are kept for the whole session (Session.static) and made again only
     for a job whose pods changed: a state's pending order (_PendingOrder, one per state a search starts from) then
     costs a status comparison per untouched job instead of its tasks and key."""
     st, status = sess.state, sess.status
-    known: dict[int, tuple[bytes, np.ndarray, tuple[Any, ...]]] = sess.static("pending_job_values", dict)
+    known: dict[int, tuple[bytes, np.ndarray, tuple[Any, ...], bytes]] = sess.static("pending_job_values", dict)
     start, members = st.pg_pod_start, st.pg_pods
     out = []
     for x in pending:
         now = status[members[start[x]:start[x + 1]]].tobytes()
         hit = known.get(x)
         if hit is None or hit[0] != now:
-            hit = known[x] = (now, _read_only(probe.request(x)), probe.job_key(x))
+            request = _read_only(probe.request(x))
+            hit = known[x] = (now, request, probe.job_key(x), request.tobytes())
         out.append(hit)
     return out
 
@@ -950,10 +954,7 @@ class _Simulation:
                         [p for k in self.chunks[x] for p in self.accumulated[k]]).sum(axis=0)
                 hit = (x, order.key(s, r))
             else:  # a pending job: its key depends on the queue's allocation only, remembered per state
-                a = self.alloc.get(s)
-                if a is None:
-                    a = self.alloc[s] = tuple(self.sess.ledger.allocated[s].tolist())
-                mk = (s, x, a)
+                mk = (s, po.request_bytes[x], self._alloc(s))
                 k = po.live_keys.get(mk)
                 if k is None:
                     k = po.live_keys[mk] = order.key(s, po.request[x])
@@ -1066,6 +1067,10 @@ class _Simulation:
                         low = k
             others.append(low)
         leaf = walked[-1] if child is None else -1
+        # the walked queues' allocations stay as they are while only pending jobs pop
+        allocs = [self._alloc(w) for w in walked]
+        live_keys, shapes, request, live = po.live_keys, po.request_bytes, po.request, po.live
+        last: bytes | None = None  # the request of the last job whose keys passed (keys depend on it alone)
         while True:
             if child is not None:
                 i = at.get(child, 0)
@@ -1080,10 +1085,19 @@ class _Simulation:
                 if x_own is None or x_own in self.chunks or x_own == self.g:
                     return
                 x = x_own
-            for j in range(len(walked) - 1, -1, -1):
-                low = others[j]
-                if low is not None and not self._pending_key(walked[j], x) < low:
-                    return
+            shape = shapes[x]
+            if shape != last:
+                for j in range(len(walked) - 1, -1, -1):
+                    low = others[j]
+                    if low is None:
+                        continue
+                    mk = (walked[j], shape, allocs[j])
+                    k = live_keys.get(mk)
+                    if k is None:
+                        k = live_keys[mk] = live.key(walked[j], request[x])
+                    if not k < low:
+                        return
+                last = shape
             if child is not None:
                 at[child] = i + 1
             else:
@@ -1103,16 +1117,12 @@ class _Simulation:
             return None
         return self.po.key(c, i)
 
-    def _pending_key(self, s: int, x: int) -> tuple[Any, ...]:
-        """Special queue s's key with pending job x at its head (as `head` makes it)."""
+    def _alloc(self, s: int) -> tuple[float, ...]:
+        """Special queue s's allocation now, as a key (remembered until a victim of its subtree pops)."""
         a = self.alloc.get(s)
         if a is None:
             a = self.alloc[s] = tuple(self.sess.ledger.allocated[s].tolist())
-        mk = (s, x, a)
-        k = self.po.live_keys.get(mk)
-        if k is None:
-            k = self.po.live_keys[mk] = self.po.live.key(s, self.po.request[x])
-        return k
+        return a
 
 
 def _each_task_fits_somewhere(sess: Session, gang: GangPlacer, tasks: list[int]) -> bool:
