@@ -789,10 +789,9 @@ class _PendingOrder:
 def _pending_values(sess: Session, probe: Any,
                     pending: list[int]) -> list[tuple[bytes, np.ndarray, tuple[Any, ...], bytes]]:
     """Per pending job: (its pods' statuses, its request, its job key, its request's bytes). The request and the
-    key read nothing but
-    the statuses of the job's own pods, so they are kept for the whole session (Session.static) and made again only
-    for a job whose pods changed: a state's pending order (_PendingOrder, one per state a search starts from) then
-    costs a status comparison per untouched job instead of its tasks and key."""
+    key read nothing but the statuses of the job's own pods, so they are kept for the whole session (Session.static)
+    and made again only for a job whose pods changed: a state's pending order (_PendingOrder, one per state a search
+    starts from) then costs a status comparison per untouched job instead of its tasks and key."""
     st, status = sess.state, sess.status
     known: dict[int, tuple[bytes, np.ndarray, tuple[Any, ...], bytes]] = sess.static("pending_job_values", dict)
     start, members = st.pg_pod_start, st.pg_pods
