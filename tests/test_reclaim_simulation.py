@@ -92,6 +92,26 @@ def _plain_simulation(sess: Session, g: int, accumulated: list[list[int]]) -> se
     return ahead
 
 
+def _check_against_plain(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Make every reclaim scenario run both victims._victims_ahead and the literal simulation and assert they put
+    back the same victims; returns the counts of scenarios and of those that put some back (filled as they run)."""
+    fast = victims._victims_ahead
+    seen = {"scenarios": 0, "put_back": 0}
+
+    def both(sess: Session, g: int, accumulated: list[list[int]], po: Any) -> set[int]:
+        cp = sess.checkpoint()
+        want = _plain_simulation(sess, g, accumulated)
+        sess.rollback(cp)
+        got = fast(sess, g, accumulated, po)
+        assert got == want, (sess.state.pg_keys[g], sorted(got ^ want))
+        seen["scenarios"] += 1
+        seen["put_back"] += bool(got)
+        return got
+
+    monkeypatch.setattr(victims, "_victims_ahead", both)
+    return seen
+
+
 @pytest.mark.parametrize("instance", ["contention:30:0", "contention:30:1", "contention:30:2", "openb:30:0",
                                       "openb:30:2", "fractions:30:0", "gangs:200:2",
                                       "openb:100:0", "openb:200:0", "contention:200:2"])
@@ -103,20 +123,7 @@ def test_the_simulation_pops_as_one_plain_job_queue(instance: str, monkeypatch: 
 
     fam, nodes, seed = instance.split(":")
     st = build_state(as_snapshot(FAMILIES[fam].generate(int(nodes), int(seed))))
-    fast = victims._victims_ahead
-    seen = {"scenarios": 0, "put_back": 0}
-
-    def both(sess: Session, g: int, accumulated: list[list[int]], po: Any) -> set[int]:
-        cp = sess.checkpoint()
-        want = _plain_simulation(sess, g, accumulated)
-        sess.rollback(cp)
-        got = fast(sess, g, accumulated, po)
-        assert got == want, (st.pg_keys[g], sorted(got ^ want))
-        seen["scenarios"] += 1
-        seen["put_back"] += bool(got)
-        return got
-
-    monkeypatch.setattr(victims, "_victims_ahead", both)
+    seen = _check_against_plain(monkeypatch)
     run_cycle(st, Config(), engine=Engine.greedy)
     assert seen["scenarios"] > 0
 
@@ -150,20 +157,7 @@ def _tie_prone_cluster(rng: random.Random) -> list:
 def test_the_simulation_pops_as_one_plain_job_queue_when_keys_tie(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fuzz: the same check on small random clusters whose sibling queues are alike, where keys tie and the
     shortcut that pops along the last path (_Simulation.pop_along) must leave ties to the walk."""
-    fast = victims._victims_ahead
-    seen = {"scenarios": 0, "put_back": 0}
-
-    def both(sess: Session, g: int, accumulated: list[list[int]], po: Any) -> set[int]:
-        cp = sess.checkpoint()
-        want = _plain_simulation(sess, g, accumulated)
-        sess.rollback(cp)
-        got = fast(sess, g, accumulated, po)
-        assert got == want, (sess.state.pg_keys[g], sorted(got ^ want))
-        seen["scenarios"] += 1
-        seen["put_back"] += bool(got)
-        return got
-
-    monkeypatch.setattr(victims, "_victims_ahead", both)
+    seen = _check_against_plain(monkeypatch)
     rng = random.Random(17)
     for _ in range(150):
         run_cycle(state(_tie_prone_cluster(rng)), Config(), engine=Engine.greedy)
