@@ -185,7 +185,8 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
                                      for g in left if g not in refused):
         out.why = "no group left pending fits the free room alone and its queue's limits"
         return out
-    if _classes(sess, shapes, out, free0, idle0, fit0) is None:
+    classes = _classes(sess, shapes, out, free0, idle0, fit0)
+    if classes is None:
         return out
     outside = sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved} - set(groups))
     apply_consolidation(sess, plan)
@@ -193,8 +194,9 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
     for e in plan.evictions:  # the rest (stale gangs': no beneficiary), one by one in the plan's order
         if int(sess.status[e.pod]) == PodStatus.BOUND:
             sess.evict_many([e.pod], e.reason, e.beneficiary)
-    free, idle = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
-    classes = _classes(sess, shapes, out, free, idle, _fit_alone(sess, shapes, free, idle))
+    if sess.log:  # the replay changed the room: the classes are formed again (unchanged, they are the gate's)
+        free, idle = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
+        classes = _classes(sess, shapes, out, free, idle, _fit_alone(sess, shapes, free, idle))
     if classes is None:
         return out
     solved = _solve(sess, config, groups, kept, shapes, classes, budget_s, out)
