@@ -85,10 +85,13 @@ Actions: type[_ActionFlags] = create_model(  # type: ignore[call-overload]  # (f
 
 class Placement(_Model):
     gpu: Strategy = Field(Strategy.binpack, description="node and device placement of GPU pods: binpack (fewest "
-                          "free GPUs), spread (most free) or fgd (least growth of GPU fragmentation against the "
-                          "cycle's pod shapes, FGD ATC '23; ties go to the node whose free CPU stays in "
+                          "free GPUs; KAI's default), spread (most free) or fgd (least growth of GPU fragmentation "
+                          "against the cycle's pod shapes, FGD ATC '23, plus half the growth of the node's CPU/GPU "
+                          "imbalance; a GPU share first goes where the share left on its device can still be "
+                          "filled by the workload's common share sizes; ties go to the node whose free CPU stays in "
                           "proportion to its free GPUs; pair it with cpu: fgd, or CPU-only pods bin-packed by CPU "
-                          "strand GPUs)")
+                          "strand GPUs). Choose fgd for shared clusters of many GPU shapes and shares, where it "
+                          "leaves fewer GPUs unallocated; keep binpack where KAI's placement must be reproduced")
     cpu: Strategy = Field(Strategy.binpack, description="node placement of CPU-only pods: binpack (fewest free "
                           "CPUs), spread (most free) or fgd (least growth of GPU fragmentation: keeps CPU where GPU "
                           "pods need it; ties go to the node with the fewest free GPUs)")

@@ -40,11 +40,14 @@ def test_the_less_fragmented_fgd_plan_stands_in_for_an_equal_kai_plan() -> None:
     assert node_of == {"kai": "a", "fgd": "b"}
     pf = PlanFragmentation(st, fs, config)
     # shapes: the 1-GPU pod and the CPU-only pod (p = 1/2 each; every free GPU is fragmentation for the latter):
-    # KAI's plan strands a's 2 GPUs for the GPU shape too (2 + 1/2 GPUs), FGD's leaves 1 + 1/2
-    assert pf.of(kai) == 2500 and pf.of(fgd) == 1500
-    assert less_fragmented(st, fs, config, fgd, kai) == (1.5, 2.5)
+    # KAI's plan strands a's 2 GPUs for the GPU shape too (2 + 1/2 GPUs), FGD's leaves 1 + 1/2. The balance (2
+    # CPUs per GPU; half of |free CPU - 2 x free GPU| / 2 per node): KAI's a 0 CPUs for 2 GPUs (2 GPUs) and b 62
+    # for 1 (30), FGD's a 4 for 2 (0) and b 58 for 1 (28). No share sizes: every device's fill cost is 0 (idle or
+    # full). So 2.5 + 16 against 1.5 + 14 GPUs
+    assert pf.of(kai) == 18500 and pf.of(fgd) == 15500
+    assert less_fragmented(st, fs, config, fgd, kai) == (15.5, 18.5)
     assert less_fragmented(st, fs, config, kai, fgd) is None
-    assert "fragmentation 1.5 vs 2.5" in solve.second_hint_note(st, fs, kai, fgd, config)
+    assert "fill cost 15.5 vs 18.5" in solve.second_hint_note(st, fs, kai, fgd, config)
     assert solve.second_hint_note(st, fs, kai, fgd) == ""  # without a config: the primary objective only
     assert solve.second_hint_note(st, fs, kai, kai, config) == ""  # equal fragmentation keeps the KAI-scored plan
 

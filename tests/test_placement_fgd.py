@@ -91,15 +91,15 @@ def test_fgd_cache_follows_the_session() -> None:
     placer = Placer(sess)
 
     def same() -> None:
-        placer.fgd.growth(int(st.pod_index["default/p0-0"]), np.arange(st.n_nodes))  # brings the cache up to date
+        placer.fgd.score(int(st.pod_index["default/p0-0"]), np.arange(st.n_nodes))  # brings the cache up to date
         fresh = FgdScorer(placer)
         for name in ("cnt", "below", "free", "cpu", "frag"):
             assert np.allclose(getattr(placer.fgd, name), getattr(fresh, name)), name
-        # the growths remembered per pod shape and node equal a fresh scorer's, for a subset of nodes too
+        # the scores remembered per pod shape and node equal a fresh scorer's, for a subset of nodes too
         every = np.arange(st.n_nodes)
         for q in range(st.n_pods):
             for nodes in (every, every[::2], every[1:]):
-                assert np.array_equal(placer.fgd.growth(q, nodes), fresh.growth(q, nodes)), (q, nodes)
+                assert np.array_equal(placer.fgd.score(q, nodes), fresh.score(q, nodes)), (q, nodes)
 
     same()
     cp = 0
@@ -150,7 +150,7 @@ def test_the_sessions_of_one_state_share_its_fgd_target_and_start_statistics() -
         choice = first.choose(p)
         assert choice is not None
         first.sess.place(p, choice.node, choice.devices, pipelined=choice.pipelined)
-    first.fgd.growth(0, np.arange(st.n_nodes))  # its statistics follow its session
+    first.fgd.score(0, np.arange(st.n_nodes))  # its statistics follow its session
     later = Placer(Session(st, fs, cfg)).fgd
     assert later.model is first.fgd.model
     placer_mod._last_target.clear()
@@ -159,3 +159,84 @@ def test_the_sessions_of_one_state_share_its_fgd_target_and_start_statistics() -
     for name in ("cnt", "below", "free", "cpu", "frag"):
         assert np.array_equal(getattr(later, name), getattr(fresh, name)), name
     assert not np.array_equal(first.fgd.free, fresh.free)  # (the first session did change them)
+
+
+def test_share_fill_cost_counts_what_common_sizes_cannot_fill() -> None:
+    from kai_opt.heuristics.fragmentation import share_fill_cost
+
+    # the openb default trace's abundant share sizes (each at least 4% of the share weight) and one rare size
+    sizes = np.array([810, 470, 320, 650, 230, 460, 160, 1000, 0])
+    weight = np.array([0.37, 0.26, 0.10, 0.08, 0.042, 0.041, 0.019, 0.05, 0.05])
+    num = np.array([1, 1, 1, 1, 1, 1, 1, 1, 0])
+    cost = share_fill_cost(sizes, num, weight)
+    # 0.19 and 0.21 fit no common size; 0.35 takes a 0.32 (0.03 left), 0.53 a 0.47, 0.68 a 0.65; the rare 0.16
+    # share fills nothing; a whole free device is no leftover
+    assert [int(cost[x]) for x in (190, 210, 350, 530, 680, 1000, 0)] == [190, 210, 30, 60, 30, 0, 0]
+    # a size counts by its weight over every shape asking for it: two 0.16 shapes of 3% each (6% together) fill
+    cost2 = share_fill_cost(np.array([810, 160, 160]), np.array([1, 1, 1]), np.array([0.94, 0.03, 0.03]))
+    assert int(cost2[190]) == 30 and int(cost2[150]) == 150
+    # no share in the workload: nothing fills anything
+    assert (share_fill_cost(np.array([1000]), np.array([1]), np.array([1.0]))[:1000] == np.arange(1000)).all()
+
+
+def test_fgd_puts_a_share_where_what_is_left_can_still_be_filled() -> None:
+    # a's device holds 0.47 (0.53 free), b's device holds 0.32 (0.68 free); the workload's shares are 0.47 and
+    # 0.32 (and the 0.81 running on c). A new 0.32 share on a would leave 0.21 that no common share fills; on b it
+    # leaves 0.36, which a 0.32 fills: b. (FGD's one-step growth alone prefers a, the tighter device.)
+    objs = [node("a", gpus=1, cpu="64"), node("b", gpus=1, cpu="64"), node("c", gpus=1, cpu="64"),
+            queue("q", gpu=(3, 1, -1))]
+    running = (("a", 0.47), ("b", 0.32), ("c", 0.81))
+    for i, (n, g) in enumerate(running):
+        objs += [podgroup(f"r{i}", "q"), pod(f"r{i}-0", group=f"r{i}", gpus=g, cpu="1", node_name=n,
+                                             annotations={"kai-opt.io/gpu-devices": "0"})]
+    for i in range(3):  # pending shares of the common sizes: the one placed first is a 0.32
+        objs += [podgroup(f"p{i}", "q", created_min=i), pod(f"p{i}-0", group=f"p{i}", gpus=(0.32, 0.47, 0.47)[i],
+                                                            cpu="1")]
+    st, plan = plan_of(objs, "fgd")
+    where = {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+    assert where["p0-0"] == "b"
+
+
+def test_fgd_keeps_cpu_next_to_free_gpus() -> None:
+    # a: 4 GPUs, 16 CPUs; b: 4 GPUs, 64 CPUs. The workload: six (1 GPU, 2 CPUs) pods and one (1 GPU, 8 CPUs), ~2.9
+    # CPUs per GPU. The 8-CPU pod fits both nodes and every shape still fits either afterwards, so FGD's growth is
+    # 0 on both, and the old tie rule (free CPU after closest to the ratio x free GPUs) took a. But on a it leaves
+    # 3 GPUs with 8 CPUs, short of the ~8.6 they need, while b has CPU to spare: the imbalance term takes b.
+    objs = [node("a", gpus=4, cpu="16"), node("b", gpus=4, cpu="64"), queue("q", gpu=(8, 1, -1))]
+    for i in range(6):
+        objs += [podgroup(f"w{i}", "q", created_min=1 + i), pod(f"w{i}-0", group=f"w{i}", gpus=1, cpu="2")]
+    objs += [podgroup("big", "q", created_min=0), pod("big-0", group="big", gpus=1, cpu="8")]
+    st = state(objs)
+    from kai_opt.fairshare import compute_fair_share
+    from kai_opt.heuristics.placer import Placer
+    from kai_opt.heuristics.session import Session
+
+    sess = Session(st, compute_fair_share(st), parse_config({"placement": {"gpu": "fgd"}}))
+    placer = Placer(sess)
+    fgd = placer.fgd
+    p = int(st.pod_index["default/big-0"])
+    nodes = np.arange(st.n_nodes)
+    a, b = st.node_names.index("a"), st.node_names.index("b")
+    growth = fgd.model.expected(fgd.model.frag(fgd.cpu[nodes] - 8000, fgd.free[nodes] - 1000, fgd.cnt[nodes] - 1,
+                                               fgd.below[nodes], fgd.access[nodes])) - fgd.frag[nodes]
+    assert growth[a] == growth[b] == 0  # FGD alone cannot tell them apart
+    k2, _ = fgd.tie_keys(p, nodes, True)
+    assert k2[a] > k2[b]  # the tie rule alone would take a
+    assert fgd.score(p, nodes)[b] > fgd.score(p, nodes)[a]
+    choice = placer.choose(p)
+    assert choice is not None and st.node_names[choice.node] == "b"
+
+
+def test_under_fgd_a_share_does_not_have_to_join_a_shared_device() -> None:
+    # KAI's tiers send a share to an already shared device first. a's device holds 0.3 (0.7 free), b's is idle;
+    # the workload's shares are 0.5. A 0.5 share on a leaves 0.2 that no common share fills; on b it leaves 0.5,
+    # which the next 0.5 fills: under fgd the fill cost decides (b), binpack keeps KAI's tier (a).
+    objs = [node("a", gpus=1, cpu="64"), node("b", gpus=1, cpu="64"), queue("q", gpu=(2, 1, -1)),
+            podgroup("r", "q"), pod("r-0", group="r", gpus=0.3, cpu="1", node_name="a",
+                                    annotations={"kai-opt.io/gpu-devices": "0"})]
+    for i in range(4):
+        objs += [podgroup(f"p{i}", "q", created_min=i), pod(f"p{i}-0", group=f"p{i}", gpus=0.5, cpu="1")]
+    for strategy, first in (("binpack", "a"), ("fgd", "b")):
+        st, plan = plan_of(objs, strategy)
+        where = {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
+        assert where["p0-0"] == first, strategy

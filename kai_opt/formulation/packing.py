@@ -1,6 +1,6 @@
-"""The CP-SAT engine's last tie-break between plans: FGD's expected GPU fragmentation of the cluster once a plan has
-landed (kai_opt/heuristics/fragmentation.py), against the target workload of the cycle's own pods (running and
-pending, the most popular shapes: `FgdScorer`).
+"""The CP-SAT engine's last tie-break between plans: what FGD scoring lowers (`FgdTarget.measure`: FGD's expected GPU
+fragmentation against the target workload of the cycle's own pods, running and pending, plus the CPU/GPU balance
+and the GPU shares' fill cost) once a plan has landed.
 
 Why: when every pod of a cycle fits, the KAI-scored greedy plan and the FGD-scored second hint tie on the primary
 objective (work placed, eviction cost), and the KAI-scored plan stayed, so the engine packed as KAI's bin-pack does
@@ -50,8 +50,8 @@ def landed_usage(state: ClusterState, plan: Plan) -> tuple[np.ndarray, np.ndarra
 
 
 class PlanFragmentation:
-    """Expected GPU fragmentation (milli-GPU, summed over nodes) of plans of one cycle; the target workload and the
-    node access of its shapes are built once, from the cycle start."""
+    """FGD scoring's measure (milli-GPU, FgdTarget.measure) of plans of one cycle; the target workload and the node
+    access of its shapes are built once, from the cycle start."""
 
     def __init__(self, state: ClusterState, fs: FairShare, config: Config) -> None:
         self.state = state
@@ -63,16 +63,15 @@ class PlanFragmentation:
         st, target = self.state, self.target
         used, dev = landed_usage(st, plan)
         free_dev = np.maximum(DEV - dev, 0)
-        model = target.model
-        cnt, below = model.device_levels(free_dev, self.owner, st.n_nodes)
+        cnt, below = target.model.device_levels(free_dev, self.owner, st.n_nodes)
         free = np.bincount(self.owner, weights=free_dev, minlength=st.n_nodes).astype(np.int64)[:st.n_nodes]
         cpu = (st.node_alloc[:, R_CPU] - used[:, R_CPU]).astype(np.int64)
-        return float(model.expected(model.frag(cpu, free, cnt, below, target.access)).sum())
+        return target.measure(cpu, free, cnt, below, free_dev, st.node_gpus > 0)
 
 
 def less_fragmented(state: ClusterState, fs: FairShare, config: Config, ours: Plan,
                     theirs: Plan) -> tuple[float, float] | None:
-    """(ours, theirs) expected fragmentation in GPUs when `ours` leaves less by at least MIN_GAIN, else None."""
+    """(ours, theirs) FGD scoring's measure in GPUs when `ours` leaves less by at least MIN_GAIN, else None."""
     pf = PlanFragmentation(state, fs, config)
     a, b = pf.of(ours), pf.of(theirs)
     return (a / DEV, b / DEV) if a < b - MIN_GAIN else None

@@ -465,8 +465,8 @@ def second_hint_note(state: ClusterState, fs: FairShare, greedy: Plan, alt: Plan
     frag = less_fragmented(state, fs, config, alt, greedy)
     if frag is None:
         return ""
-    return (f"the greedy plan with FGD scoring (the same groups for the same value {ours[0]:g}, expected GPU "
-            f"fragmentation {frag[0]:.1f} vs {frag[1]:.1f} GPUs KAI-scored)")
+    return (f"the greedy plan with FGD scoring (the same groups for the same value {ours[0]:g}, GPU "
+            f"fragmentation with CPU balance and share fill cost {frag[0]:.1f} vs {frag[1]:.1f} GPUs KAI-scored)")
 
 
 def keeps_and_scores(state: ClusterState, fs: FairShare, base: Plan,

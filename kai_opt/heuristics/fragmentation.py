@@ -172,3 +172,31 @@ class FragModel:
     def expected(self, frag: np.ndarray) -> np.ndarray:
         """(C,) F_n = sum_m p_m F_n(m)."""
         return frag @ self.p
+
+
+FILL_UNIT = 10  # milli-GPU: the fill cost's knapsack works in steps of this size
+FILL_ABUNDANT = 0.04  # a share size fills leftovers when it is at least this part of the workload's share weight
+
+
+def share_fill_cost(milli: np.ndarray, num: np.ndarray, weight: np.ndarray,
+                    abundant: float = FILL_ABUNDANT) -> np.ndarray:
+    """(MILLI + 1,) per free share L of a device (milli): the part of L that the workload's abundant GPU share
+    sizes (single-device shares weighing at least `abundant` of all shares) cannot fill, however many of them go
+    there (an unbounded knapsack in FILL_UNIT steps); a whole free device costs 0 (it is no leftover). A share
+    whose device's cost grows leaves room that later shares of the common sizes cannot use."""
+    share = (num == 1) & (milli > 0) & (milli < MILLI)
+    per_size: dict[int, float] = {}  # a size's weight over every shape asking for it (any CPU, any signature)
+    for m, w in zip(milli[share].tolist(), weight[share].tolist(), strict=True):
+        per_size[int(m)] = per_size.get(int(m), 0.0) + float(w)
+    total = sum(per_size.values())
+    units = MILLI // FILL_UNIT
+    sizes = sorted({m // FILL_UNIT for m, w in per_size.items() if w >= abundant * total and m >= FILL_UNIT})
+    best = np.zeros(units + 1, dtype=np.int64)  # most units the sizes fill of each capacity
+    for cap in range(1, units + 1):
+        for s in sizes:
+            if s <= cap and best[cap - s] + s > best[cap]:
+                best[cap] = best[cap - s] + s
+    levels = np.arange(MILLI + 1)
+    cost = levels - FILL_UNIT * best[levels // FILL_UNIT]
+    cost[MILLI] = 0
+    return cost.astype(np.int64)

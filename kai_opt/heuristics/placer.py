@@ -5,9 +5,10 @@ preferred node affinity, preferred topology domain (the group's order of preferr
 placer: kai_opt/heuristics/topology_score.py), GPU sharing (a share joins an already shared device), availability
 (fits now rather than after releases), resource type (CPU-only pods prefer CPU-only nodes), then bin-pack (fewest
 free) or spread (most free) on the pod's main resource, or fgd (least growth of FGD's expected GPU fragmentation
-against the session's pod shapes, scored int(100 * sigmoid(-growth / 1 GPU)) as FGD does; among equal scores a
-CPU-only pod takes the node with the fewest free GPUs, a GPU pod the node whose free CPU stays closest to its free
-GPUs times the workload's CPU per GPU), then node name.
+against the session's pod shapes plus, for a GPU pod, of the node's CPU/GPU imbalance, scored int(100 * sigmoid(
+-growth / 1 GPU)) as FGD does; a GPU share on one device first by the growth of its device's fill cost, and
+without the sharing tier; among equal scores a CPU-only pod takes the node with the fewest free GPUs, a GPU pod the
+node whose free CPU stays closest to its free GPUs times the workload's CPU per GPU), then node name.
 
 Each score of a node depends on that node and the pod's shape alone, so a choice over every node a pod's signature
 allows reads the verdicts and scores kept for its shape, judged again only on the nodes the session touched since
@@ -25,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from kai_opt.config import Strategy
-from kai_opt.heuristics.fragmentation import TYPICAL_COVERAGE, FragModel, pod_gpu_shape, popular_rows
+from kai_opt.heuristics.fragmentation import (
+    FILL_UNIT,
+    TYPICAL_COVERAGE,
+    FragModel,
+    pod_gpu_shape,
+    popular_rows,
+    share_fill_cost,
+)
 from kai_opt.heuristics.nodefilter import FIT_MEMO_MIN, NodeFilter
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_CPU, R_GPU, ClusterState, PodStatus
@@ -121,7 +129,8 @@ class Placer(NodeFilter):
         gpu_pod = self._gpu_pod(p)
         if not gpu_pod:
             tier += np.where(self.has_gpu[candidates], 0, TIER_RESOURCE_TYPE)
-        if st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+        if (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]) and self._strategy(p) != Strategy.fgd:
+            # (under fgd a share's device is chosen by its fill cost first: FgdScorer.score)
             per = self.per_device(p, candidates)
             dev, owner = self._devices_of(candidates)
             used = sess.dev_held[dev] + sess.dev_rel[dev]
@@ -154,7 +163,7 @@ class Placer(NodeFilter):
             # whose free CPU stays closest to what its free GPUs need at the workload's CPU per GPU (then the node
             # order), so CPU is left where GPUs are left
             k2, k3 = self.fgd.tie_keys(p, candidates, gpu_pod)
-            return tier, fgd_score(self.fgd.growth(p, candidates)), k2, k3
+            return tier, self.fgd.score(p, candidates), k2, k3
         col = R_GPU if gpu_pod else R_CPU
         free = sess.alloc[candidates, col] - sess.held[candidates, col]
         if not (self._releasing_free and strategy == Strategy.binpack):
@@ -200,9 +209,14 @@ class Placer(NodeFilter):
         used_now = np.where(sess.dev_held[a:b] > 0, used_now, 0)
         strategy = self._strategy(p)
         if strategy == Strategy.fgd and int(st.pod_gpu_ndev[p]) == 1 and len(fits):
-            # the device whose share grows the node's fragmentation least; the fullest among equals
+            # the device FgdScorer.score reads: least fill cost growth, then least fragmentation growth, then the
+            # fullest (those that hold it only once releases finish last)
+            free = (DEV - (sess.dev_held[a:b] + sess.dev_rel[a:b])[fits]).astype(np.int64)
+            now = free >= per
             score = fgd_score(self.fgd.device_growth(p, n, a + fits))
-            order = fits[np.lexsort((fits, -used_now[fits], -score))]
+            key = np.where(now, share_key(self.fgd.fill_cost, np.where(now, free, per), np.full(len(fits), per),
+                                          score), NO_DEVICE)
+            order = fits[np.lexsort((fits, -used_now[fits], -key))]
         elif strategy != Strategy.spread:  # the fullest device that fits; already shared ones first
             order = fits[np.lexsort((fits, -used_now[fits]))]
         else:
@@ -413,6 +427,18 @@ def tie_score(k2: np.ndarray, k3: np.ndarray, gpu_pod: bool) -> np.ndarray:
     return 1.0 - (gpu + 0.001 * cpu / (np.abs(cpu).max() + 1.0)) / (gpu.max() + 1.0)
 
 
+BALANCE = 0.5  # weight of a GPU pod's CPU/GPU imbalance growth beside its fragmentation growth (FgdScorer)
+NO_DEVICE = -1e12  # FgdScorer.score of a node none of whose devices holds the share now
+
+
+def share_key(fill_cost: np.ndarray, a: np.ndarray, d: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """A GPU share d going onto a device with free share a: least growth of the device's fill cost (in FILL_UNIT
+    steps), then the highest FGD score, then the least share left, as one number (higher better; exact in
+    float64: every part is a small integer)."""
+    step = np.floor_divide(fill_cost[a - d] - fill_cost[a], FILL_UNIT)
+    return -step * 1e7 + score * 1e4 - (a - d)
+
+
 GROWTH_SHAPES = 4096  # pod shapes whose growths FgdScorer remembers (N floats each); others are computed each time
 
 
@@ -428,7 +454,7 @@ class FgdTarget:
     shape may use (`access`: its signature allows them, and they have GPUs), and the workload's CPU per milli-GPU.
     The same for every session of the state; `start`: every node's statistics (FgdScorer's) before any change."""
 
-    __slots__ = ("access", "cpu_per_milli", "model", "start")
+    __slots__ = ("access", "cpu_per_milli", "fill_cost", "model", "start")
 
     def __init__(self, placer: NodeFilter) -> None:
         st = placer.sess.state
@@ -448,6 +474,8 @@ class FgdTarget:
         gpu_w = weight * (shapes[:, 1] * shapes[:, 2])
         # CPU per milli-GPU the target workload's GPU shapes ask for (the tie rule's balance)
         self.cpu_per_milli = float((weight * shapes[:, 0])[gpu_w > 0].sum() / gpu_w.sum()) if gpu_w.sum() else 0.0
+        # per free share of a device, what the workload's common share sizes cannot fill (a GPU share's first key)
+        self.fill_cost = share_fill_cost(shapes[:, 1], shapes[:, 2], weight)
         access = np.zeros((st.n_nodes, len(weight)), dtype=bool)
         for m, (g, s) in enumerate(zip(self.model.gpu_shape.tolist(), shapes[:, 3].tolist(), strict=True)):
             if g:
@@ -455,6 +483,26 @@ class FgdTarget:
         access.setflags(write=False)
         self.access = access
         self.start: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+
+    def imbalance(self, cpu: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """Per node, |free CPU - ratio x free GPU share| / ratio (milli-GPU), ratio the workload's CPU per milli-GPU
+        (0 without GPU shapes): GPUs the node's CPU cannot feed, or CPU its GPUs do not need."""
+        r = self.cpu_per_milli
+        if r <= 0:
+            return np.zeros(len(cpu))
+        return np.abs(cpu - r * free) / r
+
+    def measure(self, cpu: np.ndarray, free: np.ndarray, cnt: np.ndarray, below: np.ndarray,
+                dev_free: np.ndarray, has_gpu: np.ndarray) -> float:
+        """What FGD scoring lowers, summed over a cluster state (milli-GPU): every node's expected fragmentation,
+        BALANCE x the imbalance of the nodes with GPUs, and every device's share fill cost. FgdScorer scores a
+        placement by the growth of the same terms; the CP-SAT engine's tie-break between plans (packing.py)
+        compares their totals."""
+        model = self.model
+        total = float(model.expected(model.frag(cpu, free, cnt, below, self.access)).sum())
+        total += BALANCE * float(self.imbalance(cpu[has_gpu], free[has_gpu]).sum())
+        return total + float(self.fill_cost[np.clip(dev_free, 0, DEV).astype(np.int64)].sum())
 
 
 # the last state's FGD target, with a weak reference to the state it was made from (not kept alive for it: a
@@ -491,6 +539,7 @@ class FgdScorer:
         self.sess = sess = placer.sess
         target = fgd_target(placer)
         self.model, self.access, self.cpu_per_milli = target.model, target.access, target.cpu_per_milli
+        self.fill_cost, self.target = target.fill_cost, target
         n = sess.state.n_nodes
         self.cnt = np.zeros((n, len(self.model.levels)), dtype=np.int64)
         self.below = np.zeros_like(self.cnt)
@@ -557,16 +606,15 @@ class FgdScorer:
         gpu = (self.free[nodes] - int(st.pod_req[p, R_GPU])).astype(float)
         return -np.abs(cpu - self.cpu_per_milli * gpu), np.zeros(len(nodes))
 
-    def growth(self, p: int, nodes: np.ndarray) -> np.ndarray:
-        """(C,) growth of each node's expected fragmentation (milli-GPU) when pod p goes there (a GPU share: onto
-        the node's best device; inf where no device holds it now). Remembered per pod shape and node until the
-        node changes (each node's value depends on that node and the shape alone)."""
+    def score(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """(C,) the first FGD key of pod p on each node, higher better (`_score_of`). Remembered per pod shape and
+        node until the node changes (each node's value depends on that node and the shape alone)."""
         self._sync()
         key = growth_key(self.sess.state, p)
         row = self._growth.get(key)
         if row is None:
             if len(self._growth) >= GROWTH_SHAPES:
-                return self._growth_of(p, nodes)
+                return self._score_of(p, nodes)
             row = self._growth[key] = len(self._growth)
             if row == len(self._known):  # room for twice as many shapes
                 more = np.full((max(8, row), self._known.shape[1]), np.nan)
@@ -575,13 +623,46 @@ class FgdScorer:
         got = known[nodes]
         miss = np.isnan(got)
         if miss.any():
-            fresh = self._growth_of(p, nodes[miss])
+            fresh = self._score_of(p, nodes[miss])
             known[nodes[miss]] = fresh
             got[miss] = fresh
         return got
 
+    def _score_of(self, p: int, nodes: np.ndarray) -> np.ndarray:
+        """score, computed: FGD's score of the growth of the node's expected fragmentation plus BALANCE x the growth
+        of its CPU/GPU imbalance (`_balance_growth`). A share on one device is scored on the device it would take
+        (`devices_for`): least growth of the device's fill cost (in FILL_UNIT steps), then that score, then least
+        share left on it, packed into one number."""
+        st = self.sess.state
+        if not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]) or int(st.pod_gpu_ndev[p]) != 1:
+            return fgd_score(self._growth_of(p, nodes))
+        per = self.placer.per_device(p, nodes)
+        cpu = self.cpu[nodes] - int(st.pod_req[p, R_CPU])
+        dev, owner = self.placer._devices_of(nodes)
+        a = self._dev_free(dev)
+        ok = a >= per[owner]
+        owner, a = owner[ok], a[ok]
+        out = np.full(len(nodes), NO_DEVICE)
+        if len(owner):
+            # devices of one node with the same free share score the same: one row each
+            _, first = np.unique(owner * (DEV + 1) + a, return_index=True)
+            owner, a = owner[first], a[first]
+            d = per[owner]
+            growth = self._share_growth(nodes[owner], cpu[owner], a, d)
+            growth += self._balance_growth(nodes, cpu, self.free[nodes] - per)[owner]
+            np.maximum.at(out, owner, share_key(self.fill_cost, a, d, fgd_score(growth)))
+        return out
+
+    def _balance_growth(self, nodes: np.ndarray, cpu_after: np.ndarray, free_after: np.ndarray) -> np.ndarray:
+        """BALANCE x how much a node's CPU/GPU imbalance (FgdTarget.imbalance) grows, after against before: a GPU
+        pod that leaves a node with GPUs its CPU cannot feed, or CPU its free GPUs do not need, strands what is
+        left."""
+        imbalance = self.target.imbalance
+        return BALANCE * (imbalance(cpu_after, free_after) - imbalance(self.cpu[nodes], self.free[nodes]))
+
     def _growth_of(self, p: int, nodes: np.ndarray) -> np.ndarray:
-        """growth, computed."""
+        """The growth of each node's expected fragmentation (milli-GPU) when pod p goes there, plus the balance
+        term for a GPU pod (a share onto the node's tightest fitting devices; inf where no device holds it now)."""
         st, model = self.sess.state, self.model
         x = int(st.pod_req[p, R_CPU])
         cpu = self.cpu[nodes] - x
@@ -589,22 +670,13 @@ class FgdScorer:
         if not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
             cnt = self.cnt[nodes] - whole
             after = model.frag(cpu, self.free[nodes] - whole * DEV, cnt, self.below[nodes], self.access[nodes])
-            return model.expected(after) - self.frag[nodes]
+            growth = model.expected(after) - self.frag[nodes]
+            return growth + self._balance_growth(nodes, cpu, self.free[nodes] - whole * DEV) if whole else growth
         per = self.placer.per_device(p, nodes)
         ndev = int(st.pod_gpu_ndev[p])
-        if ndev != 1:  # several shares: each on the tightest device that holds it (approximation)
-            return self._multi_share_growth(nodes, cpu, per, ndev)
-        dev, owner = self.placer._devices_of(nodes)
-        a = self._dev_free(dev)
-        ok = a >= per[owner]
-        owner, a = owner[ok], a[ok]
-        out = np.full(len(nodes), np.inf)
-        if len(owner):
-            # devices of one node with the same free share grow it the same: one row each
-            _, first = np.unique(owner * (DEV + 1) + a, return_index=True)
-            owner, a = owner[first], a[first]
-            np.minimum.at(out, owner, self._share_growth(nodes[owner], cpu[owner], a, per[owner]))
-        return out
+        # several shares: each on the tightest device that holds it (approximation)
+        return self._multi_share_growth(nodes, cpu, per, ndev) + self._balance_growth(nodes, cpu,
+                                                                                      self.free[nodes] - per * ndev)
 
     def _share_growth(self, nodes: np.ndarray, cpu: np.ndarray, a: np.ndarray, d: np.ndarray) -> np.ndarray:
         """Growth per (node, device of free share a) when a share d goes onto that device."""
