@@ -240,3 +240,26 @@ def test_under_fgd_a_share_does_not_have_to_join_a_shared_device() -> None:
         st, plan = plan_of(objs, strategy)
         where = {st.pods[p.pod].name: st.node_names[p.node] for p in plan.placements}
         assert where["p0-0"] == first, strategy
+
+
+def test_explain_terms_of_a_share_under_fgd_add_up() -> None:
+    # explain splits a node's tier into its terms; under fgd there is no GPU-sharing term (none left over)
+    from kai_opt.explain.scores import device_choice, rank_nodes, terms
+    from kai_opt.fairshare import compute_fair_share
+    from kai_opt.heuristics.placer import Placer
+    from kai_opt.heuristics.session import Session
+
+    objs = [node("a", gpus=1, cpu="64"), node("b", gpus=1, cpu="64"), queue("q", gpu=(2, 1, -1)),
+            podgroup("r", "q"), pod("r-0", group="r", gpus=0.3, cpu="1", node_name="a",
+                                    annotations={"kai-opt.io/gpu-devices": "0"}),
+            podgroup("p", "q"), pod("p-0", group="p", gpus=0.5, cpu="1")]
+    st = state(objs)
+    for strategy, sharing in (("fgd", 0), ("binpack", 1000)):
+        placer = Placer(Session(st, compute_fair_share(st), parse_config({"placement": {"gpu": strategy}})))
+        p = int(st.pod_index["default/p-0"])
+        rk = rank_nodes(placer, p)
+        a = rk.index(st.node_names.index("a"))
+        split = terms(placer, p, rk, a)
+        assert split["gpu_sharing"] == sharing and "other" not in split, (strategy, split)
+    placer = Placer(Session(st, compute_fair_share(st), parse_config({"placement": {"gpu": "fgd"}})))
+    assert "fill cost" in str(device_choice(placer, p, st.node_names.index("a"), (0,), "fgd")["rule"])

@@ -70,7 +70,7 @@ def terms(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, int]:
     out = {"availability": TIER_AVAILABILITY if rk.now[i] else 0,
            "resource_type": TIER_RESOURCE_TYPE if rk.main == "cpu" and not placer.has_gpu[n] else 0,
            "gpu_sharing": 0, "preferred_affinity": 0}
-    if st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
+    if (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]) and rk.strategy != Strategy.fgd.value:  # (no such tier under fgd)
         per = int(placer.per_device(p, np.array([n]))[0])
         a, b = int(sess.dev_start[n]), int(sess.dev_start[n + 1])
         used = sess.dev_held[a:b] + sess.dev_rel[a:b]
@@ -97,7 +97,8 @@ def node_entry(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, object]
 
 
 _WINS = {Strategy.binpack.value: "fewest free wins", Strategy.spread.value: "most free wins",
-         Strategy.fgd.value: "least growth of GPU fragmentation wins, then fewest free"}
+         Strategy.fgd.value: "least growth of GPU fragmentation and CPU/GPU imbalance wins (a GPU share: least "
+                             "growth of its device's fill cost first)"}
 
 
 def device_choice(placer: Placer, p: int, n: int, devices: tuple[int, ...], strategy: str) -> dict[str, object]:
@@ -108,8 +109,10 @@ def device_choice(placer: Placer, p: int, n: int, devices: tuple[int, ...], stra
     if st.pod_gpu_whole[p]:
         rule = "whole devices: idle ones first (then ones being released, when pipelined), lowest index first"
     elif st.pod_gpu_frac[p] or st.pod_gpu_mem[p]:
-        rule = (f"GPU share, {strategy}: " + ("the fullest device with room first (already shared ones first)"
-                                               if strategy == Strategy.binpack.value else "the emptiest device first"))
+        rule = f"GPU share, {strategy}: " + {
+            Strategy.binpack.value: "the fullest device with room first (already shared ones first)",
+            Strategy.fgd.value: "least growth of the device's fill cost, then of fragmentation, then the fullest",
+        }.get(strategy, "the emptiest device first")
     else:
         rule = "no GPU"
     return {"devices": [d - a for d in devices], "rule": rule,
