@@ -214,7 +214,7 @@ class Placer(NodeFilter):
             free = (DEV - (sess.dev_held[a:b] + sess.dev_rel[a:b])[fits]).astype(np.int64)
             now = free >= per
             score = fgd_score(self.fgd.device_growth(p, n, a + fits))
-            key = np.where(now, share_key(self.fgd.fill_cost, np.where(now, free, per), np.full(len(fits), per),
+            key = np.where(now, share_key(self.fgd.target.fill_cost, np.where(now, free, per), np.full(len(fits), per),
                                           score), NO_DEVICE)
             order = fits[np.lexsort((fits, -used_now[fits], -key))]
         elif strategy != Strategy.spread:  # the fullest device that fits; already shared ones first
@@ -484,7 +484,6 @@ class FgdTarget:
         self.access = access
         self.start: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-
     def imbalance(self, cpu: np.ndarray, free: np.ndarray) -> np.ndarray:
         """Per node, |free CPU - ratio x free GPU share| / ratio (milli-GPU), ratio the workload's CPU per milli-GPU
         (0 without GPU shapes): GPUs the node's CPU cannot feed, or CPU its GPUs do not need."""
@@ -539,7 +538,7 @@ class FgdScorer:
         self.sess = sess = placer.sess
         target = fgd_target(placer)
         self.model, self.access, self.cpu_per_milli = target.model, target.access, target.cpu_per_milli
-        self.fill_cost, self.target = target.fill_cost, target
+        self.target = target
         n = sess.state.n_nodes
         self.cnt = np.zeros((n, len(self.model.levels)), dtype=np.int64)
         self.below = np.zeros_like(self.cnt)
@@ -650,7 +649,7 @@ class FgdScorer:
             d = per[owner]
             growth = self._share_growth(nodes[owner], cpu[owner], a, d)
             growth += self._balance_growth(nodes, cpu, self.free[nodes] - per)[owner]
-            np.maximum.at(out, owner, share_key(self.fill_cost, a, d, fgd_score(growth)))
+            np.maximum.at(out, owner, share_key(self.target.fill_cost, a, d, fgd_score(growth)))
         return out
 
     def _balance_growth(self, nodes: np.ndarray, cpu_after: np.ndarray, free_after: np.ndarray) -> np.ndarray:
@@ -661,8 +660,9 @@ class FgdScorer:
         return BALANCE * (imbalance(cpu_after, free_after) - imbalance(self.cpu[nodes], self.free[nodes]))
 
     def _growth_of(self, p: int, nodes: np.ndarray) -> np.ndarray:
-        """The growth of each node's expected fragmentation (milli-GPU) when pod p goes there, plus the balance
-        term for a GPU pod (a share onto the node's tightest fitting devices; inf where no device holds it now)."""
+        """The growth of each node's expected fragmentation (milli-GPU) when pod p, no one-device share
+        (`_score_of` scores those), goes there, plus the balance term for a GPU pod (shares on several devices:
+        each onto the node's tightest fitting device)."""
         st, model = self.sess.state, self.model
         x = int(st.pod_req[p, R_CPU])
         cpu = self.cpu[nodes] - x
