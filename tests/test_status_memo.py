@@ -123,11 +123,19 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
                                        EventRecorder(None, pool), resend_s=0.0)  # type: ignore[arg-type]
 
     memo = writer()
+    full_passes = [0]
+    every_group = status_mod.StatusWriter._podgroup_objects
+
+    def counted_pass(self: status_mod.StatusWriter) -> Any:
+        full_passes[0] += self is memo
+        return every_group(self)
+
+    monkeypatch.setattr(status_mod.StatusWriter, "_podgroup_objects", counted_pass)
     log: list[tuple[str, list[tuple[str, str]]]] = []
 
-    def cycle(what: str) -> list[tuple[str, str]]:
-        """One cycle: both writers on the same snapshot, state and plan; the memo's writes land; the plan's binds
-        are confirmed by the watch."""
+    def cycle(what: str, land: bool = True) -> list[tuple[str, str]]:
+        """One cycle: both writers on the same snapshot, state and plan; the memo's writes land (unless `land` is
+        False: they failed); the plan's binds are confirmed by the watch."""
         snap = cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW)
         state = build_state(snap, now=snap.now)
         plan, fs = run_cycle(state, CONFIG)
@@ -140,7 +148,8 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
         writer().update(snap, state, plan, fs, positions)
         assert mine == sorted(written), f"{what}: the memoized writer's writes differ from a fresh writer's"
         log.append((what, mine))
-        _land(cache, mine)
+        if land:
+            _land(cache, mine)
         for bind in plan.binds:
             pod = state.pods[bind.pod]
             _modify(cache, "Pod", pod.name, {"spec": {"nodeName": state.node_names[bind.node]},
@@ -181,5 +190,23 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
         "requests": {"cpu": "1000", "memory": "1Gi"}, "limits": {}}}]}})
     assert cycle("a pending pod's request changed")
     still()
+    _put(cache, "PodGroup", b.podgroup("pd", "qnew", 1, ns=NS).obj)  # its queue does not exist yet
+    _put(cache, "Pod", b.pod("pd-0", group="pd", gpus=1, ns=NS).obj)
+    assert cycle("a group of a missing queue arrives")
+    still()
+    _put(cache, "Queue", b.queue("qnew", parent="top").obj)  # the group is valid now; nothing of it changed
+    assert cycle("its queue arrives")
+    still()
+    _modify(cache, "Pod", "pd-0", {"metadata": {"annotations": {"pod-group-name": "huge"}}})  # another group
+    cycle("a pod moves to another group")
+    still()
+    _delete(cache, "PodGroup", "pc")  # its pod stays, naming a group that is gone
+    cycle("a PodGroup deleted")
+    still()
+    _modify(cache, "PodGroup", "pa", {"spec": {"minMember": 3}})  # 2 running of 3: pending and stale
+    assert cycle("a PodGroup's minMember raised", land=False), "its status and annotations are written"
+    assert cycle("the writes failed: written again"), "a group out of sync is looked at again"
+    still()
     paths = {p for _what, writes in log for p, _body in writes}
     assert any("/queues/" in p for p in paths) and any(p.endswith("/podgroups/ra") for p in paths), paths
+    assert full_passes == [1], "after the first cycle only the groups whose inputs changed are looked at"

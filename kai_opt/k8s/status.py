@@ -40,7 +40,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
 from kai_opt.k8s.coexist import pod_is_ours
 from kai_opt.k8s.events import WARNING, EventRecorder
+from kai_opt.k8s.status_changes import Members, PodGroupChanges
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, classify
 from kai_opt.plan import Plan, Reason
 from kai_opt.snapshot import Issue, Snapshot
@@ -212,6 +213,23 @@ def queue_status(obj: dict[str, Any] | None, fs: FairShare | None, q: int, child
     return out
 
 
+def _stale_and_started(state: ClusterState, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """Per group of the state: stale once the plan lands (running pods, fewer than minMember with its placements)
+    and started by the plan (it binds a pod of a group with none running)."""
+    active = np.isin(state.pod_status, (PodStatus.BOUND,)) & (state.pod_pg >= 0)
+    for e in plan.evictions:
+        active[e.pod] = False
+    running = np.bincount(state.pod_pg[active], minlength=state.n_groups) if state.n_groups else np.zeros(0)
+    placed = np.zeros(state.n_groups, dtype=np.int64)  # binds and pipelined
+    binds = np.zeros(state.n_groups, dtype=np.int64)
+    for pl in plan.placements:
+        g = int(state.pod_pg[pl.pod])
+        if g >= 0 and not pl.moved:
+            placed[g] += 1
+            binds[g] += not pl.pipelined
+    return (running > 0) & (running + placed < state.pg_min_member), (binds > 0) & (running == 0)
+
+
 # -- the writer ------------------------------------------------------------------------------------------------------
 class StatusWriter:
     """Writes PodGroup and Queue status and scheduling Events after each cycle (see the module docstring)."""
@@ -251,6 +269,18 @@ class StatusWriter:
         self._queue_in_sync: dict[str | None, tuple[dict[str, Any], tuple[Any, ...]]] = {}
         # id(PodGroup object) -> (object, namespace/name): the key of an unchanged object is not formatted again
         self._pg_keys: dict[int, tuple[dict[str, Any], str]] = {}
+        # Only the PodGroups whose inputs may have changed are looked at (status_changes): those whose object or
+        # member pods changed, those the plan or the snapshot names now or named last cycle, those whose
+        # annotation inputs (stale, queue position, started) changed, and those left out of sync last cycle
+        self._members = Members()
+        self._pg_changes = PodGroupChanges(cache)
+        self._named: set[str] = set()  # keys the last cycle's plan left pending or its snapshot rejected
+        self._look_again: set[str] = set()  # keys whose status was computed and not in sync last cycle
+        self._ann_look_again: set[str] = set()  # the same for the annotations
+        self._marks: dict[str, tuple[bool, tuple[int, int] | None]] = {}  # key -> (stale, position) last cycle,
+        # for the groups stale or with a position
+        self._positions_given: bool | None = None
+        self._rescan = False  # a cycle raised after taking the cache's changes: look at every group
 
     def update(self, snap: Snapshot, state: ClusterState, plan: Plan, fs: FairShare | None,
                positions: dict[int, Position] | None = None) -> dict[str, int]:
@@ -260,32 +290,70 @@ class StatusWriter:
         now = now_rfc3339()
         rejected = {(i.kind, i.name): i for i in snap.rejected}
         counts = {"podgroups": 0, "queues": 0, "events": 0}
-        members = self._members(snap)
-        owned = set(members)  # = owned_podgroups(snap.pods, snap.scheduler_names), from the same pass
         queues = self.write_queues()
-        pgs = self._podgroup_objects()
-        counts["podgroups"] = self._podgroups(pgs, members, state, plan, rejected, now, owned)
-        counts["podgroups"] += self._annotations(pgs, state, plan, owned, positions)
+        try:  # (the cache's changes taken here are lost if this raises: every group is looked at next cycle)
+            flags = _stale_and_started(state, plan)
+            status_pgs, ann_pgs, whole = self._to_look_at(snap, state, plan, positions, flags)
+            counts["podgroups"] = self._podgroups(status_pgs, state, plan, rejected, now, whole=whole)
+            counts["podgroups"] += self._annotations(ann_pgs, state, positions, flags, whole=whole)
+        except BaseException:
+            self._members, self._rescan = Members(), True
+            raise
+        owned = self._members.groups  # = owned_podgroups(snap.pods, snap.scheduler_names)
         counts["queues"] = self._queues(state, fs, rejected, now) if queues else 0
         counts["events"] = (self._pending_events(state, plan, owned)
                             + self._issue_events(snap, owned, queues=queues))
         return counts
 
     # PodGroups
+    def _to_look_at(self, snap: Snapshot, state: ClusterState, plan: Plan, positions: dict[int, Position] | None,
+                    flags: tuple[np.ndarray, np.ndarray]) -> tuple[list[tuple[str, dict[str, Any]]],
+                                                                  list[tuple[str, dict[str, Any]]], bool]:
+        """(key, object) of the PodGroups whose status and whose annotations are computed this cycle, and whether
+        those are every cached PodGroup (the first cycle, after a relist, when positions are turned on or off)."""
+        moved = self._members.update(snap.pods, snap.scheduler_names)
+        written = self._pg_changes.take()
+        named = {state.pg_keys[g] for g in plan.pending} | {i.name for i in snap.rejected if i.kind == "PodGroup"}
+        marks = self._annotation_marks(state, flags[0], positions)
+        whole = written is None or self._rescan or self._positions_given != (positions is not None)
+        self._rescan = False
+        before = self._marks
+        self._marks, self._positions_given = marks, positions is not None
+        if whole:
+            self._named = named
+            pgs = self._podgroup_objects()
+            return pgs, pgs, True
+        # a group's reasons may depend on other objects (a rejection): named now or last cycle, it is looked at
+        look = moved | written | named | self._named | self._look_again
+        self._named = named
+        changed_marks = {k for k in marks.keys() | before.keys() if marks.get(k) != before.get(k)}
+        started = {state.pg_keys[g] for g in np.flatnonzero(flags[1]).tolist()}
+        ann_look = moved | written | named | self._ann_look_again | changed_marks | started
+        objs = {k: self._podgroup_object(k) for k in sorted(look | ann_look)}
+        for k, o in objs.items():
+            if o is None:  # gone: nothing to write, nothing in sync
+                self._in_sync.pop(k, None)
+                self._ann_in_sync.pop(k, None)
+        return ([(k, o) for k, o in objs.items() if o is not None and k in look],
+                [(k, o) for k, o in objs.items() if o is not None and k in ann_look], False)
+
+    def _podgroup_object(self, key: str) -> dict[str, Any] | None:
+        ns, _, name = key.partition("/")
+        obj = self.cache.get(PODGROUP.api_version, PODGROUP.kind, ns, name)
+        if obj is None and ns == "default":  # (an object without a namespace is named in 'default')
+            obj = self.cache.get(PODGROUP.api_version, PODGROUP.kind, None, name)
+        return obj
+
     @staticmethod
-    def _members(snap: Snapshot) -> dict[str, list[Pod]]:
-        """PodGroup key -> the snapshot's pods of ours that name it (in snapshot order)."""
-        members: dict[str, list[Pod]] = {}
-        ours = snap.scheduler_names
-        for p in snap.pods:
-            if p.podgroup and p.scheduler_name in ours:
-                key = f"{p.namespace}/{p.podgroup}"
-                group = members.get(key)
-                if group is None:
-                    members[key] = [p]
-                else:
-                    group.append(p)
-        return members
+    def _annotation_marks(state: ClusterState, stale: np.ndarray,
+                          positions: dict[int, Position] | None) -> dict[str, tuple[bool, tuple[int, int] | None]]:
+        """key -> (stale, queue position) of every group stale after the plan or with a position."""
+        out: dict[str, tuple[bool, tuple[int, int] | None]] = {
+            state.pg_keys[g]: (True, None) for g in np.flatnonzero(stale).tolist()}
+        for g, pos in (positions or {}).items():
+            key = state.pg_keys[g]
+            out[key] = (key in out, (pos.overall, pos.in_queue))
+        return out
 
     def _podgroup_objects(self) -> list[tuple[str, dict[str, Any]]]:
         """(namespace/name, object) of every cached PodGroup."""
@@ -301,15 +369,18 @@ class StatusWriter:
         self._pg_keys = keys
         return out
 
-    def _podgroups(self, pgs: list[tuple[str, dict[str, Any]]], members: dict[str, list[Pod]],
-                   state: ClusterState, plan: Plan, rejected: dict[tuple[str, str], Issue], now: str,
-                   owned: set[str]) -> int:
+    def _podgroups(self, pgs: list[tuple[str, dict[str, Any]]], state: ClusterState, plan: Plan,
+                   rejected: dict[tuple[str, str], Issue], now: str, *, whole: bool) -> int:
+        """The status of the groups `pgs` (every cached one when `whole`; else the others stay as they were)."""
         n = 0
-        in_sync, before = {}, self._in_sync
-        no_pods: tuple[Pod, ...] = ()
+        before = self._in_sync
+        in_sync = {} if whole else before
+        look_again: set[str] = set()
+        members = owned = self._members.groups
         rejected_pgs = {name: i for (kind, name), i in rejected.items() if kind == "PodGroup"}
         pg_index, pending = state.pg_index, plan.pending
         for key, obj in pgs:
+            last = before.pop(key, None) if not whole else before.get(key)
             if key not in owned:
                 continue
             issue = rejected_pgs.get(key)
@@ -318,48 +389,42 @@ class StatusWriter:
             else:
                 g = pg_index.get(key)
                 reasons = pending.get(g) if g is not None else None
-            group = members.get(key)
-            pods: Sequence[Pod] = group if group is not None else no_pods
+            pods = tuple(members[key].values())
             inputs = (obj, pods, tuple((r.code, r.message) for r in reasons) if reasons else ())
-            last = before.get(key)
             if last is not None and _same_inputs(last, inputs):
                 in_sync[key] = last
                 continue
-            inputs = (obj, tuple(pods), inputs[2])
             meta = obj.get("metadata") or {}
             desired = podgroup_status(obj, list(pods), reasons, now)
             patch = _changed(obj.get("status") or {}, desired)
             if not patch:
                 in_sync[key] = inputs
-            elif self._submit(f"podgroup/{key}", object_path(
+                continue
+            look_again.add(key)
+            if self._submit(f"podgroup/{key}", object_path(
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")) + "/status",
                     patch):
                 n += 1
         self._in_sync = in_sync
+        self._look_again = look_again
         return n
 
-    def _annotations(self, pgs: list[tuple[str, dict[str, Any]]], state: ClusterState, plan: Plan, owned: set[str],
-                     positions: dict[int, Position] | None = None) -> int:
+    def _annotations(self, pgs: list[tuple[str, dict[str, Any]]], state: ClusterState,
+                     positions: dict[int, Position] | None, flags: tuple[np.ndarray, np.ndarray], *,
+                     whole: bool) -> int:
         """Stale and last-start timestamps and queue positions of declared PodGroups (see the module
-        docstring)."""
-        active = np.isin(state.pod_status, (PodStatus.BOUND,)) & (state.pod_pg >= 0)
-        for e in plan.evictions:
-            active[e.pod] = False
-        running = np.bincount(state.pod_pg[active], minlength=state.n_groups) if state.n_groups else np.zeros(0)
-        placed = np.zeros(state.n_groups, dtype=np.int64)  # binds and pipelined
-        binds = np.zeros(state.n_groups, dtype=np.int64)
-        for pl in plan.placements:
-            g = int(state.pod_pg[pl.pod])
-            if g >= 0 and not pl.moved:
-                placed[g] += 1
-                binds[g] += not pl.pipelined
+        docstring), for the groups `pgs` (every cached one when `whole`; else the others stay as they were);
+        `flags`: _stale_and_started."""
+        stale_of, start_of = (a.tolist() for a in flags)
+        owned = self._members.groups
         stamp = format_time(state.now)
-        stale_of = ((running > 0) & (running + placed < state.pg_min_member)).tolist()
-        start_of = ((binds > 0) & (running == 0)).tolist()
         implicit = state.pg_implicit.tolist()
         n = 0
-        in_sync, before = {}, self._ann_in_sync
+        before = self._ann_in_sync
+        in_sync = {} if whole else before
+        look_again: set[str] = set()
         for key, obj in pgs:
+            last = before.pop(key, None) if not whole else before.get(key)
             g = state.pg_index.get(key)
             if g is None or implicit[g] or key not in owned:
                 continue
@@ -367,7 +432,6 @@ class StatusWriter:
             pos = positions.get(g) if positions is not None else None
             inputs = (stale, (pos.overall, pos.in_queue) if pos is not None else None, positions is not None)
             start = start_of[g]
-            last = before.get(key)
             if not start and last is not None and last[0] is obj and last[1] == inputs:
                 in_sync[key] = last
                 continue
@@ -385,11 +449,14 @@ class StatusWriter:
             if not patch:
                 if not start:
                     in_sync[key] = (obj, inputs)
+                    continue
             elif self._submit(f"podgroup-meta/{key}", object_path(
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")),
                     {"metadata": {"annotations": patch}}, wrap=False):
                 n += 1
+            look_again.add(key)
         self._ann_in_sync = in_sync
+        self._ann_look_again = look_again
         return n
 
     # Queues
@@ -455,7 +522,7 @@ class StatusWriter:
                 log.warning("status of %s: %s %s", key, f.status or "", f.message)
 
     # Events
-    def _pending_events(self, state: ClusterState, plan: Plan, owned: set[str]) -> int:
+    def _pending_events(self, state: ClusterState, plan: Plan, owned: Collection[str]) -> int:
         n = 0
         for g, reasons in plan.pending.items():
             if not reasons:
@@ -476,7 +543,7 @@ class StatusWriter:
                     n += 1
         return n
 
-    def _issue_events(self, snap: Snapshot, owned: set[str], *, queues: bool) -> int:
+    def _issue_events(self, snap: Snapshot, owned: Collection[str], *, queues: bool) -> int:
         """Events on the objects the snapshot rejected or warned about: our pods, our PodGroups, Queues while
         kai-opt writes Queue status, and every Node, PriorityClass and Topology."""
         n = 0
