@@ -36,6 +36,22 @@ class SyncPool:
         return True
 
 
+class LaterPool:
+    """Keeps the jobs until `run` (the writes land after the writer's cycle)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+
+    def submit(self, key: str, job: Any, *, replace: bool = False) -> bool:
+        self.jobs[key] = job
+        return True
+
+    def run(self) -> None:
+        jobs, self.jobs = self.jobs, {}
+        for job in jobs.values():
+            job()
+
+
 def _cluster() -> list[Any]:
     return [
         b.node("n1", gpus=4), b.node("n2", gpus=4),
@@ -210,3 +226,60 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
     paths = {p for _what, writes in log for p, _body in writes}
     assert any("/queues/" in p for p in paths) and any(p.endswith("/podgroups/ra") for p in paths), paths
     assert full_passes == [1], "after the first cycle only the groups whose inputs changed are looked at"
+
+
+def test_a_status_patch_on_its_way_is_not_worked_out_again_until_it_may_be_resent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PodGroup whose status write has not shown up in the watch yet is computed again only once its inputs
+    change, its write failed, or `resend_s` passed: the writes are those of the rule that skips an identical
+    patch within `resend_s` (the writer's _submit), without working the patch out every cycle."""
+    written: list[str] = []
+    fail = [False]
+
+    def send(api: Any, method: str, path: str, **kw: Any) -> None:
+        if fail[0]:
+            raise OSError("the apiserver is away")
+        written.append(path)
+
+    monkeypatch.setattr(status_mod, "request", send)
+    monkeypatch.setattr(events_mod, "request", lambda *a, **k: None)
+    monkeypatch.setattr(status_mod, "now_rfc3339", lambda: "2026-01-01T00:00:00Z")
+    computed: Counter[str] = Counter()
+    real = status_mod.podgroup_status
+
+    def counted(obj: dict[str, Any], *a: Any, **k: Any) -> Any:
+        computed[obj["metadata"]["name"]] += 1
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(status_mod, "podgroup_status", counted)
+    cache = _load(_cluster())
+    clock = [1000.0]
+    pool = LaterPool()  # the writes run after the cycle, as the status pool's workers do
+    w = status_mod.StatusWriter(None, cache, pool, TokenBucket(1000, 1000),  # type: ignore[arg-type]
+                                EventRecorder(None, pool), resend_s=30.0,  # type: ignore[arg-type]
+                                clock=lambda: clock[0])
+
+    def cycle() -> list[str]:
+        snap = cache.snapshot(scheduler_names=("kai-opt",), now=b.NOW)
+        state = build_state(snap, now=snap.now)
+        plan, fs = run_cycle(state, CONFIG)
+        written.clear()
+        computed.clear()
+        w.update(snap, state, plan, fs)
+        pool.run()
+        return sorted(p for p in written if "/podgroups/" in p and p.endswith("/status"))
+
+    huge = f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NS}/podgroups/huge/status"
+    assert huge in cycle(), "the first cycle writes huge's condition (its writes never show up in this test)"
+    assert huge not in cycle() and computed["huge"] == 0, "on its way, the same inputs: not worked out again"
+    clock[0] += 31.0
+    assert huge in cycle() and computed["huge"] == 1, "resend_s passed: worked out and sent again"
+    assert cycle() == [] and computed["huge"] == 0, "within resend_s of the last send"
+    clock[0] += 31.0
+    fail[0] = True
+    cycle()  # the write is sent and fails after the cycle: the writer forgets it
+    fail[0] = False
+    assert huge in cycle() and computed["huge"] == 1, "a failed write: worked out and sent again at once"
+    _modify(cache, "Pod", "huge-0", {"spec": {"containers": [{"name": "main", "resources": {
+        "requests": {"cpu": "1000", "memory": "1Gi"}, "limits": {}}}]}})  # another reason
+    assert huge in cycle() and computed["huge"] == 1, "new inputs: worked out again (and the patch changed)"

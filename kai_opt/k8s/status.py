@@ -276,6 +276,9 @@ class StatusWriter:
         self._pg_changes = PodGroupChanges(cache)
         self._named: set[str] = set()  # keys the last cycle's plan left pending or its snapshot rejected
         self._look_again: set[str] = set()  # keys whose status was computed and not in sync last cycle
+        # key -> (inputs, the _sent entry) of the status patch last submitted for a key still out of sync: while
+        # its inputs and that entry stay, the patch is not worked out again (the watch has not shown it yet)
+        self._submitted: dict[str, tuple[tuple[Any, ...], tuple[str, float] | None]] = {}
         self._ann_look_again: set[str] = set()  # the same for the annotations
         self._marks: dict[str, tuple[bool, tuple[int, int] | None]] = {}  # key -> (stale, position) last cycle,
         # for the groups stale or with a position
@@ -377,6 +380,7 @@ class StatusWriter:
         in_sync = {} if whole else before
         look_again: set[str] = set()
         members = owned = self._members.groups
+        submitted = self._submitted
         rejected_pgs = {name: i for (kind, name), i in rejected.items() if kind == "PodGroup"}
         pg_index, pending = state.pg_index, plan.pending
         for key, obj in pgs:
@@ -394,6 +398,10 @@ class StatusWriter:
             if last is not None and _same_inputs(last, inputs):
                 in_sync[key] = last
                 continue
+            held = submitted.get(key)
+            if held is not None and _same_inputs(held[0], inputs) and self._still_sent(f"podgroup/{key}", held[1]):
+                look_again.add(key)  # the patch of these inputs is on its way: _submit would skip it again
+                continue
             meta = obj.get("metadata") or {}
             desired = podgroup_status(obj, list(pods), reasons, now)
             patch = _changed(obj.get("status") or {}, desired)
@@ -405,8 +413,10 @@ class StatusWriter:
                     PODGROUP.api_version, PODGROUP.plural, meta.get("namespace"), meta.get("name")) + "/status",
                     patch):
                 n += 1
+            submitted[key] = (inputs, self._sent_entry(f"podgroup/{key}"))
         self._in_sync = in_sync
         self._look_again = look_again
+        self._submitted = {k: submitted[k] for k in look_again if k in submitted}
         return n
 
     def _annotations(self, pgs: list[tuple[str, dict[str, Any]]], state: ClusterState,
@@ -503,6 +513,16 @@ class StatusWriter:
                 self._sent = {k: v for k, v in self._sent.items() if now - v[1] < self.resend_s}
                 self._pruned = now
         return self.pool.submit(key, lambda: self._write(key, path, body), replace=True)
+
+    def _sent_entry(self, key: str) -> tuple[str, float] | None:
+        with self._sent_lock:
+            return self._sent.get(key)
+
+    def _still_sent(self, key: str, entry: tuple[str, float] | None) -> bool:
+        """Whether `entry` is still the last patch sent for `key` (a failed write drops it) and within
+        `resend_s`: _submit would skip the same patch."""
+        with self._sent_lock:
+            return entry is not None and self._sent.get(key) is entry and self.clock() - entry[1] < self.resend_s
 
     def _write(self, key: str, path: str, body: dict[str, Any]) -> None:
         deadline = time.monotonic() + self.defer_max_s
