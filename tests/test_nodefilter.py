@@ -172,6 +172,61 @@ def test_memoised_verdicts_equal_the_checks_after_any_operations(objs: list[RawO
         assert used  # the memo was read (pods without a share always have one)
 
 
+def _keys_of(rnd: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Random choice keys over n positions, with many ties (and the tier of a node that may not take the pod)."""
+    from kai_opt.heuristics.placer import _NO_NODE
+
+    tier = np.array([rnd.choice([_NO_NODE, 0, 100, 100, 110]) for _ in range(n)], dtype=np.int64)
+    return (tier, *(np.array([float(rnd.randint(-2, 2)) * rnd.choice([1.0, 0.5]) for _ in range(n)])
+                     for _ in range(3)))
+
+
+@SETTINGS
+@given(st.randoms(use_true_random=False), st.integers(1, 60), st.integers(1, 70))
+def test_lex_top_is_the_sorted_order(rnd: random.Random, n: int, k: int) -> None:
+    """lex_top's positions are the first k of every position sorted by the keys (highest first) then the rank
+    (lowest first), and its first is lex_best's."""
+    from kai_opt.heuristics.placer import lex_best, lex_top
+
+    keys = _keys_of(rnd, n)
+    rank = np.array(rnd.sample(range(3 * n), n), dtype=np.int64)
+    ref = sorted(range(n), key=lambda i: (*(-float(key[i]) for key in keys), int(rank[i])))
+    assert lex_top(keys, rank, k).tolist() == ref[:k]
+    assert lex_best(keys, None, rank) == ref[0]
+
+
+@SETTINGS
+@given(st.randoms(use_true_random=False), st.integers(1, 60), st.integers(1, 40), st.integers(1, 8),
+       st.integers(0, 12))
+def test_ranked_best_is_lex_best_after_any_changes(rnd: random.Random, n: int, n_ops: int, top_keep: int,
+                                                   changed_max: int) -> None:
+    """_Ranked's best, read from its kept top and the positions judged since, is lex_best over every position
+    (None when no node may take the pod), after any sequence of changed keys."""
+    import kai_opt.heuristics.placer as placer_mod
+
+    kept = placer_mod._Ranked(np.arange(n, dtype=np.int64), None, 0)
+    name_rank = np.array(rnd.sample(range(n), n), dtype=np.int64)
+    old = placer_mod.TOP_KEEP, placer_mod.CHANGED_MAX
+    placer_mod.TOP_KEEP, placer_mod.CHANGED_MAX = top_keep, changed_max
+    try:
+        for step in range(n_ops):
+            at = np.arange(n) if step == 0 else np.array(sorted(rnd.sample(range(n), rnd.randint(0, n))),
+                                                         dtype=np.int64)
+            fresh = _keys_of(rnd, len(at))
+            kept.judged(at)
+            for have, new in zip(kept.keys, fresh, strict=True):
+                have[at] = new
+            kept.now[at] = [rnd.random() < 0.5 for _ in range(len(at))]
+            got = kept.best(name_rank)
+            if kept.keys[0].max() == placer_mod._NO_NODE:
+                assert got is None
+            else:
+                i = placer_mod.lex_best(kept.keys, None, name_rank)
+                assert got == (i, bool(kept.now[i]))
+    finally:
+        placer_mod.TOP_KEEP, placer_mod.CHANGED_MAX = old
+
+
 @SETTINGS
 @given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(1, 30),
        st.sampled_from(["binpack", "spread", "fgd"]))

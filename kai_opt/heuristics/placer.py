@@ -357,6 +357,7 @@ class Placer(NodeFilter):
         now_ok, future_ok = self.filter(p, nodes)
         ok = future_ok if allow_pipeline else now_ok
         kept.now[at] = now_ok
+        kept.judged(at)
         kept.keys[0][at[~ok]] = _NO_NODE
         if ok.any():
             for have, fresh in zip(kept.keys, self.keys(p, nodes[ok], now_ok[ok]), strict=True):
@@ -382,9 +383,14 @@ _NO_NODE = np.iinfo(np.int64).min  # a kept tier: the node may not take the pod
 
 class _Ranked:
     """One rank key's verdicts and keys over every node its signature allows (sorted node indexes), as of `seen`
-    entries of the session's touched list, under one topology score."""
+    entries of the session's touched list, under one topology score.
 
-    __slots__ = ("keys", "nodes", "now", "seen", "topology")
+    Its best is read without a pass over every node (the keys of a few nodes change between reads: those the
+    session touched): `top` holds the TOP_KEEP best positions when last ranked, best first, and `changed` the
+    positions judged since. Every position outside `top` ranked below all of `top` then, so while one position of
+    `top` is unchanged, the best is the better of the first such and the changed positions."""
+
+    __slots__ = ("changed", "keys", "nodes", "now", "rank", "seen", "top", "topology")
 
     def __init__(self, nodes: np.ndarray, topology: np.ndarray | None, seen: int) -> None:
         self.nodes, self.topology, self.seen = nodes, topology, seen
@@ -392,13 +398,40 @@ class _Ranked:
         # the tier of a node that may not take the pod (now, or once releases finish if allowed) is _NO_NODE
         self.keys: Keys = (np.full(len(nodes), _NO_NODE, dtype=np.int64), np.zeros(len(nodes)),
                            np.zeros(len(nodes)), np.zeros(len(nodes)))
+        self.top: np.ndarray | None = None  # (None: not ranked since the keys were made)
+        self.changed = np.zeros(len(nodes), dtype=bool)
+        self.rank: tuple[np.ndarray, np.ndarray] | None = None  # (the name rank given to best, it at self.nodes)
+
+    def judged(self, at: np.ndarray) -> None:
+        """The keys at positions `at` are set afresh."""
+        if self.top is not None:
+            self.changed[at] = True
 
     def best(self, name_rank: np.ndarray) -> tuple[int, bool] | None:
         """The best node by the kept keys, and whether it fits now; None: no node may take the pod."""
-        if self.keys[0].max() == _NO_NODE:
+        if self.rank is None or self.rank[0] is not name_rank:
+            self.rank = (name_rank, name_rank[self.nodes])
+        i = self._best(self.rank[1])
+        if self.keys[0][i] == _NO_NODE:  # (the best tier is the highest)
             return None
-        i = lex_best(self.keys, None, name_rank[self.nodes])
         return int(self.nodes[i]), bool(self.now[i])
+
+    def _best(self, rank: np.ndarray) -> int:
+        """lex_best over every position, from `top` and the positions changed since (ranked again when every
+        position of `top` changed, or more than CHANGED_MAX positions did)."""
+        top = self.top
+        if top is not None:
+            kept = top[~self.changed[top]]
+            changed = np.flatnonzero(self.changed)
+            if len(kept) and len(changed) <= CHANGED_MAX:
+                return lex_best(self.keys, np.concatenate([kept[:1], changed]), rank)
+        self.top = lex_top(self.keys, rank, TOP_KEEP)
+        self.changed[:] = False
+        return int(self.top[0])
+
+
+TOP_KEEP = 32  # positions _Ranked keeps in rank order (each read after a placement usually changes the first)
+CHANGED_MAX = 1024  # changed positions from which _Ranked ranks every position again
 
 
 def lex_best(keys: Keys, idx: np.ndarray | None, rank: np.ndarray) -> int:
@@ -413,6 +446,32 @@ def lex_best(keys: Keys, idx: np.ndarray | None, rank: np.ndarray) -> int:
         k = key[idx]
         idx = idx[k == k.max()]
     return int(idx[np.argmin(rank[idx])]) if len(idx) > 1 else int(idx[0])
+
+
+def lex_top(keys: Keys, rank: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the k best (every position when fewer), best first, in lex_best's order: the highest keys
+    in order, then the lowest `rank` (distinct). Key by key, only the positions that may still be among the k
+    best are read: those at the key's k-th highest value among them are tied, those above it are in, those below
+    out."""
+    cand = np.arange(len(rank))
+    sure: list[np.ndarray] = []  # positions known to be in, key by key
+    need = k
+    for j, col in enumerate((*keys, -rank)):
+        if len(cand) <= need:
+            break
+        v = col if j == 0 else col[cand]  # (the first key: every position)
+        tied = v == v.max()
+        if int(np.count_nonzero(tied)) < need:  # (else the k-th highest is the highest: nothing is in yet)
+            kth = np.partition(v, len(v) - need)[len(v) - need]
+            above = v > kth
+            sure.append(cand[above])
+            need -= len(sure[-1])
+            tied = v == kth
+        cand = cand[tied]
+    chosen = np.concatenate([*sure, cand])
+    # ascending by the keys in order, then by -rank: reversed, lex_best's order
+    order = np.lexsort((-rank[chosen], *(key[chosen] for key in reversed(keys))))[::-1]
+    return chosen[order]
 
 
 def tie_score(k2: np.ndarray, k3: np.ndarray, gpu_pod: bool) -> np.ndarray:
