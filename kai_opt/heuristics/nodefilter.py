@@ -191,6 +191,8 @@ class NodeFilter:
         cols = self._cols.get(p)
         if cols is None:  # as kube: only what the pod requests
             cols = self._cols[p] = self.non_gpu_cols[req[self.non_gpu_cols] > 0]
+        # the candidates' rows of the node arrays: every node's read in place (no copy) when they are every node
+        at: np.ndarray | slice = slice(None) if candidates is self._all_nodes else candidates
         if len(cols) and len(candidates) <= 32:  # a few nodes: their rows at once
             need = req[cols]
             rows = candidates[:, None]
@@ -205,17 +207,17 @@ class NodeFilter:
             future_ok = np.ones(len(candidates), dtype=bool)
             now_ok = np.ones(len(candidates), dtype=bool)
             for c in cols.tolist():
-                free = sess.alloc[candidates, c] - sess.held[candidates, c]
+                free = sess.alloc[at, c] - sess.held[at, c]
                 room = free >= req[c]
                 future_ok &= room
-                now_ok &= free - sess.rel[candidates, c] >= req[c]
+                now_ok &= free - sess.rel[at, c] >= req[c]
                 if why is not None:
                     why.add_where(self._resource_reason(c), candidates, ~room)
             now_ok &= future_ok
         whole = int(st.pod_gpu_whole[p])
         if whole:
-            now_ok &= sess.whole_idle[candidates] >= whole
-            room = sess.whole_future[candidates] >= whole
+            now_ok &= sess.whole_idle[at] >= whole
+            room = sess.whole_future[at] >= whole
             future_ok &= room
             if why is not None:
                 why.add_where(WHOLE_GPUS, candidates, ~room)
@@ -228,12 +230,12 @@ class NodeFilter:
         if gpu and (whole or st.pod_gpu_frac[p]):
             # the node's GPU total holds too: a share bound there without a device of its own (the state warns
             # "no GPU device left for its share") holds node GPU no device shows
-            free = sess.alloc[candidates, R_GPU] - sess.held[candidates, R_GPU]
+            free = sess.alloc[at, R_GPU] - sess.held[at, R_GPU]
             total = free >= gpu
             if why is not None:
                 why.add_where(WHOLE_GPUS, candidates, future_ok & ~total)
             future_ok &= total
-            now_ok &= total & (free - sess.rel[candidates, R_GPU] >= gpu)
+            now_ok &= total & (free - sess.rel[at, R_GPU] >= gpu)
         if st.pod_gpu_mem[p]:
             known = self.gpu_memory_ok(p, candidates)
             now_ok &= known

@@ -338,7 +338,7 @@ class Placer(NodeFilter):
             if len(nodes) < RANK_MIN:
                 return None
             kept = _Ranked(nodes, self.topology_score, len(touched))
-            self._judge(p, kept, np.arange(len(nodes)), allow_pipeline)
+            self._judge(p, kept, None, allow_pipeline)
             while len(self._ranked) >= RANK_SHAPES:
                 del self._ranked[next(iter(self._ranked))]
         elif len(touched) > kept.seen:
@@ -349,19 +349,20 @@ class Placer(NodeFilter):
         self._ranked[key] = kept
         return kept
 
-    def _judge(self, p: int, kept: _Ranked, at: np.ndarray, allow_pipeline: bool) -> None:
-        """Judge and score p on kept's nodes at positions `at`."""
-        if not len(at):
+    def _judge(self, p: int, kept: _Ranked, at: np.ndarray | None, allow_pipeline: bool) -> None:
+        """Judge and score p on kept's nodes at positions `at` (None: every position, as masks)."""
+        if at is not None and not len(at):
             return
-        nodes = kept.nodes[at]
+        nodes = kept.nodes if at is None else kept.nodes[at]
+        kept.judged(at)
         now_ok, future_ok = self.filter(p, nodes)
         ok = future_ok if allow_pipeline else now_ok
-        kept.now[at] = now_ok
-        kept.judged(at)
-        kept.keys[0][at[~ok]] = _NO_NODE
+        kept.now[slice(None) if at is None else at] = now_ok
+        kept.keys[0][~ok if at is None else at[~ok]] = _NO_NODE
         if ok.any():
+            where = ok if at is None else at[ok]
             for have, fresh in zip(kept.keys, self.keys(p, nodes[ok], now_ok[ok]), strict=True):
-                have[at[ok]] = fresh
+                have[where] = fresh
 
     def _shares(self, p: int) -> bool:
         st = self.sess.state
@@ -402,9 +403,11 @@ class _Ranked:
         self.changed = np.zeros(len(nodes), dtype=bool)
         self.rank: tuple[np.ndarray, np.ndarray] | None = None  # (the name rank given to best, it at self.nodes)
 
-    def judged(self, at: np.ndarray) -> None:
-        """The keys at positions `at` are set afresh."""
-        if self.top is not None:
+    def judged(self, at: np.ndarray | None) -> None:
+        """The keys at positions `at` (None: every position) are set afresh."""
+        if at is None:
+            self.top = None  # (ranked anew)
+        elif self.top is not None:
             self.changed[at] = True
 
     def best(self, name_rank: np.ndarray) -> tuple[int, bool] | None:
