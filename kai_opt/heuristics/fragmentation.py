@@ -166,8 +166,10 @@ class FragModel:
     def frag(self, cpu: np.ndarray, free: np.ndarray, cnt: np.ndarray, below: np.ndarray,
              access: np.ndarray) -> np.ndarray:
         """(C, M) fragmentation of each candidate state for each shape, in milli-GPUs."""
-        usable = access & (cnt[:, self.level_of] >= self.t_num) & (cpu[:, None] >= self.t_cpu)
-        return np.where(usable, below[:, self.level_of], free[:, None])
+        # (take along the level axis and one in-place &: fewer temporaries; most calls score one node or a few)
+        usable = access & (cnt.take(self.level_of, axis=1) >= self.t_num)
+        usable &= cpu[:, None] >= self.t_cpu
+        return np.where(usable, below.take(self.level_of, axis=1), free[:, None])
 
     def expected(self, frag: np.ndarray) -> np.ndarray:
         """(C,) F_n = sum_m p_m F_n(m)."""
