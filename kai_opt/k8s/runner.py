@@ -46,6 +46,7 @@ from kai_opt.k8s.leader import LeaderElector, lease_name
 from kai_opt.k8s.live_grouping import LiveGrouping, PodGroupSync
 from kai_opt.k8s.metrics import OPEN_SESSION_PHASES
 from kai_opt.k8s.metrics import SchedulerMetrics as SchedulerMetrics  # re-exported: kai_opt/cli/run.py takes it here
+from kai_opt.k8s.queue_metrics import QueueMetrics
 from kai_opt.k8s.recheck import PreBindCheck
 from kai_opt.k8s.scaleadjust import ScaleAdjuster
 from kai_opt.k8s.shard import grouping_in_shard, resolve_shard_config, shard_config, shard_filter
@@ -55,7 +56,6 @@ from kai_opt.k8s.workqueue import TokenBucket, WorkPool
 from kai_opt.plan import Plan
 from kai_opt.snapshot import Snapshot
 from kai_opt.state import ClusterState, PodStatus, build_state
-from kai_opt.state.resources import QR
 
 log = logging.getLogger("kai_opt.run")
 
@@ -119,6 +119,7 @@ class Runner:
         self.identity = identity
         self.once = once
         self.metrics = metrics if metrics is not None else NullMetrics()
+        self.queue_metrics = QueueMetrics(self.metrics)
         self._stop = threading.Event()
         self.lost_leadership = False
         self.cycles = 0
@@ -397,12 +398,7 @@ class Runner:
         log.debug("status writes: %s", counts)
 
     def _queue_metrics(self, state: ClusterState, fs: FairShare) -> None:
-        for q, name in enumerate(state.q_names):
-            self.metrics.queue(name, {r: float(fs.fair_share[q, i]) for i, r in enumerate(QR)},
-                               {r: float(fs.allocated[q, i]) for i, r in enumerate(QR)},
-                               {r: float(fs.requested[q, i]) for i, r in enumerate(QR)})
-            if fs.usage is not None:
-                self.metrics.queue_usage(name, {r: float(fs.usage[q, i]) for i, r in enumerate(QR)})
+        self.queue_metrics.publish(state, fs)
 
     def _writes_queues(self) -> bool:
         return writes_queue_status(self.config.runtime.queue_status.value, self.kai)
