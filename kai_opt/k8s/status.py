@@ -54,7 +54,7 @@ from kai_opt.k8s.cache import SCHEDULING_KINDS, ClusterCache
 from kai_opt.k8s.client import MERGE_PATCH, PODGROUP, QUEUE, object_path, request
 from kai_opt.k8s.coexist import pod_is_ours
 from kai_opt.k8s.events import WARNING, EventRecorder
-from kai_opt.k8s.status_changes import Members, PodGroupChanges
+from kai_opt.k8s.status_changes import Members, PodGroupChanges, podgroup_key
 from kai_opt.k8s.workqueue import TokenBucket, WorkPool, classify
 from kai_opt.plan import Plan, Reason
 from kai_opt.snapshot import Issue, Snapshot
@@ -365,8 +365,7 @@ class StatusWriter:
         for obj in self.cache.list(PODGROUP.kind, PODGROUP.api_version):
             hit = before.get(id(obj))
             if hit is None or hit[0] is not obj:
-                meta = obj.get("metadata") or {}
-                hit = (obj, f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
+                hit = (obj, podgroup_key(obj))
             keys[id(obj)] = hit
             out.append((hit[1], obj))
         self._pg_keys = keys

@@ -51,10 +51,6 @@ class Members:
                 changed.add(key)
         return changed
 
-    def of(self, key: str) -> list[Pod]:
-        group = self.groups.get(key)
-        return list(group.values()) if group is not None else []
-
 
 class PodGroupChanges:
     """The cache's PodGroup objects written since the last `take` (a consumer of the watch cache of its own)."""
@@ -70,14 +66,12 @@ class PodGroupChanges:
         for c in self.cache.take_changes(self.consumer, {(PODGROUP.group, PODGROUP.kind)}).values():
             if c.whole:
                 return None
-            out.update(status_key(key, obj) for key, (obj, _rank) in c.objects.items())
+            out.update(podgroup_key(obj) if obj is not None else key if "/" in key else f"default/{key}"
+                       for key, (obj, _rank) in c.objects.items())  # (deleted: the cache's key, namespace/name)
         return out
 
 
-def status_key(cache_key: str, obj: dict[str, Any] | None) -> str:
-    """The writer's key of a PodGroup (its namespace, 'default' when absent, and name) from the cache's key and
-    object (None: deleted)."""
-    if obj is not None:
-        meta = obj.get("metadata") or {}
-        return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-    return cache_key if "/" in cache_key else f"default/{cache_key}"
+def podgroup_key(obj: dict[str, Any]) -> str:
+    """The writer's key of a PodGroup object: its namespace ('default' when absent) and name."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
