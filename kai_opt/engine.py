@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("kai_opt.solver")
 
 FORK_EARLY_WORK = 1_000_000  # pending groups x nodes from which fork_early holds
+FORK_AT_START_WORK = 10_000_000  # ... and from which the second hint is forked at the cycle start (about 0.26 s
+# of allocate at 10,000 nodes: below it, SLOWDOWN x the greedy cycle fits in what the default 1 s budget leaves free)
 
 __all__ = ["ACTION_ORDER", "Progress", "greedy_plan", "plan_from_session", "run_cycle"]
 
@@ -46,14 +48,25 @@ def run_cycle(state: ClusterState, config: Config, *, engine: Engine | None = No
 
 
 def fork_early(state: ClusterState) -> bool:
-    """Whether the greedy cycle is long enough for the second hint to be forked at its start and the CP-SAT worker
-    once allocate ran: the forks and the pages the cycle writes afterwards are then paid beside it, and the second
-    hint has the other core for as long. A short cycle would pay the forks for more than it computes the
-    FGD-scored plan inline for. Measured by pending groups x nodes, the size of the greedy's placement work
-    (docs/DESIGN-NOTES.md, CP-SAT engine)."""
+    """Whether the greedy cycle is long enough for the second hint and the CP-SAT worker to be forked once
+    allocate ran, when the plan may be beaten: the forks and the pages the cycle writes afterwards are then paid
+    beside the rest of it, and the second hint has the other core for as long. A short cycle would pay the forks
+    for more than it computes the FGD-scored plan inline for. Measured by pending groups x nodes, the size of the
+    greedy's placement work (docs/DESIGN-NOTES.md, CP-SAT engine)."""
+    return _placement_work(state) >= FORK_EARLY_WORK
+
+
+def fork_at_start(state: ClusterState) -> bool:
+    """Whether the second hint is forked at the cycle start, whatever allocate leaves: a cycle this long could not
+    compute the FGD-scored plan inline in the budget an unbeatable plan leaves free, so it is computed beside from
+    the start, at the price of a fork in every such cycle."""
+    return _placement_work(state) >= FORK_AT_START_WORK
+
+
+def _placement_work(state: ClusterState) -> int:
+    """Pending groups of ours x nodes."""
     pending = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
-    groups = len(np.unique(state.pod_pg[pending]))
-    return groups * state.n_nodes >= FORK_EARLY_WORK
+    return len(np.unique(state.pod_pg[pending])) * state.n_nodes
 
 
 def _second_hint_late(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
@@ -82,8 +95,8 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     second = None
     worker = None
     early = engine == Engine.cpsat and fork_early(state)
-    if early:  # the FGD-scored greedy plan, computed beside on the other core (second_hint); a short cycle
-        # computes it inline
+    at_start = early and fork_at_start(state)
+    if at_start:  # the FGD-scored greedy plan, computed beside on the other core
         from kai_opt.formulation.second_hint import SecondHint
 
         second = SecondHint.start(state, fs, config, actions)
@@ -91,19 +104,28 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             second.watch(t0, config.solver.time_budget_s)
 
     def after(action: str, sess: Session) -> None:
-        """Once allocate ran, the CP-SAT worker of a long cycle is forked, waiting for the greedy plan (it inherits
-        the second hint's pipe), unless the plan is unbeatable so far (nothing left a model could place without
-        evictions): a later eviction makes it beatable, and cpsat_plan then forks the worker itself."""
-        nonlocal worker
+        """Once allocate ran in a long cycle whose plan may be beaten, the FGD-scored greedy plan is forked to be
+        computed beside on the other core (second_hint; unless fork_at_start forked it already), then the CP-SAT
+        worker, waiting for the greedy plan (it inherits the second hint's pipe). A plan unbeatable so far (nothing
+        left a model could place without evictions) forks nothing more: kept_unbeatable computes the FGD-scored
+        plan inline, and a later eviction makes the plan beatable, when cpsat_plan forks the worker (and
+        _second_hint_late the second hint)."""
+        nonlocal worker, second
         if action != "allocate":
             return
+        from kai_opt.formulation.second_hint import SecondHint
         from kai_opt.formulation.solve import prepare_worker
         from kai_opt.formulation.unbeatable import may_be_beaten
 
         try:
-            if may_be_beaten(state, fs, config, sess):
-                with second.paused() if second is not None else nullcontext():
-                    worker = prepare_worker(state, fs, config, actions, second)
+            if not may_be_beaten(state, fs, config, sess):
+                return
+            if not at_start:
+                second = SecondHint.start(state, fs, config, actions)
+                if second is not None:  # (a thread)
+                    second.watch(t0, config.solver.time_budget_s)
+            with second.paused() if second is not None else nullcontext():
+                worker = prepare_worker(state, fs, config, actions, second)
         except Exception:  # (an optional stage: cpsat_plan forks the worker itself when the model runs)
             log.exception("forking the CP-SAT worker early raised; it is forked when the model runs")
 

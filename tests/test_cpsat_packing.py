@@ -119,35 +119,47 @@ def test_a_short_cycle_forks_nothing_and_computes_the_fgd_plan_inline(monkeypatc
     assert started == []
     assert plan.solver.status == "GREEDY_KEPT" and "the model was not run" in (plan.solver.note or "")
     assert plan.solver.hint == "fgd" and [st.node_names[p.node] for p in plan.placements] == ["b"]
-    monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)  # large enough: the second hint forked at the start; the
-    # worker is not, as allocate leaves nothing a model could place (the plan is unbeatable)
+    monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)  # long: what allocate leaves decides, and it leaves nothing
+    # a model could place (the plan is unbeatable), so nothing is forked and the FGD-scored plan is computed here
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert started == []
+    assert plan.solver.hint == "fgd" and [st.node_names[p.node] for p in plan.placements] == ["b"]
+    monkeypatch.setattr(engine, "FORK_AT_START_WORK", 0)  # too long to compute it here: forked at the start; the
+    # worker is not (the plan is unbeatable)
     run_cycle(st, config, engine=Engine.cpsat)
     assert started == ["hint"]
 
 
 def test_a_long_cycle_forks_its_worker_once_allocate_leaves_work(monkeypatch) -> None:
     # a pending pod no node holds: after allocate the plan may be beatable, so the worker of a long cycle is forked
-    # then, before the later actions, and runs the model with the greedy plan
+    # then, before the later actions, and runs the model with the greedy plan; the second hint is forked just before
+    # it (not at the cycle start: a cycle shorter than engine.FORK_AT_START_WORK)
     from kai_opt import engine
     from kai_opt.heuristics import cycle
 
     st = state([*_stranding_objects(), podgroup("big", "q", created_min=2), pod("big-0", group="big", gpus=4)])
     events: list[str] = []
     real_prepare = solve.prepare_worker
+    real_start = second_hint.SecondHint.start.__func__
 
     def spy(*a):
         events.append("worker")
         return real_prepare(*a)
 
+    def spy_hint(cls, *a):
+        events.append("hint")
+        return real_start(cls, *a)
+
     monkeypatch.setattr(solve, "prepare_worker", spy)
+    monkeypatch.setattr(second_hint.SecondHint, "start", classmethod(spy_hint))
     for action in cycle.REGISTRY:
         monkeypatch.setattr(action, "run", (lambda run, name: lambda ctx: (events.append(name), run(ctx))[1])(
             action.run, action.name))
     monkeypatch.setattr(engine, "FORK_EARLY_WORK", 0)
     config = parse_config({"engine": "cpsat", "solver": {"deterministic": False, "time_budget_s": 2}})
     plan, _ = run_cycle(st, config, engine=Engine.cpsat)
-    assert events[:3] == ["allocate", "worker", "consolidate"]
-    assert events.count("worker") == 1
+    assert events[:4] == ["allocate", "hint", "worker", "consolidate"]
+    assert events.count("worker") == 1 and events.count("hint") == 1
     assert "the model was not run" not in (plan.solver.note or "") and plan.solver.status != "FALLBACK_GREEDY"
 
 
