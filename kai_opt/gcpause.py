@@ -16,6 +16,8 @@ from contextlib import contextmanager
 # A paused block that leaves more new container objects alive than this (a snapshot of thousands of pods) freezes
 # them: see gc_paused.
 FREEZE_MIN_OBJECTS = 200_000
+# The collector's thresholds in the long-running scheduler's process (tune_for_service); CPython's are (700, 10, 10).
+SERVICE_THRESHOLDS = (20_000, 20, 20)
 
 
 @contextmanager
@@ -37,6 +39,16 @@ def gc_paused(*, freeze_above: int | None = None) -> Iterator[None]:
             if freeze_above is not None and gc.get_count()[0] > freeze_above:
                 gc.freeze()
             gc.enable()
+
+
+def tune_for_service() -> None:
+    """Collector thresholds for a process that holds the cluster for its whole life (`kai-opt run`): its watch,
+    binder and status threads allocate while the cycles are not paused, and with CPython's thresholds a young
+    collection starts every 700 allocations, each first one after a cycle walks what the cycle left alive, and the
+    whole heap (every cached object and model) is walked again each time it grew by a quarter, holding the GIL the
+    while. Larger thresholds leave the same garbage for the same collector, collected less often (measured:
+    docs/DESIGN-NOTES.md, In-cluster runtime)."""
+    gc.set_threshold(*SERVICE_THRESHOLDS)
 
 
 @contextmanager

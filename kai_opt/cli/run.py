@@ -13,6 +13,7 @@ import typer
 
 from kai_opt.cli.app import app
 from kai_opt.config import load_config
+from kai_opt.gcpause import tune_for_service
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -64,6 +65,7 @@ def run(
     from kai_opt.k8s.runner import Runner, SchedulerMetrics
 
     setup_logging(log_level)
+    tune_for_service()
     cfg = load_config(config)
     rt = cfg.runtime
     ident = identity or (f"{os.environ['POD_NAME']}_{default_identity().rsplit('_', 1)[-1]}"
