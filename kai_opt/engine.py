@@ -51,19 +51,14 @@ def fork_early(state: ClusterState) -> bool:
     """Whether the greedy cycle is long enough for the second hint and the CP-SAT worker to be forked once
     allocate ran, when the plan may be beaten: the forks and the pages the cycle writes afterwards are then paid
     beside the rest of it, and the second hint has the other core for as long. A short cycle would pay the forks
-    for more than it computes the FGD-scored plan inline for. Measured by pending groups x nodes, the size of the
+    for more than it computes the FGD-scored plan inline for. From FORK_AT_START_WORK the second hint is forked at
+    the cycle start, whatever allocate leaves: such a cycle could not compute the FGD-scored plan inline in the
+    budget an unbeatable plan leaves free. Measured by pending groups x nodes (placement_work), the size of the
     greedy's placement work (docs/DESIGN-NOTES.md, CP-SAT engine)."""
-    return _placement_work(state) >= FORK_EARLY_WORK
+    return placement_work(state) >= FORK_EARLY_WORK
 
 
-def fork_at_start(state: ClusterState) -> bool:
-    """Whether the second hint is forked at the cycle start, whatever allocate leaves: a cycle this long could not
-    compute the FGD-scored plan inline in the budget an unbeatable plan leaves free, so it is computed beside from
-    the start, at the price of a fork in every such cycle."""
-    return _placement_work(state) >= FORK_AT_START_WORK
-
-
-def _placement_work(state: ClusterState) -> int:
+def placement_work(state: ClusterState) -> int:
     """Pending groups of ours x nodes."""
     pending = (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
     return len(np.unique(state.pod_pg[pending])) * state.n_nodes
@@ -94,8 +89,9 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     engine = engine or config.engine
     second = None
     worker = None
-    early = engine == Engine.cpsat and fork_early(state)
-    at_start = early and fork_at_start(state)
+    work = placement_work(state) if engine == Engine.cpsat else 0
+    early = engine == Engine.cpsat and work >= FORK_EARLY_WORK  # fork_early
+    at_start = early and work >= FORK_AT_START_WORK
     if at_start:  # the FGD-scored greedy plan, computed beside on the other core
         from kai_opt.formulation.second_hint import SecondHint
 
@@ -105,7 +101,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
 
     def after(action: str, sess: Session) -> None:
         """Once allocate ran in a long cycle whose plan may be beaten, the FGD-scored greedy plan is forked to be
-        computed beside on the other core (second_hint; unless fork_at_start forked it already), then the CP-SAT
+        computed beside on the other core (second_hint; unless it was forked at the start), then the CP-SAT
         worker, waiting for the greedy plan (it inherits the second hint's pipe). A plan unbeatable so far (nothing
         left a model could place without evictions) forks nothing more: kept_unbeatable computes the FGD-scored
         plan inline, and a later eviction makes the plan beatable, when cpsat_plan forks the worker (and

@@ -2,13 +2,12 @@
 model and a candidate for the cycle's plan when it is as KAI-compatible as the KAI-scored plan and better.
 
 With wall time it runs in a forked process of its own, at a lower CPU priority, beside the rest of the KAI-scored
-greedy cycle (which uses one core) and the model build (one core): from the start of a very long cycle
-(engine.fork_at_start), from the end of the allocate action in a long one whose plan may be beaten
-(engine.fork_early), beside the model in a short one; it takes nothing from the CP-SAT budget. Otherwise a cycle
-whose plan nothing beats computes it inline (kept_unbeatable). The CP-SAT worker starts from it if it is ready
-when the worker builds its scope; otherwise the engine weighs it against the worker's plan at the end, until the
-budget's deadline. Deterministic mode computes it in
-the CP-SAT worker, before the model (reproducible: whether it is ready in time is a wall-clock question).
+greedy cycle (which uses one core) and the model build (one core): from the start of a very long cycle, from the
+end of the allocate action in a long one whose plan may be beaten (engine.fork_early), beside the model in a short
+one; it takes nothing from the CP-SAT budget. Otherwise a cycle whose plan nothing beats computes it inline
+(kept_unbeatable). The CP-SAT worker starts from it if it is ready when the worker builds its scope; otherwise the
+engine weighs it against the worker's plan at the end, until the budget's deadline. Deterministic mode computes it
+in the CP-SAT worker, before the model (reproducible: whether it is ready in time is a wall-clock question).
 The process beside is a kai_opt.formulation.child.Child (the start/poll/take form).
 """
 
