@@ -23,7 +23,7 @@ from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.child import Child, Send, can_fork
-from kai_opt.heuristics.cycle import greedy_plan
+from kai_opt.heuristics.cycle import AfterAction, greedy_plan
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
 
@@ -48,10 +48,12 @@ def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
             and (actions is None or "allocate" in actions))
 
 
-def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None) -> Plan | None:
-    """The FGD-scored greedy plan, or None if it fails the checker (it is then never used; None means only that)."""
+def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
+            after: AfterAction | None = None) -> Plan | None:
+    """The FGD-scored greedy plan, or None if it fails the checker (it is then never used; None means only that).
+    `after`: as greedy_plan's."""
     alt_config = fgd_config(config)
-    plan = greedy_plan(state, fs, alt_config, actions)
+    plan = greedy_plan(state, fs, alt_config, actions, after=after)
     try:
         check_plan(state, plan, fs, alt_config)
     except PlanViolation:

@@ -55,15 +55,15 @@ def unbeatable_note(state: ClusterState, fs: FairShare, config: Config, plan: Pl
     the less fragmented FGD-scored one: solve.kept_unbeatable), so it is not worth running."""
     if plan.evictions:
         return ""
-    placeable = _placeable(state)
+    can = placeable(state)
     placed = np.zeros(state.n_pods, dtype=bool)
     placed[[pl.pod for pl in plan.placements if not pl.moved]] = True
-    left = placeable & ~placed
-    total = int(placeable.sum())
+    left = can & ~placed
+    total = int(can.sum())
     if not left.any():
         return (f"greedy plan kept: it places all {total} pending pods without evictions, so no plan scores higher "
                 "on placed work or evictions (the model was not run)")
-    if _leaves_work(state, fs, config, placeable, left):
+    if _leaves_work(state, fs, config, can, left):
         return ""
     left_groups = np.unique(state.pod_pg[left])
     return (f"greedy plan kept: it places {total - int(left.sum())} of {total} pending pods without evictions, and "
@@ -77,11 +77,11 @@ def may_be_beaten(state: ClusterState, fs: FairShare, config: Config, sess: Sess
     """After the allocate action: whether the cycle's plan may turn out beatable (the model then runs). False
     when allocate left only hopeless groups of ours pending: the plan is then unbeatable unless a later action
     evicts (and only an eviction makes it beatable)."""
-    placeable = _placeable(state)
-    return _leaves_work(state, fs, config, placeable, placeable & (sess.status == PodStatus.PENDING))
+    can = placeable(state)
+    return _leaves_work(state, fs, config, can, can & (sess.status == PodStatus.PENDING))
 
 
-def _placeable(state: ClusterState) -> np.ndarray:
+def placeable(state: ClusterState) -> np.ndarray:
     """bool[P]: the pending pods of ours in a group (what a plan may place)."""
     return (state.pod_status == PodStatus.PENDING) & state.pod_ours & (state.pod_pg >= 0)
 
