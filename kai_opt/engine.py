@@ -97,7 +97,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
         from kai_opt.formulation.fgd_first import fgd_first
 
         try:
-            first = fgd_first(state, fs, config, actions, work)
+            first = fgd_first(state, fs, config, actions, work, progress)
         except Exception as exc:  # an optional stage: the cycle goes the usual way, saying so
             log.exception("the FGD-scored plan computed first raised; the cycle goes on as usual")
             first, first_failed = None, f"the FGD-scored plan computed first raised {type(exc).__name__}: {exc}"

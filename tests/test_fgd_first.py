@@ -33,7 +33,9 @@ def _config(deterministic: bool = False):
 def test_a_long_cycle_that_fits_keeps_the_fgd_plan_computed_first(monkeypatch, scored, deterministic) -> None:
     st = state(_stranding_objects())
     monkeypatch.setattr(fgd_first, "FGD_FIRST_WORK", 0)
-    plan, _ = run_cycle(st, _config(deterministic), engine=Engine.cpsat)
+    said: list[str] = []
+    plan, _ = run_cycle(st, _config(deterministic), engine=Engine.cpsat, progress=said.append)
+    assert "greedy: allocate (FGD-scored, first)" in said  # a status line says what runs
     assert plan.solver.status == "GREEDY_KEPT" and plan.solver.hint == "fgd" and plan.engine == "cpsat"
     assert "computed first" in (plan.solver.note or "") and "KAI-scored plan" in (plan.solver.note or "")
     assert [st.node_names[p.node] for p in plan.placements] == ["b"]

@@ -21,11 +21,12 @@ from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.second_hint import compute, wanted
 from kai_opt.formulation.unbeatable import may_be_beaten, placeable, unbeatable_note
+from kai_opt.heuristics.cycle import Progress
 from kai_opt.heuristics.session import Session
 from kai_opt.plan import Plan, SolverInfo
 from kai_opt.state import ClusterState
 
-FGD_FIRST_WORK = 100_000  # pending groups x nodes (engine.placement_work) from which a cycle that fits goes FGD first
+FGD_FIRST_WORK = 10_000  # pending groups x nodes (engine.placement_work) from which a cycle with room goes FGD first
 ROOM_SHARE = 0.5  # of the free room (per resource) the pending work may ask for (fits_with_room); where it asks for
 # more, a greedy plan often leaves some of it (docs/DESIGN-NOTES.md, CP-SAT engine: "The FGD-scored plan first")
 
@@ -45,7 +46,7 @@ def fits_with_room(state: ClusterState) -> bool:
 
 
 def fgd_first(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
-              work: int) -> Plan | None:
+              work: int, progress: Progress | None = None) -> Plan | None:
     """The cycle's plan when it is the FGD-scored greedy plan computed first and unbeatable, checked; None when the
     cycle is short (`work`, pending groups x nodes, below FGD_FIRST_WORK), its pending work asks for more than
     fits_with_room allows, the FGD-scored plan is not wanted (second_hint.wanted), fails the checker or may be
@@ -59,7 +60,8 @@ def fgd_first(state: ClusterState, fs: FairShare, config: Config, actions: tuple
             raise _MayBeBeaten
 
     try:
-        plan = compute(state, fs, config, actions, after=stop_if_beatable)
+        plan = compute(state, fs, config, actions, stop_if_beatable,
+                       None if progress is None else lambda what: progress(f"{what} (FGD-scored, first)"))
     except _MayBeBeaten:
         return None
     note = unbeatable_note(state, fs, config, plan) if plan is not None else ""

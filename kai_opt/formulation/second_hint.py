@@ -23,7 +23,7 @@ from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Placement, Strategy
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.child import Child, Send, can_fork
-from kai_opt.heuristics.cycle import AfterAction, greedy_plan
+from kai_opt.heuristics.cycle import AfterAction, Progress, greedy_plan
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState
 
@@ -49,11 +49,11 @@ def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
 
 
 def compute(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
-            after: AfterAction | None = None) -> Plan | None:
+            after: AfterAction | None = None, progress: Progress | None = None) -> Plan | None:
     """The FGD-scored greedy plan, or None if it fails the checker (it is then never used; None means only that).
-    `after`: as greedy_plan's."""
+    `after`, `progress`: as greedy_plan's."""
     alt_config = fgd_config(config)
-    plan = greedy_plan(state, fs, alt_config, actions, after=after)
+    plan = greedy_plan(state, fs, alt_config, actions, progress, after)
     try:
         check_plan(state, plan, fs, alt_config)
     except PlanViolation:
