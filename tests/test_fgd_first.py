@@ -111,3 +111,19 @@ def test_free_room_counts_releases_on_schedulable_nodes_only() -> None:
     assert not second_hint.wanted(fgd, None)
     st = state([q, node("c"), *pending])
     assert fgd_first.fgd_first(st, None, fgd, None, 10**9) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_explain_ranks_an_fgd_scored_plan_as_its_placer_did(monkeypatch, first) -> None:
+    # the plan is the FGD-scored greedy plan (by the tie-break, or computed first): explain's ranking is FGD's, so
+    # the chosen node is the best-ranked one, not a bin-pack loser
+    from kai_opt.explain import explain
+
+    if first:
+        monkeypatch.setattr(fgd_first, "FGD_FIRST_WORK", 0)
+    st = state(_stranding_objects())
+    out = explain(st, _config(), pod="default/c-0", engine=Engine.cpsat)
+    assert out["solver"]["hint"] == "fgd" and ("computed first" in out["solver"]["note"]) == first
+    chosen = out["placed"]["pods"][0]["chosen"]
+    assert chosen["node"] == "b" and chosen["rank"] == 1 and chosen["strategy"] == "fgd"
+    assert out["placed"]["pods"][0]["decided_by"].startswith("won on fgd")
