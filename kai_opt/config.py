@@ -128,7 +128,10 @@ class Solver(_Model):
                            "and cpu: fgd), in a process beside the cycle (wall time; deterministic mode: before the "
                            "model), and use it when it keeps every group the KAI-scored plan places, evicts no more "
                            "and scores higher (or as high, with less fragmented GPU share left): as the model's start "
-                           "when ready in time, else as the plan if it beats the model's by the deadline")
+                           "when ready in time, else as the plan if it beats the model's by the deadline. With GPU "
+                           "bin-packing, a cycle of 10,000 or more pending groups x nodes whose pending pods ask for "
+                           "at most half the free room computes it first, and keeps it without the KAI-scored plan "
+                           "when it places every placeable pod without evictions")
     pattern_hint: bool = Field(True, description="cpsat: a small model over node classes and the patterns of "
                                "pending shapes that fit them chooses which pending whole-GPU and CPU-only groups to "
                                "place and on which class's nodes; its plan becomes the model's start when it keeps "

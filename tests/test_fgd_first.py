@@ -127,3 +127,14 @@ def test_explain_ranks_an_fgd_scored_plan_as_its_placer_did(monkeypatch, first) 
     chosen = out["placed"]["pods"][0]["chosen"]
     assert chosen["node"] == "b" and chosen["rank"] == 1 and chosen["strategy"] == "fgd"
     assert out["placed"]["pods"][0]["decided_by"].startswith("won on fgd")
+
+
+def test_a_spread_placement_is_not_replaced_fgd_first(monkeypatch, scored) -> None:
+    # spread is the operator's choice: the cycle computes its own (spread-scored) plan first, as before
+    st = state(_stranding_objects())
+    monkeypatch.setattr(fgd_first, "FGD_FIRST_WORK", 0)
+    config = parse_config({"engine": "cpsat", "placement": {"gpu": "spread"},
+                           "solver": {"deterministic": False, "time_budget_s": 2}})
+    plan, _ = run_cycle(st, config, engine=Engine.cpsat)
+    assert scored[0] == ("allocate", Strategy.spread.value)
+    assert "computed first" not in (plan.solver.note or "")

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from kai_opt.config import Config
+from kai_opt.config import Config, Strategy
 from kai_opt.fairshare import FairShare
 from kai_opt.formulation.second_hint import compute, wanted
 from kai_opt.formulation.unbeatable import may_be_beaten, placeable, unbeatable_note
@@ -48,10 +48,12 @@ def fits_with_room(state: ClusterState) -> bool:
 def fgd_first(state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
               work: int, progress: Progress | None = None) -> Plan | None:
     """The cycle's plan when it is the FGD-scored greedy plan computed first and unbeatable, checked; None when the
-    cycle is short (`work`, pending groups x nodes, below FGD_FIRST_WORK), its pending work asks for more than
+    cycle is short (`work`, pending groups x nodes, below FGD_FIRST_WORK), GPU pods are not bin-packed (the
+    default, which FGD scoring refines; spread is the operator's choice), its pending work asks for more than
     fits_with_room allows, the FGD-scored plan is not wanted (second_hint.wanted), fails the checker or may be
     beaten."""
-    if work < FGD_FIRST_WORK or not wanted(config, actions) or not fits_with_room(state):
+    if work < FGD_FIRST_WORK or config.placement.gpu != Strategy.binpack or not wanted(config, actions) \
+            or not fits_with_room(state):
         return None
     start = time.perf_counter()
 
