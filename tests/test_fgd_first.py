@@ -126,7 +126,9 @@ def test_explain_ranks_an_fgd_scored_plan_as_its_placer_did(monkeypatch, first) 
     assert out["solver"]["hint"] == "fgd" and ("computed first" in out["solver"]["note"]) == first
     chosen = out["placed"]["pods"][0]["chosen"]
     assert chosen["node"] == "b" and chosen["rank"] == 1 and chosen["strategy"] == "fgd"
-    assert out["placed"]["pods"][0]["decided_by"].startswith("won on fgd")
+    entry = out["placed"]["pods"][0]
+    assert entry["decided_by"].startswith("won on fgd against a: score")  # FGD's score decided, not free CPU
+    assert chosen["fgd_score"] > entry["alternatives"][0]["fgd_score"]
 
 
 def test_a_spread_placement_is_not_replaced_fgd_first(monkeypatch, scored) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from kai_opt.config import Strategy
 from kai_opt.explain.context import Context, apply_plan, node_domain
 from kai_opt.explain.scores import Ranking, device_choice, node_entry, rank_nodes, terms
 from kai_opt.formulation.objective import TIERS, Objective
@@ -116,6 +117,9 @@ def _decided_by(placer: Placer, p: int, rk: Ranking, i: int) -> str:
             return f"{verdict} on {t.replace('_', ' ')} against {other_name} ({a} vs {b})"
     if rk.fine[i] != rk.fine[j]:
         verdict = "won" if rk.fine[i] > rk.fine[j] else "lost"
+        if rk.strategy == Strategy.fgd.value:
+            return (f"{verdict} on fgd against {other_name}: score {rk.fine[i]:.3g} vs {rk.fine[j]:.3g} (higher: less "
+                    "growth of GPU fragmentation and CPU/GPU imbalance)")
         unit = "GPUs" if rk.main == "gpu" else "CPU cores"
         return (f"{verdict} on {rk.strategy} against {other_name}: {rk.free[i]:g} vs {rk.free[j]:g} {unit} free "
                 "now")

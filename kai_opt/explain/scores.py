@@ -90,10 +90,20 @@ def terms(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, int]:
 def node_entry(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, object]:
     st = placer.sess.state
     unit = "GPUs" if rk.main == "gpu" else "CPU cores"
-    return {"node": st.node_names[int(rk.nodes[i])], "rank": i + 1, "fits": "now" if rk.now[i] else
-            "after releases", "tier": int(rk.tier[i]), "terms": terms(placer, p, rk, i),
-            "strategy": rk.strategy, f"free_{rk.main}": _r(rk.free[i]),
-            "packing": f"{rk.strategy}: {_r(rk.free[i])} {unit} free now ({_WINS[rk.strategy]})"}
+    out: dict[str, object] = {
+        "node": st.node_names[int(rk.nodes[i])], "rank": i + 1, "fits": "now" if rk.now[i] else "after releases",
+        "tier": int(rk.tier[i]), "terms": terms(placer, p, rk, i), "strategy": rk.strategy,
+        f"free_{rk.main}": _r(rk.free[i]),
+        "packing": f"{rk.strategy}: {_r(rk.free[i])} {unit} free now ({_WINS[rk.strategy]})"}
+    if rk.strategy == Strategy.fgd.value:  # what FGD scoring ranks by (free amounts do not decide there)
+        out["fgd_score"] = _r(rk.fine[i])
+        out["packing"] = f"fgd: score {_r(rk.fine[i])} ({FGD_SCORE}); {_r(rk.free[i])} {unit} free now"
+    return out
+
+
+# how Placer.scores folds FGD's keys into one number, as explain reports it
+FGD_SCORE = ("FGD's score of the growth of the node's expected GPU fragmentation and CPU/GPU imbalance: 50 for no "
+             "growth, lower the more it grows, higher wins; its fraction is the tie rule")
 
 
 _WINS = {Strategy.binpack.value: "fewest free wins", Strategy.spread.value: "most free wins",
