@@ -90,25 +90,26 @@ def terms(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, int]:
 def node_entry(placer: Placer, p: int, rk: Ranking, i: int) -> dict[str, object]:
     st = placer.sess.state
     unit = "GPUs" if rk.main == "gpu" else "CPU cores"
+    free = f"{_r(rk.free[i])} {unit} free now"
+    fgd = rk.strategy == Strategy.fgd.value  # FGD scoring ranks by its score, not by the free amount
     out: dict[str, object] = {
         "node": st.node_names[int(rk.nodes[i])], "rank": i + 1, "fits": "now" if rk.now[i] else "after releases",
         "tier": int(rk.tier[i]), "terms": terms(placer, p, rk, i), "strategy": rk.strategy,
         f"free_{rk.main}": _r(rk.free[i]),
-        "packing": f"{rk.strategy}: {_r(rk.free[i])} {unit} free now ({_WINS[rk.strategy]})"}
-    if rk.strategy == Strategy.fgd.value:  # what FGD scoring ranks by (free amounts do not decide there)
+        "packing": f"fgd: score {_r(rk.fine[i])} ({FGD_SCORE}); {free}" if fgd
+        else f"{rk.strategy}: {free} ({_WINS[rk.strategy]})"}
+    if fgd:
         out["fgd_score"] = _r(rk.fine[i])
-        out["packing"] = f"fgd: score {_r(rk.fine[i])} ({FGD_SCORE}); {_r(rk.free[i])} {unit} free now"
     return out
 
 
 # how Placer.scores folds FGD's keys into one number, as explain reports it
 FGD_SCORE = ("FGD's score of the growth of the node's expected GPU fragmentation and CPU/GPU imbalance: 50 for no "
-             "growth, lower the more it grows, higher wins; its fraction is the tie rule")
+             "growth, lower the more it grows, higher wins (a GPU share: least growth of its device's fill cost "
+             "first); its fraction is the tie rule")
 
 
-_WINS = {Strategy.binpack.value: "fewest free wins", Strategy.spread.value: "most free wins",
-         Strategy.fgd.value: "least growth of GPU fragmentation and CPU/GPU imbalance wins (a GPU share: least "
-                             "growth of its device's fill cost first)"}
+_WINS = {Strategy.binpack.value: "fewest free wins", Strategy.spread.value: "most free wins"}
 
 
 def device_choice(placer: Placer, p: int, n: int, devices: tuple[int, ...], strategy: str) -> dict[str, object]:

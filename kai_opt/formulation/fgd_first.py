@@ -40,8 +40,7 @@ def fits_with_room(state: ClusterState) -> bool:
     nodes have free once releases finish and pipelined pods land: enough room to spare that a greedy plan is
     likely to place them all (the FGD-scored plan computed first is then likely kept)."""
     demand = state.pod_req[placeable(state)].sum(axis=0)
-    ok = state.node_ok
-    free = state.node_alloc[ok] - state.node_used[ok] + state.node_releasing[ok] - state.node_pipelined[ok]
+    free = (state.node_alloc - state.node_used + state.node_releasing - state.node_pipelined)[state.node_ok]
     return bool((demand <= ROOM_SHARE * np.maximum(free, 0).sum(axis=0)).all())
 
 
