@@ -140,3 +140,23 @@ def test_a_spread_placement_is_not_replaced_fgd_first(monkeypatch, scored) -> No
     plan, _ = run_cycle(st, config, engine=Engine.cpsat)
     assert scored[0] == ("allocate", Strategy.spread.value)
     assert "computed first" not in (plan.solver.note or "")
+
+
+def test_a_fallback_to_the_fgd_scored_plan_is_explained_with_fgd_scoring() -> None:
+    # the model started from the FGD-scored plan and failed: the plan is that greedy plan, FALLBACK_GREEDY, hint fgd
+    from kai_opt.explain import explain
+    from kai_opt.fairshare import compute_fair_share
+    from kai_opt.plan import SolverInfo
+
+    st = state(_stranding_objects())
+    plan = second_hint.compute(st, compute_fair_share(st), _config(), None)
+    assert plan is not None
+    plan.engine = "cpsat"
+    for status, fgd in (("FALLBACK_GREEDY", True), ("GREEDY_KEPT", True), ("FEASIBLE", False), ("OPTIMAL", False)):
+        plan.solver = SolverInfo(status=status, hint="fgd")
+        assert second_hint.is_fgd_scored(plan) is fgd
+    plan.solver = SolverInfo(status="FALLBACK_GREEDY", hint="fgd")
+    chosen = explain(st, _config(), pod="default/c-0", plan=plan)["placed"]["pods"][0]["chosen"]
+    assert chosen["node"] == "b" and chosen["rank"] == 1 and chosen["strategy"] == "fgd"
+    plan.solver = SolverInfo(status="FALLBACK_GREEDY", hint="kai")  # the KAI-scored plan keeps bin-pack's ranking
+    assert explain(st, _config(), pod="default/c-0", plan=plan)["placed"]["pods"][0]["chosen"]["strategy"] == "binpack"

@@ -30,7 +30,7 @@ from kai_opt.explain.pending import explain_pending
 from kai_opt.explain.placed import explain_placed
 from kai_opt.explain.queue import explain_queue
 from kai_opt.fairshare import FairShare, compute_fair_share
-from kai_opt.formulation.second_hint import fgd_config
+from kai_opt.formulation.second_hint import fgd_config, is_fgd_scored
 from kai_opt.heuristics.positions import queue_positions
 from kai_opt.plan import Plan
 from kai_opt.state import ClusterState, PodStatus
@@ -45,8 +45,7 @@ def make_context(state: ClusterState, config: Config, *, plan: Plan | None = Non
     cycle's actions, as `run_cycle` takes them)."""
     if plan is None:
         plan, fs = run_cycle(state, config, engine=engine, actions=actions)
-    if plan.solver.hint == "fgd" and plan.solver.status == "GREEDY_KEPT":
-        # the plan is the FGD-scored greedy plan as computed: its nodes are ranked as that plan's placer ranked them
+    if is_fgd_scored(plan):  # its nodes are ranked as that plan's placer ranked them
         config = fgd_config(config)
     return Context(state, config, plan, fs if fs is not None else compute_fair_share(state))
 

@@ -41,6 +41,12 @@ def fgd_config(config: Config) -> Config:
     return config.model_copy(update={"placement": Placement(gpu=Strategy.fgd, cpu=Strategy.fgd)})
 
 
+def is_fgd_scored(plan: Plan) -> bool:
+    """Whether `plan` is the FGD-scored greedy plan as computed: it carries hint fgd and is not the model's own plan
+    (OPTIMAL or FEASIBLE, a model that started from it); kept (GREEDY_KEPT) or a fallback (FALLBACK_GREEDY)."""
+    return plan.solver.hint == "fgd" and plan.solver.status not in ("OPTIMAL", "FEASIBLE")
+
+
 def wanted(config: Config, actions: tuple[str, ...] | None) -> bool:
     """Whether this cycle computes a second hint: the option is on, the cycle places (allocate), and the first
     greedy plan is not FGD-scored already."""
