@@ -1,6 +1,7 @@
 """The victim search's per-scenario precheck (victims._each_task_fits_somewhere): a scenario in which some task pod
-fits no node of its signature even with every victim so far evicted is skipped before KAI's scenario simulation and
-the placement attempt. It must be a necessary condition of that placement, so skipping changes no plan."""
+fits no node of its signature, or (a required topology level) no domain the group may use could hold its tasks, even
+with every victim so far evicted is skipped before KAI's scenario simulation and the placement attempt. It must be a
+necessary condition of that placement, so skipping changes no plan."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from kai_opt.heuristics.gang import GangPlacer
 from kai_opt.heuristics.session import Session
 from kai_opt.state import build_state
 
-INSTANCES = ["openb:30:0", "openb:30:2", "openb:200:0", "fractions:30:0", "contention:30:1", "gangs:200:2"]
+INSTANCES = ["openb:30:0", "openb:30:2", "openb:200:0", "fractions:30:0", "contention:30:1", "gangs:200:2",
+             "topology:100:0", "topology:200:2"]
 
 
 def _state(instance: str) -> Any:
@@ -50,8 +52,8 @@ def test_a_skipped_scenario_could_not_have_placed(instance: str, monkeypatch: py
 
     monkeypatch.setattr(victims, "_each_task_fits_somewhere", checked)
     run_cycle(_state(instance), Config(), engine=Engine.greedy)
-    if instance.startswith("openb"):
-        assert seen["skipped"] > 0  # (the family whose searches it prunes)
+    if instance.startswith(("openb", "topology")):
+        assert seen["skipped"] > 0  # (the families whose searches it prunes: by node fit, by domain)
 
 
 @pytest.mark.parametrize("instance", INSTANCES)

@@ -1141,7 +1141,7 @@ def _each_task_fits_somewhere(sess: Session, gang: GangPlacer, tasks: list[int])
         _now, future = placer.fit(p, np.flatnonzero(placer.static_mask(shape[0])))
         if not future.any():
             return False
-    return True
+    return gang.some_domain_may_hold(int(st.pod_pg[tasks[0]]), tasks)
 
 
 def _evict_chunk(sess: Session, chunk: list[int], reason: str, g: int, feasible: np.ndarray,
