@@ -12,6 +12,9 @@ watch (field selector spec.nodeName!=) timestamps every binding. Reported per ru
   create pods/s how fast this client created the pods (an upper bound of e2e on this machine)
   cpu ms/pod    CPU time of the scheduler process and its reaped children per bound pod (robust when the
                 machine is shared)
+  cluster ms/pod  CPU time of kube-apiserver and etcd per bound pod over the run (stream: from the first create;
+                backlog: from the scheduler's start): the pods' creation, the same in every run, plus what the
+                scheduler's requests and watches cost the cluster; this client's own CPU is in the JSON
 The 1-minute load average before and after each run is in the JSON (`extra`) and the log.
 
 Workloads: `single` = `--pods` one-pod workloads (1 GPU each); kube-scheduler gets plain pods, kai-opt the same
@@ -51,7 +54,7 @@ import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from kai_opt.k8s.client import object_path, request  # noqa: E402
+from kai_opt.k8s.client import object_path, request, stream_lines  # noqa: E402
 from tests.e2e.testcluster import LocalCluster, Process, find_testbin  # noqa: E402
 
 SCHEDULER_PERF_THRESHOLD = 680.0  # pods/s, SchedulingBasic/5000Nodes_10000Pods (performance-config.yaml)
@@ -280,6 +283,43 @@ def process_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def others_cpu_s(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far of what shares the machine with the scheduler: the apiserver, etcd and this client
+    (creating pods, watching bindings). Their growth over a run is what the scheduler's requests and watches cost
+    the cluster, and what pod creation had to share the cores with."""
+    out = {"client": sum(os.times()[:2])}
+    for proc in cluster.processes:
+        key = "apiserver" if "apiserver" in proc.name else "etcd" if "etcd" in proc.name else None
+        if key is not None:
+            out[key] = out.get(key, 0.0) + process_cpu_s(proc.pid)
+    return out
+
+
+def served(api: client.ApiClient) -> dict[str, int]:
+    """The apiserver's counts so far (its /metrics) of writes per verb and resource (`POST pods/binding`) and of
+    watch events sent per kind (`watch Pod`): over a run, what the scheduler asked of it beside the client's pod
+    creation (the same in every run)."""
+    try:
+        lines = [raw.decode() for raw in stream_lines(api, "/metrics", timeout=30)]
+    except Exception:  # a count the apiserver does not give is left out; the run goes on
+        return {}
+    out: dict[str, int] = {}
+    for line in lines:
+        if line.startswith(("apiserver_request_total{", "apiserver_watch_events_total{")):
+            labels, _, value = line.rpartition(" ")
+            kv = dict(part.split("=", 1) for part in labels[labels.index("{") + 1:-1].split(",") if "=" in part)
+            kv = {k: v.strip('"') for k, v in kv.items()}
+            if line.startswith("apiserver_watch"):
+                key = f"watch {kv.get('kind') or kv.get('resource') or '?'}"
+            elif kv.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
+                sub = f"/{kv['subresource']}" if kv.get("subresource") else ""
+                key = f"{kv['verb']} {kv.get('resource', '?')}{sub}"
+            else:
+                continue
+            out[key] = out.get(key, 0) + int(float(value))
+    return out
+
+
 def per_second_mean(times: list[float]) -> float:
     """scheduler_perf's SchedulingThroughput average: bindings per whole second from the first to the last."""
     if len(times) < 2:
@@ -351,6 +391,7 @@ def run_one(sched: Scheduler, workload: str, args: argparse.Namespace, bin_dir: 
         if args.mode == "backlog":  # every pod exists before the scheduler starts; the clock starts with it
             c0, c1 = create_all(api, pods, args.create_workers, pod_path)
             log(f"{sched.name}/{workload}: {n_pods} pods created in {c1 - c0:.1f}s (before the clock starts)")
+        others0, served0 = others_cpu_s(cluster), served(api)
         watch = BindWatch(api, current_rv(api))
         load_before = os.getloadavg()[0]
         proc = sched.start(cluster, work)
@@ -363,6 +404,7 @@ def run_one(sched: Scheduler, workload: str, args: argparse.Namespace, bin_dir: 
                                 if proc.running() else f"{sched.name} exited: {proc.log_tail(5)}")
                     return res
                 log(f"{sched.name}/{workload}: warm-up pod bound {time.monotonic() - t0:.1f}s after start")
+                others0, served0 = others_cpu_s(cluster), served(api)
                 c0, c1 = create_all(api, pods, args.create_workers, pod_path)
                 log(f"{sched.name}/{workload}: {n_pods} pods created in {c1 - c0:.1f}s")
                 t0 = c0
@@ -379,6 +421,10 @@ def run_one(sched: Scheduler, workload: str, args: argparse.Namespace, bin_dir: 
             res.create_pods_per_s = n_pods / max(c1 - c0, 1e-9)
             res.extra = {"scheduler_cpu_s": round(process_cpu_s(proc.pid), 2),
                          "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2)}
+            res.extra.update({f"{k}_cpu_s": round(v - others0[k], 2) for k, v in others_cpu_s(cluster).items()})
+            res.extra["served"] = {k: v - served0.get(k, 0) for k, v in served(api).items()
+                                   if v - served0.get(k, 0) > 0}
+            log(f"{sched.name}/{workload}: apiserver writes and watch events over the run: {res.extra['served']}")
             if times:
                 res.seconds_to_all_bound = max(times) - t0
                 res.e2e_pods_per_s = len(times) / max(max(times) - t0, 1e-9)
@@ -423,15 +469,18 @@ def plan_runs(args: argparse.Namespace, bin_dir: Path) -> list[tuple[Scheduler, 
 def table(results: list[Result], args: argparse.Namespace) -> str:
     base = next((r for r in results if r.run == "kube-scheduler" and r.ok), None)  # same mode: one per call
     head = ["run", "workload", "mode", "nodes", "pods", "e2e pods/s", "bind pods/s", "create pods/s", "all bound (s)",
-            "cpu ms/pod", "e2e vs kube-sched", "bind vs kube-sched", "vs 680 threshold (bind)", "note"]
+            "cpu ms/pod", "cluster ms/pod", "e2e vs kube-sched", "bind vs kube-sched", "vs 680 threshold (bind)",
+            "note"]
     rows = []
     for r in results:
         ratio_e2e = f"{r.e2e_pods_per_s / base.e2e_pods_per_s:.2f}" if base and r.ok else "-"
         ratio_bind = f"{r.bind_pods_per_s / base.bind_pods_per_s:.2f}" if base and r.ok else "-"
         cpu = f"{1000 * r.extra['scheduler_cpu_s'] / r.bound:.1f}" if r.bound and "scheduler_cpu_s" in r.extra else "-"
+        cluster_cpu = f"{1000 * (r.extra['apiserver_cpu_s'] + r.extra.get('etcd_cpu_s', 0.0)) / r.bound:.1f}" \
+            if r.bound and "apiserver_cpu_s" in r.extra else "-"
         rows.append([r.run, r.workload, r.mode, str(r.nodes), str(r.pods), f"{r.e2e_pods_per_s:.0f}",
                      f"{r.bind_pods_per_s:.0f}", f"{r.create_pods_per_s:.0f}",
-                     f"{r.seconds_to_all_bound:.1f}", cpu, ratio_e2e, ratio_bind,
+                     f"{r.seconds_to_all_bound:.1f}", cpu, cluster_cpu, ratio_e2e, ratio_bind,
                      f"{r.bind_pods_per_s / SCHEDULER_PERF_THRESHOLD:.2f}", r.note or ("ok" if r.ok else "FAILED")])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
