@@ -1,12 +1,14 @@
 """What a cycle tells the cluster besides binds and evictions: PodGroup status, Queue status, and Events.
 
-PodGroup status (as KAI-Scheduler writes it): `phase` (Pending | Running | Succeeded | Failed), pod counts
-(`running` = bound and not finished, `pending`, `succeeded`, `failed`) and `schedulingConditions`: while the plan
-leaves the group pending, one entry `{type: UnschedulableOnNodePool, nodePool, status: "True", reason, message,
-reasons: [{reason, message}], transitionID, lastTransitionTime}` built verbatim from the plan's `Reason`s (`reason`
-= the first code, `message` = the messages joined by "; "); `transitionID` counts up from the last entry's, and
-an unchanged entry keeps its ID and time. The entry is removed once no pod of the group is pending. A PodGroup the
-snapshot rejected (malformed) gets the same entry with the snapshot's issue as reason and message.
+PodGroup status: `phase` (Pending | Running | Succeeded | Failed) and pod counts (`running` = bound and not
+finished, `pending`, `succeeded`, `failed`), fields of KAI's PodGroup CRD that KAI-Scheduler (72de64f) itself leaves
+unset (its podgroup-controller writes `resourcesStatus` instead), and `schedulingConditions` as KAI's scheduler
+writes them: while the plan leaves the group pending, one entry `{type: UnschedulableOnNodePool, nodePool, status:
+"True", reason, message, reasons: [{reason, message}], transitionID, lastTransitionTime}` built verbatim from the
+plan's `Reason`s (`reason` = the first code, `message` = the messages joined by "; "); `transitionID` counts up
+from the last entry's, and an unchanged entry keeps its ID and time. The entry is removed once no pod of the
+group is pending. A PodGroup the snapshot rejected (malformed) gets the same entry with the snapshot's issue as
+reason and message.
 
 Queue status: `allocated`, `allocatedNonPreemptible` and `requested` (resource lists: nvidia.com/gpu in devices,
 cpu, memory in bytes; subtree sums at the start of the cycle), `childQueues`, and a `Valid` condition
