@@ -297,7 +297,7 @@ def others_cpu_s(cluster: LocalCluster) -> dict[str, float]:
 
 def served(api: client.ApiClient) -> dict[str, int]:
     """The apiserver's counts so far (its /metrics) of writes per verb and resource (`POST pods/binding`) and of
-    watch events sent per kind (`watch Pod`): over a run, what the scheduler asked of it beside the client's pod
+    watch events sent per resource (`watch pods`): over a run, what the scheduler asked of it beside the client's pod
     creation (the same in every run)."""
     try:
         lines = [raw.decode() for raw in stream_lines(api, "/metrics", timeout=30)]

@@ -1125,11 +1125,12 @@ class _Simulation:
 
 
 def _each_task_fits_somewhere(sess: Session, gang: GangPlacer, tasks: list[int]) -> bool:
-    """Whether every task pod fits, on its own, some node its signature allows once releases finish, with every
-    victim of the scenario evicted. A necessary condition of the scenario's placement: the gang placer puts each
-    pod on such a node that fits it, and the victims the simulation gives back only take room again, so when it
-    fails the scenario fails whatever the simulation (the costly part of a reclaim scenario) would return. Each
-    pod shape is judged once, from the placer's kept verdicts (NodeFilter.fit_memo)."""
+    """Whether every task pod fits, on its own, some node its signature allows once releases finish, and (a group
+    with a required topology level) some domain the group may use could hold all of them, with every victim of the
+    scenario evicted. A necessary condition of the scenario's placement: the gang placer puts each pod on such a
+    node that fits it, all inside one such domain, and the victims the simulation gives back only take room again,
+    so when it fails the scenario fails whatever the simulation (the costly part of a reclaim scenario) would
+    return. Each pod shape is judged once, from the placer's kept verdicts (NodeFilter.fit_memo)."""
     st, placer = sess.state, gang.placer
     seen: set[tuple[object, ...]] = set()
     for p in tasks:
