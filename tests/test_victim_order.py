@@ -165,3 +165,21 @@ def test_whole_devices_without_a_subset_read_from_its_superset(objs: list, rnd) 
     subsets += [every[sess.state.pg_queue[every] != q] for q in queues[:3]]
     for gs in subsets:
         assert np.array_equal(_whole_without(sess, gs, every), _whole_without(sess, gs))
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
+def test_job_keys_at_once_equal_one_by_one(objs: list, rnd) -> None:
+    # the scenario simulation reads every victim job's key at once (JobQueue.job_keys); with some pods evicted
+    # (a victim's elastic state changes) they must be the keys job_key gives one group at a time
+    from kai_opt.heuristics.jobs import JobQueue
+
+    sess = _session(objs)
+    st_ = sess.state
+    running = [p for p in range(st_.n_pods) if sess.status[p] == PodStatus.BOUND and st_.pod_pg[p] >= 0]
+    gone = [p for p in running if rnd.random() < 0.4]
+    if gone:
+        sess.evict_many(gone, "reclaimed", -1)
+    groups = [g for g in range(st_.n_groups) if rnd.random() < 0.7]
+    probe = JobQueue(sess, [])
+    assert probe.job_keys(groups) == [probe.job_key(g) for g in groups]

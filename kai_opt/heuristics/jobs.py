@@ -14,7 +14,7 @@ import numpy as np
 
 from kai_opt.fairshare.order import QueueOrder
 from kai_opt.heuristics.session import Session
-from kai_opt.heuristics.tasks import elastic_state, tasks_to_allocate
+from kai_opt.heuristics.tasks import elastic_state, elastic_states, tasks_to_allocate
 
 
 class JobQueue:
@@ -42,9 +42,15 @@ class JobQueue:
 
     def job_key(self, g: int) -> tuple[Any, ...]:
         st = self.sess.state
-        created = st.pg_creation[g]
-        return (-int(st.pg_priority[g]), elastic_state(self.sess, g),
-                created if not math.isnan(created) else math.inf, st.pg_keys[g])
+        return _job_key(int(st.pg_priority[g]), elastic_state(self.sess, g), float(st.pg_creation[g]), st.pg_keys[g])
+
+    def job_keys(self, groups: list[int]) -> list[tuple[Any, ...]]:
+        """job_key of each of `groups` (one pass over their pods)."""
+        st = self.sess.state
+        arr = np.asarray(groups, dtype=np.int64)
+        return [_job_key(*row) for row in zip(st.pg_priority[arr].tolist(), elastic_states(self.sess, arr),
+                                              st.pg_creation[arr].tolist(), [st.pg_keys[g] for g in groups],
+                                              strict=True)]
 
     def push(self, g: int) -> None:
         q = int(self.sess.state.pg_queue[g])
@@ -125,3 +131,9 @@ class JobQueue:
             self.count[a] -= 1
         self._dirty_above(q)
         return g
+
+
+def _job_key(priority: int, elastic: int, created: float, name: str) -> tuple[Any, ...]:
+    """Within a leaf queue: higher priority, then elastic state (below, at, above minMember), then older (unknown
+    creation last), then name."""
+    return (-priority, elastic, created if not math.isnan(created) else math.inf, name)

@@ -15,6 +15,7 @@ import numpy as np
 
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.state import PodStatus
+from kai_opt.state.segments import concat_ranges
 
 
 @dataclass
@@ -129,5 +130,20 @@ def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None, *,
 def elastic_state(sess: Session, g: int) -> int:
     """0: below minMember, 1: exactly at it, 2: above (KAI's elastic job order)."""
     active = int(active_mask(sess, sess.state.group_pods(g)).sum())
-    m = int(sess.state.pg_min_member[g])
-    return 0 if active < m else (1 if active == m else 2)
+    return _elastic(active, int(sess.state.pg_min_member[g]))
+
+
+def elastic_states(sess: Session, groups: np.ndarray) -> list[int]:
+    """elastic_state of each of `groups`, from one pass over their pods' statuses."""
+    st = sess.state
+    starts = st.pg_pod_start[groups]
+    counts = st.pg_pod_start[groups + 1] - starts
+    index, _ = concat_ranges(starts, counts)
+    owner = np.repeat(np.arange(len(groups)), counts)
+    active = np.bincount(owner, weights=IS_ACTIVE[sess.status[st.pg_pods[index]]], minlength=len(groups))
+    return [_elastic(a, m) for a, m in zip(active.astype(np.int64).tolist(), st.pg_min_member[groups].tolist(),
+                                           strict=True)]
+
+
+def _elastic(active: int, min_member: int) -> int:
+    return 0 if active < min_member else (1 if active == min_member else 2)

@@ -909,6 +909,7 @@ class _Simulation:
             self.left_in[s] = n
         self.request: dict[int, np.ndarray] = {}  # victim job -> what the scenario evicted of it (when first read)
         self.mine: dict[int, list[tuple[tuple[Any, ...], int]]] = {}  # queue -> its victim jobs in job order
+        self.victim_keys: dict[int, tuple[Any, ...]] | None = None  # victim job -> its job key (_victim_keys)
         self.head_key: dict[int, tuple[int, tuple[Any, ...]]] = {}  # special queue -> (its head job, its key)
         self.alloc: dict[int, tuple[float, ...]] = {}  # special queue -> its allocation now
         self.best_of: dict[int, int] = {}  # special queue (-1: top level) -> its child that goes first
@@ -929,13 +930,21 @@ class _Simulation:
                     best = own[k]
         vs = self.mine.get(s)
         if vs is None and s in self.queued:
-            job_key = self.po.probe.job_key
-            vs = self.mine[s] = sorted((job_key(v), v) for v in self.queued[s])
+            keys = self._victim_keys()
+            vs = self.mine[s] = sorted((keys[v], v) for v in self.queued[s])
         if vs:
             k = self.victim_at.get(s, 0)
             if k < len(vs) and (best is None or vs[k] < best):
                 best = vs[k]
         return None if best is None else best[1]
+
+    def _victim_keys(self) -> dict[int, tuple[Any, ...]]:
+        """Every queued victim job's job key, made at once when the first is read (the victims' pods keep their
+        statuses throughout the simulation: victims that pop return to the ledger only, until its end)."""
+        if self.victim_keys is None:
+            victims = [v for vs in self.queued.values() for v in vs]
+            self.victim_keys = dict(zip(victims, self.po.probe.job_keys(victims), strict=True))
+        return self.victim_keys
 
     def head(self, s: int) -> tuple[int, tuple[Any, ...]]:
         """The special queue's head job and its key with that job at its head (remembered until it pops)."""
