@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.quantities import le, less_all, less_somewhere
+from kai_opt.fairshare.quantities import le, less_somewhere
 from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED, FairShare
 
 
@@ -51,15 +51,30 @@ class QueueOrder:
         # per queue, the share each resource's DRF divides by (an unlimited share counts as the total)
         self._drf_share = [[t if s == UNLIMITED else s for t, s in zip(self.total, share, strict=True)]
                            for share in self.allocatable]
+        # per queue, the resources it has no allocatable share of (all that rule 4 reads)
+        self._no_share = [[r for r, s in enumerate(share) if s == 0] for share in self.allocatable]
 
     def key(self, q: int, job: np.ndarray) -> tuple[Any, ...]:
         """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
+        # rules 1, 2 and 4 as `less_all`, `le` and a zero share used, written out: a key is made for every queue
+        # a job order or a victim scenario's simulation compares
         alloc = self.ledger.allocated[q].tolist()
-        over = less_all(self.fair_share[q], alloc)
+        over = True
+        for f, a in zip(self.fair_share[q], alloc, strict=True):
+            if not f < a:
+                over = False
+                break
         with_job = [x + y for x, y in zip(alloc, job.tolist(), strict=True)]
-        starved = le(with_job, self.deserved[q])
-        share = self.allocatable[q]
-        zero = any(s == 0 and w > 0 for s, w in zip(share, with_job, strict=True))
+        starved = True
+        for w, e in zip(with_job, self.deserved[q], strict=True):
+            if (e != UNLIMITED) if w == UNLIMITED else (e != UNLIMITED and w > e):
+                starved = False
+                break
+        zero = False
+        for r in self._no_share[q]:
+            if with_job[r] > 0:
+                zero = True
+                break
         d = self._drf_share[q]
         return (over, not starved, -self.priority[q], zero, _drf(d, with_job), _drf(d, alloc))
 
