@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.quantities import le, less_somewhere
+from kai_opt.fairshare.quantities import le, less_all, less_somewhere
 from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED, FairShare
 
 
@@ -56,21 +56,11 @@ class QueueOrder:
 
     def key(self, q: int, job: np.ndarray) -> tuple[Any, ...]:
         """Rules 1-6 for queue q with its next job, as a key: the smaller key goes first."""
-        # rules 1, 2 and 4 as `less_all`, `le` and a zero share used, written out: a key is made for every queue
-        # a job order or a victim scenario's simulation compares
         alloc = self.ledger.allocated[q].tolist()
-        over = True
-        for f, a in zip(self.fair_share[q], alloc, strict=True):
-            if not f < a:
-                over = False
-                break
+        over = less_all(self.fair_share[q], alloc)
         with_job = [x + y for x, y in zip(alloc, job.tolist(), strict=True)]
-        starved = True
-        for w, e in zip(with_job, self.deserved[q], strict=True):
-            if (e != UNLIMITED) if w == UNLIMITED else (e != UNLIMITED and w > e):
-                starved = False
-                break
-        zero = False
+        starved = le(with_job, self.deserved[q])
+        zero = False  # rule 4 reads only the resources q has no allocatable share of
         for r in self._no_share[q]:
             if with_job[r] > 0:
                 zero = True

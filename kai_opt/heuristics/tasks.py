@@ -133,16 +133,22 @@ def elastic_state(sess: Session, g: int) -> int:
     return _elastic(active, int(sess.state.pg_min_member[g]))
 
 
-def elastic_states(sess: Session, groups: np.ndarray) -> list[int]:
-    """elastic_state of each of `groups`, from one pass over their pods' statuses."""
+def active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
+    """int64[len(groups)]: pods of each group bound, pipelined or placed in this cycle, from one pass over their
+    pods' statuses."""
     st = sess.state
     starts = st.pg_pod_start[groups]
     counts = st.pg_pod_start[groups + 1] - starts
     index, _ = concat_ranges(starts, counts)
     owner = np.repeat(np.arange(len(groups)), counts)
     active = np.bincount(owner, weights=IS_ACTIVE[sess.status[st.pg_pods[index]]], minlength=len(groups))
-    return [_elastic(a, m) for a, m in zip(active.astype(np.int64).tolist(), st.pg_min_member[groups].tolist(),
-                                           strict=True)]
+    return active.astype(np.int64)
+
+
+def elastic_states(sess: Session, groups: np.ndarray) -> list[int]:
+    """elastic_state of each of `groups` (active_counts)."""
+    return [_elastic(a, m) for a, m in zip(active_counts(sess, groups).tolist(),
+                                           sess.state.pg_min_member[groups].tolist(), strict=True)]
 
 
 def _elastic(active: int, min_member: int) -> int:

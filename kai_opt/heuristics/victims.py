@@ -26,7 +26,7 @@ from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le, less_all
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
-from kai_opt.heuristics.tasks import active_mask
+from kai_opt.heuristics.tasks import active_counts, active_mask
 from kai_opt.state import R_GPU, PodStatus
 from kai_opt.state.segments import concat_ranges
 
@@ -1205,7 +1205,7 @@ def _keep_unneeded(sess: Session, evicted: list[list[int]], still_ok: Callable[[
     st = sess.state
     chunk_group = st.pod_pg[np.fromiter((c[0] for c in evicted), dtype=np.int64, count=len(evicted))].tolist()
     groups = np.unique(chunk_group)
-    active = dict(zip(groups.tolist(), _active_counts(sess, groups).tolist(), strict=True))
+    active = dict(zip(groups.tolist(), active_counts(sess, groups).tolist(), strict=True))
     # most chunks' fate is known before the walk (_decided); the walk below judges the others, in the same order
     decided = _decided(sess, evicted, chunk_group, active, limited, still_ok) if limited is not None else {}
     if give_up is not None and decided and give_up(
@@ -1334,16 +1334,6 @@ def _blind(sess: Session, g: int, limited: set[int]) -> bool:
     """Whether still_ok cannot see group g's chunks going back: preemptible, in a queue below none of `limited`."""
     return bool(sess.state.pg_preemptible[g]) and not any(
         a in limited for a in sess.ledger.ancestors[int(sess.state.pg_queue[g])])
-
-
-def _active_counts(sess: Session, groups: np.ndarray) -> np.ndarray:
-    """int64[len(groups)]: pods of each group bound, pipelined or placed in this cycle (groups have pods)."""
-    st = sess.state
-    starts = st.pg_pod_start[groups]
-    counts = st.pg_pod_start[groups + 1] - starts
-    index, first = concat_ranges(starts, counts)
-    pods = st.pg_pods[index]
-    return np.add.reduceat(IS_ACTIVE[sess.status[pods]].astype(np.int64), first)
 
 
 def active_groups(sess: Session) -> list[int]:
