@@ -241,6 +241,9 @@ class Runtime(_Model):
                                       "= only while KAI-Scheduler is not installed (detected by its BindRequest "
                                       "CRD, bindrequests.scheduling.run.ai, looked for every "
                                       "absent_kind_recheck_s); KAI's queue controller owns Queue status then")
+    podgroup_counts: bool = Field(False, description="write PodGroup status.phase and the pod counts (running, "
+                                  "pending, succeeded, failed): kai-opt's own, KAI-Scheduler leaves them unset; one "
+                                  "more PodGroup write per group start and end (off: cleared where written before)")
     queue_position: bool = Field(True, description="annotate each pending PodGroup with its queue position "
                                  "(kai-opt.io/queue-position, -in-queue); a position change is a write per group")
     prebind_recheck: bool = Field(True, description="right before each bind, check the pod still fits its node in "

@@ -191,6 +191,12 @@ def test_podgroup_status_counts_and_phase() -> None:
     assert waiting["phase"] == "Pending" and len(waiting["schedulingConditions"]) == 1, "kept while placing"
     done = podgroup_status(obj, [p("a", phase="Succeeded"), p("b", phase="Succeeded")], None, "t")
     assert done["phase"] == "Succeeded" and done["succeeded"] == 2
+    quiet = podgroup_status(obj, [p("a", "n1", "Running"), p("b", "n1")], None, "t", with_counts=False)
+    assert quiet["schedulingConditions"] == running["schedulingConditions"], "conditions as with counts"
+    assert all(quiet[k] is None for k in status_mod.COUNT_FIELDS)
+    assert status_mod._changed({}, quiet) == {}, "nothing to write on a group without status"
+    assert status_mod._changed(running, quiet) == dict.fromkeys(status_mod.COUNT_FIELDS), \
+        "counts written before are cleared (a merge patch's null)"
 
 
 def test_queue_status_quantities_and_validity() -> None:

@@ -114,9 +114,9 @@ def _land(c: ClusterCache, writes: list[tuple[str, str]]) -> None:
         _modify(c, kind, parts[-1], json.loads(body))
 
 
-@pytest.mark.parametrize("with_positions", [True, False])
+@pytest.mark.parametrize(("with_positions", "counts"), [(True, True), (False, True), (True, False)])
 def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeypatch: pytest.MonkeyPatch,
-                                                                          with_positions: bool) -> None:
+                                                                          with_positions: bool, counts: bool) -> None:
     written: list[tuple[str, str]] = []
     monkeypatch.setattr(status_mod, "request",
                         lambda api, method, path, **kw: written.append((path, json.dumps(kw["body"], sort_keys=True))))
@@ -136,7 +136,8 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
 
     def writer() -> status_mod.StatusWriter:
         return status_mod.StatusWriter(None, cache, pool, TokenBucket(1000, 1000),  # type: ignore[arg-type]
-                                       EventRecorder(None, pool), resend_s=0.0)  # type: ignore[arg-type]
+                                       EventRecorder(None, pool), resend_s=0.0,  # type: ignore[arg-type]
+                                       counts=counts)
 
     memo = writer()
     full_passes = [0]
@@ -225,6 +226,8 @@ def test_a_memoized_writer_writes_what_a_fresh_writer_writes_every_cycle(monkeyp
     still()
     paths = {p for _what, writes in log for p, _body in writes}
     assert any("/queues/" in p for p in paths) and any(p.endswith("/podgroups/ra") for p in paths), paths
+    bodies = [json.loads(body) for _what, writes in log for _p, body in writes]
+    assert any("phase" in (body.get("status") or {}) for body in bodies) == counts, "phase and counts only when on"
     assert full_passes == [1], "after the first cycle only the groups whose inputs changed are looked at"
 
 

@@ -159,7 +159,8 @@ class Runner:
                                blocked_retry_s=rt.blocked_eviction_retry_s, **common)
         self.status = StatusWriter(api, self.cache, self.status_pool, self.limiter, self.recorder, fence=fence,
                                    busy=lambda: self.binder.pending() > 0 or self.evictor.pending() > 0,
-                                   defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues)
+                                   defer_max_s=STATUS_DEFER_MAX_S, write_queues=self._writes_queues,
+                                   counts=rt.podgroup_counts)
         self.kai = KaiDetector(api, rt.absent_kind_recheck_s)
         self.grouping = LiveGrouping(config.default_queue)  # the grouper's result, redone for what changed
         self.podgroup_sync = PodGroupSync()  # the PodGroups made to match it, compared where something changed

@@ -1,14 +1,16 @@
 """What a cycle tells the cluster besides binds and evictions: PodGroup status, Queue status, and Events.
 
-PodGroup status: `phase` (Pending | Running | Succeeded | Failed) and pod counts (`running` = bound and not
-finished, `pending`, `succeeded`, `failed`), fields of KAI's PodGroup CRD that KAI-Scheduler (72de64f) itself leaves
-unset (its podgroup-controller writes `resourcesStatus` instead), and `schedulingConditions` as KAI's scheduler
-writes them: while the plan leaves the group pending, one entry `{type: UnschedulableOnNodePool, nodePool, status:
-"True", reason, message, reasons: [{reason, message}], transitionID, lastTransitionTime}` built verbatim from the
-plan's `Reason`s (`reason` = the first code, `message` = the messages joined by "; "); `transitionID` counts up
-from the last entry's, and an unchanged entry keeps its ID and time. The entry is removed once no pod of the
-group is pending. A PodGroup the snapshot rejected (malformed) gets the same entry with the snapshot's issue as
-reason and message.
+PodGroup status: `schedulingConditions` as KAI's scheduler writes them, and, only with config
+`runtime.podgroup_counts`, `phase` (Pending | Running | Succeeded | Failed) and pod counts (`running` = bound and
+not finished, `pending`, `succeeded`, `failed`): fields of KAI's PodGroup CRD that KAI-Scheduler (72de64f) itself
+leaves unset (its podgroup-controller writes `resourcesStatus` instead), off by default because keeping them
+current is one more PodGroup write per group start and end (with the option off, counts a kai-opt with it on
+wrote are cleared: every group is looked at in the first cycle). The conditions: while the plan leaves the group
+pending, one entry `{type: UnschedulableOnNodePool, nodePool, status: "True", reason, message, reasons: [{reason,
+message}], transitionID, lastTransitionTime}` built verbatim from the plan's `Reason`s (`reason` = the first
+code, `message` = the messages joined by "; "); `transitionID` counts up from the last entry's, and an unchanged
+entry keeps its ID and time. The entry is removed once no pod of the group is pending. A PodGroup the snapshot
+rejected (malformed) gets the same entry with the snapshot's issue as reason and message.
 
 Queue status: `allocated`, `allocatedNonPreemptible` and `requested` (resource lists: nvidia.com/gpu in devices,
 cpu, memory in bytes; subtree sums at the start of the cycle), `childQueues`, and a `Valid` condition
@@ -131,9 +133,13 @@ def merge_scheduling_conditions(existing: list[dict[str, Any]], new: dict[str, A
     return [*others, {**new, "transitionID": str(last_id + 1), "lastTransitionTime": now}]
 
 
+COUNT_FIELDS = ("phase", "running", "pending", "succeeded", "failed")
+
+
 def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] | None,
-                    now: str) -> dict[str, Any]:
-    """The status fields kai-opt owns for one PodGroup object: phase, counts, schedulingConditions."""
+                    now: str, *, with_counts: bool = True) -> dict[str, Any]:
+    """The status fields kai-opt owns for one PodGroup object: schedulingConditions, and with `with_counts` phase and
+    pod counts; without, those fields are cleared (None: a merge patch removes them) so none is left stale."""
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     counts = pod_counts(pods)
@@ -146,6 +152,8 @@ def podgroup_status(obj: dict[str, Any], pods: list[Pod], reasons: list[Reason] 
         conds = merge_scheduling_conditions(existing, None, node_pool, now)
     else:
         conds = existing  # placed but not bound yet (pipelined, binding): keep what is there
+    if not with_counts:
+        return {**dict.fromkeys(COUNT_FIELDS), "schedulingConditions": conds}
     return {"phase": podgroup_phase(counts, min_member), **counts, "schedulingConditions": conds}
 
 
@@ -239,8 +247,10 @@ class StatusWriter:
     def __init__(self, api: Any, cache: ClusterCache, pool: WorkPool, limiter: TokenBucket,
                  recorder: EventRecorder, *, fence: Callable[[], bool] = lambda: True, resend_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, busy: Callable[[], bool] = lambda: False,
-                 defer_max_s: float = 0.0, write_queues: Callable[[], bool] = lambda: True) -> None:
+                 defer_max_s: float = 0.0, write_queues: Callable[[], bool] = lambda: True,
+                 counts: bool = True) -> None:
         self.api = api
+        self.counts = counts  # PodGroup phase and pod counts (config runtime.podgroup_counts)
         self.write_queues = write_queues
         # Status yields to binds and evictions: while `busy()` (they are queued or in flight) a write waits, up to
         # `defer_max_s`. The apiserver then serves the binds first, and the writes still queued meanwhile are
@@ -404,7 +414,7 @@ class StatusWriter:
                 look_again.add(key)  # the patch of these inputs is on its way: _submit would skip it again
                 continue
             meta = obj.get("metadata") or {}
-            desired = podgroup_status(obj, list(pods), reasons, now)
+            desired = podgroup_status(obj, list(pods), reasons, now, with_counts=self.counts)
             patch = _changed(obj.get("status") or {}, desired)
             if not patch:
                 in_sync[key] = inputs

@@ -147,8 +147,8 @@ def test_kai_podgroups_and_queues_keep_their_status_while_kai_opt_schedules_besi
         cfg = config(queue_status="auto" if mode.startswith("auto") else "never")
         with scheduler(fresh, cfg) as runner:
             wait_for("kai-opt's gang bound", lambda: len([n for n in bound(api) if n.startswith("g-")]) == 6)
-            wait_for("kai-opt's own status", lambda: get_podgroup(api, "g").get("status", {}).get("phase")
-                     == "Running")
+            wait_for("kai-opt's own annotation", lambda: (get_podgroup(api, "g")["metadata"].get("annotations")
+                                                          or {}).get("kai.scheduler/last-start-timestamp"))
             wait_for("kai-opt's own condition", lambda: get_podgroup(api, "huge").get("status", {}).get(
                 "schedulingConditions"))
             start = runner.cycles

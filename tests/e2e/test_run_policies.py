@@ -17,6 +17,7 @@ from .schedharness import (
     create,
     devices,
     events,
+    fast_config,
     fresh,
     get_podgroup,
     namespace,
@@ -45,7 +46,7 @@ def _team_a_fills_the_node(api: ApiClient) -> None:
 def test_reclaim_evicts_through_the_eviction_api_then_the_reclaimer_binds(fresh: LocalCluster) -> None:
     with fresh.api_client() as api, fresh.kwok():
         _team_a_fills_the_node(api)
-        with scheduler(fresh):
+        with scheduler(fresh, fast_config(podgroup_counts=True)):  # b's phase tells the reclaim is done
             wait_for("team a running", lambda: len(bound(api)) == 8
                      and all(p["status"].get("phase") == "Running" for p in pods(api).values()))
             create(api, [podgroup("b", 4, "qb"), *[pod(f"b{i}", gpus=1, group="b") for i in range(4)]])
