@@ -26,6 +26,7 @@ machines with the apiserver in-process); this machine runs apiserver, etcd, sche
 
   scripts/bench_throughput.py                                    # 5,000 nodes, 10,000 pods, every scheduler
   scripts/bench_throughput.py --nodes 200 --pods 1000 --gangs 20 --only kube-scheduler --json out.json
+  scripts/bench_throughput.py --only kube-scheduler --only kai-opt-greedy --only kai-opt-cpsat --rounds 3
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -267,6 +269,7 @@ class Result:
     bound: int = 0
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    round: int = 1  # with --rounds, which round of the interleaved runs
 
 
 def log(msg: str) -> None:
@@ -467,21 +470,50 @@ def plan_runs(args: argparse.Namespace, bin_dir: Path) -> list[tuple[Scheduler, 
 
 
 def table(results: list[Result], args: argparse.Namespace) -> str:
-    base = next((r for r in results if r.run == "kube-scheduler" and r.ok), None)  # same mode: one per call
-    head = ["run", "workload", "mode", "nodes", "pods", "e2e pods/s", "bind pods/s", "create pods/s", "all bound (s)",
-            "cpu ms/pod", "cluster ms/pod", "e2e vs kube-sched", "bind vs kube-sched", "vs 680 threshold (bind)",
-            "note"]
+    bases = {r.round: r for r in results if r.run == "kube-scheduler" and r.ok}  # per round (one mode per call)
+    head = ["round", "run", "workload", "mode", "nodes", "pods", "e2e pods/s", "bind pods/s", "create pods/s",
+            "all bound (s)", "cpu ms/pod", "cluster ms/pod", "e2e vs kube-sched", "bind vs kube-sched",
+            "vs 680 threshold (bind)", "note"]
     rows = []
     for r in results:
+        base = bases.get(r.round)
         ratio_e2e = f"{r.e2e_pods_per_s / base.e2e_pods_per_s:.2f}" if base and r.ok else "-"
         ratio_bind = f"{r.bind_pods_per_s / base.bind_pods_per_s:.2f}" if base and r.ok else "-"
         cpu = f"{1000 * r.extra['scheduler_cpu_s'] / r.bound:.1f}" if r.bound and "scheduler_cpu_s" in r.extra else "-"
         cluster_cpu = f"{1000 * (r.extra['apiserver_cpu_s'] + r.extra.get('etcd_cpu_s', 0.0)) / r.bound:.1f}" \
             if r.bound and "apiserver_cpu_s" in r.extra else "-"
-        rows.append([r.run, r.workload, r.mode, str(r.nodes), str(r.pods), f"{r.e2e_pods_per_s:.0f}",
+        rows.append([str(r.round), r.run, r.workload, r.mode, str(r.nodes), str(r.pods), f"{r.e2e_pods_per_s:.0f}",
                      f"{r.bind_pods_per_s:.0f}", f"{r.create_pods_per_s:.0f}",
                      f"{r.seconds_to_all_bound:.1f}", cpu, cluster_cpu, ratio_e2e, ratio_bind,
                      f"{r.bind_pods_per_s / SCHEDULER_PERF_THRESHOLD:.2f}", r.note or ("ok" if r.ok else "FAILED")])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    if len(bases) > 1:
+        lines += ["", summary(results, bases)]
+    return "\n".join(lines)
+
+
+def summary(results: list[Result], bases: dict[int, Result]) -> str:
+    """Per scheduler over the rounds: the median of its e2e rate and of its ratio to kube-scheduler in the same
+    round (the machine drifts between rounds; a ratio within one round does not), the ratios' range, and the
+    medians of its own and the cluster's CPU per pod."""
+    head = ["run", "rounds", "median e2e pods/s", "median e2e vs kube-sched", "range vs kube-sched",
+            "median cpu ms/pod", "median cluster ms/pod"]
+    rows = []
+    for name in dict.fromkeys(r.run for r in results):
+        mine = [r for r in results if r.run == name and r.ok and r.bound]
+        if not mine:
+            continue
+        ratios = [r.e2e_pods_per_s / bases[r.round].e2e_pods_per_s for r in mine if r.round in bases]
+        cpu = [1000 * r.extra["scheduler_cpu_s"] / r.bound for r in mine if "scheduler_cpu_s" in r.extra]
+        cluster = [1000 * (r.extra["apiserver_cpu_s"] + r.extra.get("etcd_cpu_s", 0.0)) / r.bound
+                   for r in mine if "apiserver_cpu_s" in r.extra]
+        rows.append([name, str(len(mine)), f"{statistics.median(r.e2e_pods_per_s for r in mine):.0f}",
+                     f"{statistics.median(ratios):.2f}" if ratios else "-",
+                     f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-",
+                     f"{statistics.median(cpu):.1f}" if cpu else "-",
+                     f"{statistics.median(cluster):.1f}" if cluster else "-"])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
@@ -510,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-timeout", type=float, default=300.0)
     ap.add_argument("--json", help="write the results as JSON to this file ('-': stdout, no table)")
     ap.add_argument("--keep", action="store_true", help="keep each cluster's work directory and logs")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every scheduler this many times, interleaved (round 1 of each, then round 2, ...); "
+                         "the table then also gives each one's medians, its ratio to kube-scheduler per round")
     args = ap.parse_args(argv)
 
     need_kube = not args.only or "kube-scheduler" in args.only
@@ -523,13 +558,15 @@ def main(argv: list[str] | None = None) -> int:
     find_testbin()
 
     results: list[Result] = []
-    for sched, workload in plan_runs(args, bin_dir):
+    for rnd, (sched, workload) in ((k, run) for k in range(1, max(args.rounds, 1) + 1)
+                                   for run in plan_runs(args, bin_dir)):
         if sched.name.startswith("kai-opt") and not kai_opt_available():
-            results.append(Result(sched.name, workload, args.mode, args.nodes, 0, ok=False,
+            results.append(Result(sched.name, workload, args.mode, args.nodes, 0, ok=False, round=rnd,
                                   note="kai_opt/cli/run.py does not exist yet: `kai-opt run` not available"))
             continue
-        log(f"== {sched.name} / {workload}: {args.nodes} nodes")
+        log(f"== round {rnd}: {sched.name} / {workload}: {args.nodes} nodes")
         results.append(run_one(sched, workload, args, bin_dir))
+        results[-1].round = rnd
         r = results[-1]
         log(f"== {sched.name} / {workload}: ok={r.ok} e2e {r.e2e_pods_per_s:.0f} pods/s, "
             f"bind {r.bind_pods_per_s:.0f} pods/s, load average {r.extra.get('load_1m_before', '-')} -> "
