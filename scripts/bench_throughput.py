@@ -486,11 +486,15 @@ def table(results: list[Result], args: argparse.Namespace) -> str:
                      f"{r.bind_pods_per_s:.0f}", f"{r.create_pods_per_s:.0f}",
                      f"{r.seconds_to_all_bound:.1f}", cpu, cluster_cpu, ratio_e2e, ratio_bind,
                      f"{r.bind_pods_per_s / SCHEDULER_PERF_THRESHOLD:.2f}", r.note or ("ok" if r.ok else "FAILED")])
+    text = columns(head, rows)
+    return text + "\n\n" + summary(results, bases) if len(bases) > 1 else text
+
+
+def columns(head: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table, each column as wide as its widest cell."""
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    if len(bases) > 1:
-        lines += ["", summary(results, bases)]
     return "\n".join(lines)
 
 
@@ -514,10 +518,7 @@ def summary(results: list[Result], bases: dict[int, Result]) -> str:
                      f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-",
                      f"{statistics.median(cpu):.1f}" if cpu else "-",
                      f"{statistics.median(cluster):.1f}" if cluster else "-"])
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
+    return columns(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
