@@ -4,7 +4,10 @@
 Each part runs one benchmark command as a subprocess and stores what it printed, with the command, the date and
 the machine's load, in docs/bench/<part>.md (plots next to it in docs/bench/); README.md's section between the
 `<!-- BENCHMARKS:start -->` and `<!-- BENCHMARKS:end -->` markers is then rebuilt from every stored part, so a
-part can be rerun alone without losing the others.
+part can be rerun alone without losing the others; but not once that section was edited by hand since the script
+last wrote it (later reruns recorded there with their commands and dates; the digest of what it wrote is kept in
+docs/bench/readme-section.sha256): those would be lost, so the script then leaves README.md as it is and says so
+(`--force` rebuilds it anyway).
 
   scripts/bench_report.py                       # every part (about an hour on the 2-core machine)
   scripts/bench_report.py --only quality,trace  # just these parts
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import re
 import shlex
@@ -29,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench"
 README = ROOT / "README.md"
 START, END = "<!-- BENCHMARKS:start -->", "<!-- BENCHMARKS:end -->"
+DIGEST_FILE = "readme-section.sha256"  # in OUT: the section as this script last wrote it
 
 
 @dataclass(frozen=True)
@@ -135,24 +140,51 @@ def _for_readme(name: str, text: str) -> str:
     return "\n".join(out)
 
 
-def rebuild_readme() -> None:
+def stored_section() -> str:
+    """README's Benchmarks section as the stored parts (docs/bench/<part>.md) give it."""
     parts = [_for_readme(p.name, (OUT / f"{p.name}.md").read_text().strip()) for p in PARTS
              if (OUT / f"{p.name}.md").exists()]
-    readme = README.read_text()
-    if START not in readme or END not in readme:
+    return "\n\n".join(parts) if parts else "(no benchmark has been run yet)"
+
+
+def readme_section() -> str:
+    """README's Benchmarks section as it is (between the markers)."""
+    m = re.search(re.escape(START) + "\n(.*?)\n" + re.escape(END), README.read_text(), flags=re.S)
+    if m is None:
         raise SystemExit(f"README.md lacks the {START} / {END} markers")
-    section = "\n\n".join(parts) if parts else "(no benchmark has been run yet)"
+    return m.group(1)
+
+
+def _digest(section: str) -> str:
+    return hashlib.sha256(section.encode()).hexdigest()
+
+
+def edited_by_hand() -> bool:
+    """Whether README's section differs from what this script last wrote there (its digest, kept in
+    docs/bench/readme-section.sha256): results recorded in it by hand, which a rebuild would drop."""
+    digest = OUT / DIGEST_FILE
+    return not digest.exists() or digest.read_text().strip() != _digest(readme_section())
+
+
+def rebuild_readme() -> None:
+    section = stored_section()
+    readme = README.read_text()
+    readme_section()  # the markers are there
     new = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: f"{START}\n{section}\n{END}", readme,
                  flags=re.S)
     README.write_text(new)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / DIGEST_FILE).write_text(_digest(section) + "\n")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated parts (default: all)")
     ap.add_argument("--readme-only", action="store_true", help="only rebuild the README section")
     ap.add_argument("--list", action="store_true", help="print the parts and their commands")
-    args = ap.parse_args()
+    ap.add_argument("--force", action="store_true",
+                    help="rebuild README's section from docs/bench/ even when it holds results added by hand")
+    args = ap.parse_args(argv)
     if args.list:
         for p in PARTS:
             print(f"{p.name:<11} {' '.join(p.command)}")
@@ -163,9 +195,21 @@ def main() -> int:
         print(f"bench_report: error: unknown part(s) {', '.join(unknown)}; parts: {', '.join(BY_NAME)}",
               file=sys.stderr)
         return 2
+    # README's section is rebuilt only while it is what this script last wrote: results recorded in it by hand
+    # would be lost (--force rebuilds anyway)
+    edited = edited_by_hand() and not args.force
+    if args.readme_only and edited:
+        print("bench_report: error: README.md's Benchmarks section was edited by hand since this script last wrote "
+              "it; not rebuilt (--force rebuilds it from docs/bench/ anyway)", file=sys.stderr)
+        return 2
     if not args.readme_only:
         for n in names:
             run_part(BY_NAME[n])
+    if edited:
+        print("bench_report: README.md not rebuilt: its Benchmarks section was edited by hand since this script "
+              f"last wrote it; the new results are in {OUT.relative_to(ROOT)}/<part>.md (--force rebuilds the "
+              "section from them)", file=sys.stderr)
+        return 0
     rebuild_readme()
     return 0
 
