@@ -3,28 +3,16 @@ it last wrote there: results recorded in it by hand are never silently dropped."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_report.py"
-
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 @pytest.fixture
 def report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    br = _module()
+    br = load_script("bench_report")
     out = tmp_path / "docs" / "bench"
     out.mkdir(parents=True)
     (out / "state.md").write_text("### Snapshot to cluster state\n\nold numbers\n")

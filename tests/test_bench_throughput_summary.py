@@ -4,24 +4,12 @@ summary gives the median of those ratios (the machine drifts between rounds)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_throughput.py"
-
-
-def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("bench_throughput", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
+from script_module import load_script
 
 
 def test_ratios_are_per_round_and_the_summary_takes_their_median() -> None:
-    bt = _module()
+    bt = load_script("bench_throughput")
 
     def res(run: str, rnd: int, rate: float) -> object:
         return bt.Result(run, "single", "stream", 10, 100, ok=True, e2e_pods_per_s=rate, bind_pods_per_s=rate,
