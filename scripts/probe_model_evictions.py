@@ -1,0 +1,591 @@
+#!/usr/bin/env python
+"""Probe (issue 16, item 3): can a CP-SAT model decide the 10,000-node cycle's evictions itself, over a bounded
+candidate set, instead of waiting for the greedy victim search (~17 s of the ~20 s cycle)?
+
+Not product code: measurements of two simplified formulations, kept so their numbers (docs/DESIGN-NOTES.md,
+"Model-decided evictions: what a probe measured") can be reproduced. On bench_greedy's scale instance (its cached
+state, built when absent) it runs allocate and consolidate on a session, then models the pending groups the reclaim
+rule admits (`can_reclaim`) and prints the model's size, build and solve times and what its best solution places
+and evicts, beside the greedy engine's own reclaim and preempt gains on the same state.
+
+`--form counts`: x[shape, node] pods of a pending shape on one of the shape's `--candidates` nodes with the most
+GPUs free or held by candidate victims (any active, preemptible, unprotected group of ours), y[group] placed whole,
+e[victim group] evicted; per node and resource placed <= free + what evicted pods there hold; per shape its pods ==
+its placed groups' tasks; each reclaiming leaf queue within its fair share; the victim side (`--victim-rule`): the
+GPUs evicted under a queue within its allocation above its allocatable share at every level of the victim's path
+(`every`: stricter than KAI), at its leaf or top-level queue only (`leaf`, `top`: neither is KAI's rule), or not at
+all (`none`); objective GPUs placed (x1000) less GPUs evicted.
+
+`--form bundles` (the default): per class of pending groups (leaf queue, pod shape; with `--preempt` also the groups
+the reclaim rule refuses, by priority, against their own queue's lower-priority work) and node, one precomputed
+bundle: the fewest victims there (single-node victim groups, fewest GPUs first; for reclaim only those whose queue,
+at the level where its path leaves the reclaimer's, is above its allocatable share) that let the most of the
+class's pods fit; the `--candidates` best bundles per class (most pods, fewest GPUs evicted). z[bundle], y[group];
+at most one bundle per node, a class's bundles hold its placed groups' pods, the reclaiming leaf queue within its
+fair share, and KAI's reclaim rule in its end state (GPUs): where a victim is compared at a sibling queue, that
+queue's allocation after every eviction under it stays above its allocatable share, and the reclaimer's side at
+that level stays within its fair share or strictly less saturated (times the multiplier) than the sibling. The
+solution is then checked group by group with KAI's own predicates (`can_reclaim`, `reclaimable`) on a ledger that
+follows the decisions.
+
+  scripts/probe_model_evictions.py --budget 2 --candidates 100                  # bundles, reclaim only
+  scripts/probe_model_evictions.py --form counts --candidates 500 --victim-rule none --budget 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pickle
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RULES = ("every", "leaf", "top", "none")
+
+
+def _state(cache_dir: str, n: int, seed: int) -> object:
+    from kai_opt.state import build_state
+    from models.generators import as_snapshot, scale
+
+    path = Path(cache_dir) / f"kai-opt-greedy-{n}-{10 * n}-{n}-{seed}.pkl"  # bench_greedy.py's cache
+    if path.exists():
+        with path.open("rb") as f:
+            return pickle.load(f)
+    state = build_state(as_snapshot(scale(n, 10 * n, n, seed)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return state
+
+
+def greedy_gains(st: object, fs: object) -> None:
+    """What the greedy engine's reclaim and preempt place and evict on the same state (GPUs, from pod requests)."""
+    from kai_opt.config import Config
+    from kai_opt.heuristics.cycle import greedy_plan
+    from kai_opt.heuristics.session import Session
+    from kai_opt.state.resources import R_GPU
+
+    before = [0, 0.0, 0, 0.0]
+
+    def after(name: str, sess: Session) -> None:
+        placed = [p for p in sess.placements if p not in sess.evictions]
+        evicted = [p for p in sess.evictions if p not in sess.placements]
+        now = [len(placed), float(sess.state.pod_req[placed, R_GPU].sum()) / 1000, len(evicted),
+               float(sess.state.pod_req[evicted, R_GPU].sum()) / 1000]
+        if name in ("reclaim", "preempt"):
+            print(f"greedy {name}: +{now[0] - before[0]} pods, +{now[1] - before[1]:.1f} GPUs placed; "
+                  f"+{now[2] - before[2]} pods, +{now[3] - before[3]:.1f} GPUs evicted")
+        before[:] = now
+
+    t = time.perf_counter()
+    greedy_plan(st, fs, Config(), after=after)  # type: ignore[arg-type]
+    print(f"greedy cycle {time.perf_counter() - t:.2f} s")
+
+
+def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: float) -> None:
+    """`--form counts` (see the module docstring)."""
+    from ortools.sat.python import cp_model
+
+    from kai_opt.config import Config
+    from kai_opt.fairshare.reclaim import can_reclaim
+    from kai_opt.heuristics.actions import REGISTRY, ActionContext
+    from kai_opt.heuristics.session import IS_ACTIVE, Session
+    from kai_opt.heuristics.tasks import tasks_to_allocate
+    from kai_opt.heuristics.victims import active_group_mask, protected_mask
+    from kai_opt.state.resources import R_CPU, R_GPU, R_MEM
+
+    cols = [R_GPU, R_CPU, R_MEM]
+    t0 = time.perf_counter()
+    sess = Session(st, fs, Config())  # type: ignore[arg-type]
+    ctx = ActionContext(sess)
+    for action in REGISTRY:
+        if action.name in ("allocate", "consolidate"):
+            action.run(ctx)
+    s = sess.state
+    t1 = time.perf_counter()
+    groups: list[tuple[int, list[int]]] = []
+    pending = ctx.pending_groups()
+    for g in pending:
+        tasks = tasks_to_allocate(sess, g)
+        if tasks and can_reclaim(sess.fs, sess.ledger, int(s.pg_queue[g]), sess.queue_request(tasks).sum(axis=0),
+                                 preemptible=bool(s.pg_preemptible[g])):
+            groups.append((g, tasks))
+    shape_index: dict[tuple[int, tuple[int, ...]], int] = {}
+    group_shape = []
+    for _, tasks in groups:
+        key = (int(s.pod_sig[tasks[0]]), tuple(s.pod_req[tasks[0], cols].tolist()))
+        group_shape.append(shape_index.setdefault(key, len(shape_index)))
+    shapes = list(shape_index)
+    victims = np.flatnonzero(active_group_mask(sess) & s.pg_preemptible.astype(bool)
+                             & ~protected_mask(sess, "reclaim") & (s.pg_queue >= 0))
+    vpods = [p[IS_ACTIVE[sess.status[p]] & (sess.node[p] >= 0)] for p in (s.group_pods(int(v)) for v in victims)]
+    pod = np.concatenate(vpods)
+    owner = np.repeat(np.arange(len(victims)), [len(p) for p in vpods])
+    node, req = sess.node[pod], s.pod_req[pod][:, cols]
+    free = (sess.alloc - sess.held)[:, cols].astype(np.int64)
+    releasable = free.copy()
+    np.add.at(releasable, node, req)
+    print(f"allocate+consolidate {t1 - t0:.2f} s; pending groups {len(pending)}, admitted by the reclaim rule "
+          f"{len(groups)} ({sum(len(t) for _, t in groups)} pods, {len(shapes)} shapes); candidate victims "
+          f"{len(victims)} groups, {len(pod)} pods")
+
+    t2 = time.perf_counter()
+    m = cp_model.CpModel()
+    cand = {}
+    for k, (sig, r) in enumerate(shapes):
+        ok = ctx.placer.static_mask(sig) & (releasable >= np.array(r)).all(axis=1) & (releasable[:, 0] > free[:, 0])
+        idx = np.flatnonzero(ok)
+        cand[k] = idx[np.argsort(-releasable[idx, 0], kind="stable")[:candidates]]
+    x = {(k, int(n)): m.NewIntVar(0, 64, "") for k in cand for n in cand[k]}
+    y = [m.NewBoolVar("") for _ in groups]
+    in_model = np.zeros(len(s.node_names), dtype=bool)
+    in_model[[n for _, n in x]] = True
+    near = in_model[node]
+    e = {int(v): m.NewBoolVar("") for v in np.unique(owner[near])}
+    held_on: dict[int, dict[int, np.ndarray]] = defaultdict(lambda: defaultdict(lambda: np.zeros(3, np.int64)))
+    for i in np.flatnonzero(near).tolist():
+        held_on[int(node[i])][int(owner[i])] += req[i]
+    on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    for (k, n), var in x.items():
+        on_node[n].append((k, var))
+    for n, placed in on_node.items():
+        for r in range(3):
+            terms = [(var, shapes[k][1][r]) for k, var in placed if shapes[k][1][r]]
+            if terms:
+                freed = [(e[v], int(a[r])) for v, a in held_on[n].items() if a[r]]
+                m.Add(sum(c * v for v, c in terms) <= int(free[n, r]) + sum(c * v for v, c in freed))
+    for k in cand:
+        m.Add(sum(x[(k, int(n))] for n in cand[k]) == sum(len(groups[i][1]) * y[i] for i in range(len(groups))
+                                                          if group_shape[i] == k))
+    ledger = sess.ledger
+    gpus = [round(float(sess.queue_request(t).sum(axis=0)[0]) * 1000) for _, t in groups]
+    by_queue: dict[int, list[int]] = defaultdict(list)
+    for i, (g, _) in enumerate(groups):
+        by_queue[int(s.pg_queue[g])].append(i)
+    for q, idx in by_queue.items():
+        m.Add(sum(gpus[i] * y[i] for i in idx) <= int((fs.fair_share[q, 0] - ledger.allocated[q, 0]) * 1000))  # type: ignore[attr-defined]
+    evicted_gpu = {v: int(req[owner == v, 0].sum()) for v in e}
+    under: dict[int, list[int]] = defaultdict(list)
+    for v in e:
+        path = ledger.ancestors[int(s.pg_queue[victims[v]])]
+        for a in {"every": path, "leaf": path[:1], "top": path[-1:], "none": []}[rule]:
+            under[a].append(v)
+    share = fs.allocatable_share  # type: ignore[attr-defined]
+    for a, vs in under.items():
+        m.Add(sum(evicted_gpu[v] * e[v] for v in vs) <= int(max(0.0, ledger.allocated[a, 0] - share[a, 0]) * 1000))
+    m.Maximize(sum(1000 * gpus[i] * y[i] for i in range(len(groups))) - sum(evicted_gpu[v] * e[v] for v in e))
+    t3 = time.perf_counter()
+    print(f"model: {len(x)} x, {len(y)} y, {len(e)} e over {int(in_model.sum())} nodes; built in {t3 - t2:.2f} s "
+          "(per-term Python)")
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = budget
+    solver.parameters.num_workers = 2
+    status = solver.Solve(m)
+    t4 = time.perf_counter()
+    placed_i = [i for i in range(len(groups)) if solver.Value(y[i])] if status in (cp_model.OPTIMAL,
+                                                                                  cp_model.FEASIBLE) else []
+    gone = [v for v in e if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.Value(e[v])]
+    print(f"solve {t4 - t3:.2f} s ({solver.StatusName(status)}): {len(placed_i)} groups, "
+          f"{sum(len(groups[i][1]) for i in placed_i)} pods, {sum(gpus[i] for i in placed_i) / 1000:.1f} GPUs placed; "
+          f"{len(gone)} groups, {sum(evicted_gpu[v] for v in gone) / 1000:.1f} GPUs evicted; "
+          f"bound {solver.BestObjectiveBound() / 1e6:.1f} GPUs placed")
+
+
+def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool,
+                  hint: bool) -> dict[str, int]:
+    """`--form bundles` (see the module docstring). Returns KAI's verdicts on the placed reclaimers ("allowed" or
+    the rule broken) and the groups placed per kind."""
+    from ortools.sat.python import cp_model
+
+    from kai_opt.config import Config
+    from kai_opt.fairshare.reclaim import can_reclaim, reclaimable, victim_chunks
+    from kai_opt.fairshare.share import UNLIMITED
+    from kai_opt.heuristics.actions import REGISTRY, ActionContext
+    from kai_opt.heuristics.session import IS_ACTIVE, Session
+    from kai_opt.heuristics.tasks import tasks_to_allocate
+    from kai_opt.heuristics.victims import active_group_mask, protected_mask
+    from kai_opt.state.resources import R_CPU, R_GPU, R_MEM
+
+    cols = [R_GPU, R_CPU, R_MEM]
+    cfg = Config()
+    mult = cfg.reclaim_saturation_multiplier
+    t0 = time.perf_counter()
+    sess = Session(st, fs, cfg)  # type: ignore[arg-type]
+    ctx = ActionContext(sess)
+    for action in REGISTRY:
+        if action.name in ("allocate", "consolidate"):
+            action.run(ctx)
+    s, led = sess.state, sess.ledger
+    share, allocatable = sess.fs.fair_share, sess.fs.allocatable_share
+    t1 = time.perf_counter()
+    # pending groups: those the reclaim rule admits (kind 0), with --preempt the others too (kind 1)
+    groups: list[tuple[int, list[int], int]] = []
+    for g in ctx.pending_groups():
+        tasks = tasks_to_allocate(sess, g)
+        if not tasks:
+            continue
+        q = int(s.pg_queue[g])
+        if can_reclaim(sess.fs, led, q, sess.queue_request(tasks).sum(axis=0), preemptible=bool(s.pg_preemptible[g])):
+            groups.append((g, tasks, 0))
+        elif preempt:
+            groups.append((g, tasks, 1))
+    # classes: (kind, leaf queue, priority for preempt, scheduling signature, pod request)
+    class_index: dict[tuple[int, int, int, int, tuple[int, ...]], int] = {}
+    group_class = []
+    for g, tasks, kind in groups:
+        key = (kind, int(s.pg_queue[g]), int(s.pg_priority[g]) if kind else 0, int(s.pod_sig[tasks[0]]),
+               tuple(s.pod_req[tasks[0], cols].tolist()))
+        group_class.append(class_index.setdefault(key, len(class_index)))
+    classes = list(class_index)
+    class_pods = np.zeros(len(classes), dtype=np.int64)
+    class_groups: dict[int, list[int]] = defaultdict(list)
+    for i, (_, tasks, _) in enumerate(groups):
+        class_pods[group_class[i]] += len(tasks)
+        class_groups[group_class[i]].append(i)
+    # victims: active preemptible groups of ours whose running pods are all on one node, sorted by node, then GPUs
+    start, members = s.pg_pod_start, s.pg_pods
+    keep, where, held = [], [], []
+    for v in np.flatnonzero(active_group_mask(sess) & s.pg_preemptible.astype(bool) & (s.pg_queue >= 0)).tolist():
+        pods = members[start[v]:start[v + 1]]
+        pods = pods[IS_ACTIVE[sess.status[pods]] & (sess.node[pods] >= 0)]
+        if len(pods) and (sess.node[pods] == sess.node[pods[0]]).all():
+            keep.append(v)
+            where.append(int(sess.node[pods[0]]))
+            held.append(s.pod_req[pods][:, cols].sum(axis=0))
+    vgroup, vnode, vreq = np.array(keep), np.array(where), np.array(held, dtype=np.int64)
+    order = np.lexsort((np.arange(len(vgroup)), vreq[:, 0], vnode))
+    vgroup, vnode, vreq = vgroup[order], vnode[order], vreq[order]
+    vqueue, vprio = s.pg_queue[vgroup].astype(np.int64), s.pg_priority[vgroup]
+    protected_r, protected_p = protected_mask(sess, "reclaim")[vgroup], protected_mask(sess, "preempt")[vgroup]
+    seg = np.r_[0, np.flatnonzero(np.diff(vnode)) + 1]  # each node's victims: vgroup[seg[i]:seg[i + 1]]
+    seg_node = vnode[seg]
+    seg_of = np.repeat(np.arange(len(seg)), np.diff(np.r_[seg, len(vgroup)]))
+    free = (sess.alloc - sess.held)[:, cols].astype(np.int64)
+    depth = max(len(a) for a in led.ancestors)
+    path = np.full((len(led.ancestors), depth), -1, dtype=np.int64)  # queue -> its path from the top
+    for q, anc in enumerate(led.ancestors):
+        path[q, :len(anc)] = anc[::-1]
+    excess = np.maximum(0.0, led.allocated[:, 0] - allocatable[:, 0]) * 1000  # milli-GPU above allocatable
+    t2 = time.perf_counter()
+    # bundles: per class and node, the fewest victims (fewest GPUs first) that let the most of the class's pods fit
+    bundles: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []  # (class, node, pods, victims, siblings)
+    big = 1 << 40
+    for c, (kind, q, prio, sig, request) in enumerate(classes):
+        r = np.array(request, dtype=np.int64)
+        need = r > 0
+        static = ctx.placer.static_mask(sig)
+        if kind == 0:  # another queue's victim, compared at the sibling where the paths diverge
+            vp = path[vqueue]
+            diff = vp != path[q]
+            sibling = vp[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
+            ok = diff.any(axis=1) & ~protected_r & (excess[np.maximum(sibling, 0)] > 0)
+        else:  # the same queue's lower-priority work
+            sibling = np.full(len(vqueue), -1)
+            ok = (vqueue == q) & (vprio < prio) & ~protected_p
+        ok &= static[vnode]
+        if not ok.any():
+            continue
+        freed = np.where(ok[:, None], vreq, 0)
+        cum = np.cumsum(freed, axis=0)
+        room = free[vnode] + cum - np.vstack([np.zeros((1, 3), dtype=np.int64), cum])[seg][seg_of]
+        fit = np.min(np.where(need, room // np.where(need, r, 1), big), axis=1)
+        fit_free = np.min(np.where(need, free[seg_node] // np.where(need, r, 1), big), axis=1)
+        target = np.minimum(np.maximum.reduceat(np.where(ok, fit, -1), seg), class_pods[c])
+        good = (target > fit_free) & (target > 0) & static[seg_node]
+        hit = ok & (fit >= target[seg_of]) & good[seg_of]
+        first = np.minimum.reduceat(np.where(hit, np.arange(len(vgroup)), big), seg)
+        cand = np.flatnonzero(good & (first < big))
+        cost = np.array([int(freed[seg[i]:first[i] + 1, 0].sum()) for i in cand])
+        for i in cand[np.lexsort((cost, -target[cand]))[:per_class]].tolist():
+            pos = np.arange(seg[i], first[i] + 1)
+            pos = pos[ok[pos]]
+            bundles.append((c, int(seg_node[i]), int(target[i]), pos, sibling[pos]))
+    t3 = time.perf_counter()
+    print(f"allocate+consolidate {t1 - t0:.2f} s; {len(groups)} pending groups modelled "
+          f"({sum(1 for x in groups if x[2] == 0)} admitted by the reclaim rule), {len(classes)} classes; "
+          f"{len(vgroup)} single-node victim groups ({t2 - t1:.2f} s); {len(bundles)} bundles ({t3 - t2:.2f} s)")
+
+    m = cp_model.CpModel()
+    z = [m.NewBoolVar("") for _ in bundles]
+    y = [m.NewBoolVar("") for _ in groups]
+    request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
+    gpus = [round(float(r[0]) * 1000) for r in request]
+    cost = [int(vreq[b[3], 0].sum()) for b in bundles]
+    on_node: dict[int, list[int]] = defaultdict(list)
+    of_class: dict[int, list[int]] = defaultdict(list)
+    leveled_at: dict[int, list[int]] = defaultdict(list)  # sibling queue -> bundles comparing a victim there
+    under: dict[int, list[tuple[int, int]]] = defaultdict(list)  # queue -> (bundle, milli-GPUs evicted below it)
+    pairs: dict[tuple[int, int], list[int]] = defaultdict(list)  # (reclaimer-side queue, sibling) -> bundles
+    for b, (c, n, _, pos, sibs) in enumerate(bundles):
+        on_node[n].append(b)
+        of_class[c].append(b)
+        below: Counter[int] = Counter()
+        for p in pos.tolist():
+            for a in led.ancestors[int(vqueue[p])]:
+                below[a] += int(vreq[p, 0])
+        for a, amount in below.items():
+            under[a].append((b, amount))
+        if classes[c][0] == 0:
+            q = classes[c][1]
+            for sib in set(sibs.tolist()):
+                leveled_at[sib].append(b)
+                mine = path[q][path[sib] != path[q]][0]  # q's side at the level where the paths diverge
+                pairs[(int(mine), sib)].append(b)
+    for bs in on_node.values():
+        if len(bs) > 1:
+            m.AddAtMostOne(z[b] for b in bs)
+    for c, idx in class_groups.items():
+        m.Add(sum(bundles[b][2] * z[b] for b in of_class[c]) >= sum(len(groups[i][1]) * y[i] for i in idx))
+    # the reclaimer's leaf queue within its fair share (can_reclaim, over every group placed)
+    by_leaf: dict[int, list[int]] = defaultdict(list)
+    for i, (g, _, kind) in enumerate(groups):
+        if kind == 0:
+            by_leaf[int(s.pg_queue[g])].append(i)
+    for q, idx in by_leaf.items():
+        for r in range(3):
+            coef = [round(float(request[i][r]) * 1000) for i in idx]
+            if any(coef):
+                room = max(0, int(np.floor((share[q, r] - led.allocated[q, r]) * 1000 + 1e-6)))
+                m.Add(sum(k * y[i] for k, i in zip(coef, idx, strict=True)) <= room)
+    # the victim side: a sibling some victim is compared at keeps, after every eviction under it, its allocation
+    # above its allocatable share (in GPUs; at the end, so at every earlier reclaim too)
+    sib_used = {}
+    for sib, bs in leveled_at.items():
+        used = sib_used[sib] = m.NewBoolVar("")
+        for b in bs:
+            m.AddImplication(z[b], used)
+        m.Add(sum(a * z[b] for b, a in under[sib]) <= int(excess[sib])).OnlyEnforceIf(used)
+    # the reclaimer side: where victims are compared at sibling s, the reclaimer's side a stays within its fair share
+    # or strictly less saturated than s (GPUs; a's placements all counted, s's evictions all taken: the end state)
+    placed_under: dict[int, list[int]] = defaultdict(list)
+    for i, (g, _, _) in enumerate(groups):
+        for a in led.ancestors[int(s.pg_queue[g])]:
+            placed_under[a].append(i)
+    pair_vars = {}
+    for (a, sib), bs in pairs.items():
+        fa, fsib = share[a, 0], share[sib, 0]
+        if fa == UNLIMITED or fsib <= 0 or fsib == UNLIMITED:
+            continue
+        used, within = pair_vars[(a, sib)] = m.NewBoolVar(""), m.NewBoolVar("")
+        for b in bs:
+            m.AddImplication(z[b], used)
+        mine = sum(gpus[i] * y[i] for i in placed_under[a]) + int(led.allocated[a, 0] * 1000)
+        theirs = int(led.allocated[sib, 0] * 1000) - sum(amount * z[b] for b, amount in under[sib])
+        m.Add(mine <= int(fa * 1000)).OnlyEnforceIf(within)
+        m.Add(round(mult * fsib * 1000) * mine + 1 <= round(fa * 1000) * theirs).OnlyEnforceIf([used, within.Not()])
+    m.Maximize(sum(1000 * gpus[i] * y[i] for i in range(len(groups))) - sum(cost[b] * z[b] for b in range(len(z))))
+    built = time.perf_counter() - t3
+    if hint:
+        th = time.perf_counter()
+        rows = _EndState(led, share, excess, mult, bundles, under, leveled_at, pairs, set(pair_vars))
+        hz, hy = rows.greedy(groups, group_class, gpus, of_class, cost, request, s.pg_queue)
+        for b in range(len(z)):
+            m.AddHint(z[b], b in hz)
+        for i in range(len(y)):
+            m.AddHint(y[i], i in hy)
+        for sib, used in sib_used.items():
+            m.AddHint(used, sib in rows.sibs)
+        for (a, sib), (used, within) in pair_vars.items():
+            m.AddHint(used, (a, sib) in rows.pairs)
+            m.AddHint(within, rows.mine(a) <= int(share[a, 0] * 1000))
+        print(f"hint (a greedy over the bundles, every row checked): {len(hy)} groups, "
+              f"{sum(gpus[i] for i in hy) / 1000:.1f} GPUs placed, {sum(cost[b] for b in hz) / 1000:.1f} GPUs evicted "
+              f"in {time.perf_counter() - th:.2f} s")
+    t4 = time.perf_counter()
+    print(f"model: {len(z)} bundles, {len(y)} groups, {len(leveled_at)} victim-side and {len(pairs)} reclaimer-side "
+          f"rows; built in {built:.2f} s (per-term Python)")
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = budget
+    solver.parameters.num_workers = 2
+    solver.parameters.cp_model_probing_level = 0  # as the engine's solve (formulation/solve.py)
+    solver.parameters.max_presolve_iterations = 1
+    solver.parameters.symmetry_level = 0
+    status = solver.Solve(m)
+    t5 = time.perf_counter()
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    print(f"solve {t5 - t4:.2f} s ({solver.StatusName(status)}), bound {solver.BestObjectiveBound() / 1e6:.1f} GPUs")
+    verdicts: Counter[str] = Counter()
+    if not found:
+        return dict(verdicts)
+    for kind, name in ((0, "reclaim"), (1, "preempt")):
+        placed = [i for i in range(len(groups)) if groups[i][2] == kind and solver.Value(y[i])]
+        verdicts[f"{name} groups"] = len(placed)
+        chosen = [b for b in range(len(z)) if classes[bundles[b][0]][0] == kind and solver.Value(z[b])]
+        print(f"  {name}: {len(placed)} groups, {sum(len(groups[i][1]) for i in placed)} pods, "
+              f"{sum(gpus[i] for i in placed) / 1000:.1f} GPUs placed; {sum(len(bundles[b][3]) for b in chosen)} "
+              f"victim groups, {sum(cost[b] for b in chosen) / 1000:.1f} GPUs evicted")
+    # each placed reclaimer in turn against KAI's own predicates, the ledger following the decisions: a group takes
+    # its class's chosen bundles in order, and a bundle's victims count for the first group that uses it
+    ledger = led.copy()
+    room_left = {b: bundles[b][2] for b in range(len(z)) if solver.Value(z[b])}
+    for c, idx in sorted(class_groups.items()):
+        mine_b = [b for b in of_class[c] if b in room_left]
+        for i in idx:
+            if not solver.Value(y[i]):
+                continue
+            g, tasks, kind = groups[i]
+            need, first_use = len(tasks), []
+            for b in mine_b:
+                take = min(need, room_left[b])
+                if take:
+                    if room_left[b] == bundles[b][2]:
+                        first_use.append(b)
+                    room_left[b] -= take
+                    need -= take
+            q, np_work = int(s.pg_queue[g]), not bool(s.pg_preemptible[g])
+            chunks = []
+            for v in (int(vgroup[p]) for b in first_use for p in bundles[b][3]):
+                pods = members[start[v]:start[v + 1]]
+                pods = pods[IS_ACTIVE[sess.status[pods]]]
+                chunks += [(int(s.pg_queue[v]), ch) for ch in victim_chunks(sess.queue_request(pods),
+                                                                              int(s.pg_min_member[v]))]
+            if kind == 0:
+                why = None if can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) else "can_reclaim"
+                why = why or reclaimable(sess.fs, ledger, q, request[i], chunks, preemptible=not np_work,
+                                         saturation_multiplier=mult)
+                verdicts[why or "allowed"] += 1
+            ledger.add(q, request[i], non_preemptible=np_work)
+            for qv, ch in chunks:
+                ledger.add(qv, -ch, non_preemptible=False)
+    print(f"  KAI's reclaim predicates on the placed reclaimers, in turn: "
+          f"{ {k: v for k, v in verdicts.items() if not k.endswith(' groups')} }")
+    return dict(verdicts)
+
+
+class _EndState:
+    """The bundle model's rows in their end state, kept as bundles and groups are taken (the greedy hint): GPUs
+    evicted and placed under each queue, the siblings and (reclaimer side, sibling) pairs in use."""
+
+    def __init__(self, led: Any, share: np.ndarray, excess: np.ndarray, mult: float, bundles: list[Any],
+                 under: dict[int, list[tuple[int, int]]], leveled_at: dict[int, list[int]],
+                 pairs: dict[tuple[int, int], list[int]], finite: set[tuple[int, int]]) -> None:
+        self.led, self.share, self.excess, self.mult, self.bundles = led, share, excess, mult, bundles
+        self.evicted: Counter[int] = Counter()
+        self.placed: Counter[int] = Counter()
+        self.sibs: set[int] = set()
+        self.pairs: set[tuple[int, int]] = set()
+        self.frees: dict[int, list[tuple[int, int]]] = defaultdict(list)  # bundle -> (queue, milli-GPUs)
+        for q, lst in under.items():
+            for b, amount in lst:
+                self.frees[b].append((q, amount))
+        self.levels: dict[int, list[int]] = defaultdict(list)
+        for sib, bs in leveled_at.items():
+            for b in bs:
+                self.levels[b].append(sib)
+        self.pairs_of: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for pair, bs in pairs.items():
+            if pair in finite:
+                for b in bs:
+                    self.pairs_of[b].append(pair)
+
+    def mine(self, a: int) -> int:
+        return int(self.led.allocated[a, 0] * 1000) + self.placed[a]
+
+    def holds(self, sibs: set[int], pairs: set[tuple[int, int]]) -> bool:
+        if any(self.evicted[sib] > int(self.excess[sib]) for sib in sibs):
+            return False
+        for a, sib in pairs:
+            fa, fsib = self.share[a, 0], self.share[sib, 0]
+            mine, theirs = self.mine(a), int(self.led.allocated[sib, 0] * 1000) - self.evicted[sib]
+            if mine > int(fa * 1000) and round(self.mult * fsib * 1000) * mine + 1 > round(fa * 1000) * theirs:
+                return False
+        return True
+
+    def _evict(self, b: int, sign: int) -> None:
+        for q, amount in self.frees[b]:
+            self.evicted[q] += sign * amount
+
+    def _place(self, q: int, gpus: int) -> None:
+        for a in self.led.ancestors[q]:
+            self.placed[a] += gpus
+
+    def greedy(self, groups: list[tuple[int, list[int], int]], group_class: list[int], gpus: list[int],
+               of_class: dict[int, list[int]], cost: list[int], request: list[np.ndarray],
+               queue_of: np.ndarray) -> tuple[set[int], set[int]]:
+        """Groups by GPUs per pod (most first); each takes its class's cheapest free bundles (GPUs evicted per pod)
+        while every row in use holds, all or nothing."""
+        taken: set[int] = set()
+        nodes: set[int] = set()
+        placed: set[int] = set()
+        spare: Counter[int] = Counter()  # class -> pods of room left in its taken bundles
+        leaf: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(3))
+        by_cost = {c: sorted(bs, key=lambda b: (cost[b] / self.bundles[b][2], -self.bundles[b][2]))
+                   for c, bs in of_class.items()}
+        for i in sorted(range(len(groups)), key=lambda i: (-gpus[i] / len(groups[i][1]), i)):
+            g, tasks, kind = groups[i]
+            q, c = int(queue_of[g]), group_class[i]
+            if kind == 0 and (leaf[q] + request[i] > self.share[q] - self.led.allocated[q] + 1e-9).any():
+                continue
+            self._place(q, gpus[i])
+            if not self.holds(self.sibs, self.pairs):
+                self._place(q, -gpus[i])
+                continue
+            need, mine = len(tasks) - spare[c], []
+            for b in by_cost.get(c, []):
+                if need <= 0:
+                    break
+                if b in taken or self.bundles[b][1] in nodes:
+                    continue
+                self._evict(b, 1)
+                sibs, pairs = self.sibs | set(self.levels[b]), self.pairs | set(self.pairs_of[b])
+                if self.holds(sibs, pairs):
+                    self.sibs, self.pairs = sibs, pairs  # (kept in use even if the group fails: conservative)
+                    mine.append(b)
+                    taken.add(b)
+                    nodes.add(self.bundles[b][1])
+                    need -= self.bundles[b][2]
+                else:
+                    self._evict(b, -1)
+            if need > 0:
+                for b in mine:
+                    self._evict(b, -1)
+                    taken.discard(b)
+                    nodes.discard(self.bundles[b][1])
+                self._place(q, -gpus[i])
+                continue
+            spare[c] = -need
+            placed.add(i)
+            leaf[q] += request[i]
+        return taken, placed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache-dir", default="/tmp")
+    ap.add_argument("--candidates", type=int, default=500, help="candidate nodes per pending shape")
+    ap.add_argument("--victim-rule", choices=RULES, default="every")
+    ap.add_argument("--budget", type=float, default=1.0, help="CP-SAT time limit, s")
+    ap.add_argument("--no-greedy", action="store_true", help="skip the greedy engine's cycle")
+    ap.add_argument("--form", choices=("counts", "bundles"), default="bundles")
+    ap.add_argument("--hint", action="store_true", help="bundles: start CP-SAT from a greedy over the bundles")
+    ap.add_argument("--preempt", action="store_true", help="bundles: model preempt too (victims: running pods of "
+                    "the group's queue with a lower priority)")
+    args = ap.parse_args()
+    from kai_opt.fairshare import compute_fair_share
+
+    st = _state(args.cache_dir, args.nodes, args.seed)
+    st = st[0] if isinstance(st, tuple) else st
+    fs = compute_fair_share(st)  # type: ignore[arg-type]
+    gc.disable()  # as run_cycle does
+    if not args.no_greedy:
+        greedy_gains(st, fs)
+    if args.form == "counts":
+        probe_counts(st, fs, args.candidates, args.victim_rule, args.budget)
+    else:
+        probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
