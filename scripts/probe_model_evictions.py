@@ -463,7 +463,8 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
 
 class _EndState:
     """The bundle model's rows in their end state, kept as bundles and groups are taken (the greedy hint): GPUs
-    evicted and placed under each queue, the siblings and (reclaimer side, sibling) pairs in use."""
+    evicted and placed under each queue, and per victim-side sibling and (reclaimer side, sibling) pair how many
+    taken bundles put it in use."""
 
     def __init__(self, led: Any, share: np.ndarray, excess: np.ndarray, mult: float, bundles: list[Any],
                  under: dict[int, list[tuple[int, int]]], leveled_at: dict[int, list[int]],
@@ -471,8 +472,8 @@ class _EndState:
         self.led, self.share, self.excess, self.mult, self.bundles = led, share, excess, mult, bundles
         self.evicted: Counter[int] = Counter()
         self.placed: Counter[int] = Counter()
-        self.sibs: set[int] = set()
-        self.pairs: set[tuple[int, int]] = set()
+        self.sib_uses: Counter[int] = Counter()
+        self.pair_uses: Counter[tuple[int, int]] = Counter()
         self.frees: dict[int, list[tuple[int, int]]] = defaultdict(list)  # bundle -> (queue, milli-GPUs)
         for q, lst in under.items():
             for b, amount in lst:
@@ -487,22 +488,36 @@ class _EndState:
                 for b in bs:
                     self.pairs_of[b].append(pair)
 
+    @property
+    def sibs(self) -> set[int]:
+        return {sib for sib, n in self.sib_uses.items() if n}
+
+    @property
+    def pairs(self) -> set[tuple[int, int]]:
+        return {pair for pair, n in self.pair_uses.items() if n}
+
     def mine(self, a: int) -> int:
         return int(self.led.allocated[a, 0] * 1000) + self.placed[a]
 
-    def holds(self, sibs: set[int], pairs: set[tuple[int, int]]) -> bool:
-        if any(self.evicted[sib] > int(self.excess[sib]) for sib in sibs):
+    def holds(self) -> bool:
+        if any(n and self.evicted[sib] > int(self.excess[sib]) for sib, n in self.sib_uses.items()):
             return False
-        for a, sib in pairs:
+        for (a, sib), n in self.pair_uses.items():
+            if not n:
+                continue
             fa, fsib = self.share[a, 0], self.share[sib, 0]
             mine, theirs = self.mine(a), int(self.led.allocated[sib, 0] * 1000) - self.evicted[sib]
             if mine > int(fa * 1000) and round(self.mult * fsib * 1000) * mine + 1 > round(fa * 1000) * theirs:
                 return False
         return True
 
-    def _evict(self, b: int, sign: int) -> None:
+    def _use(self, b: int, sign: int) -> None:
         for q, amount in self.frees[b]:
             self.evicted[q] += sign * amount
+        for sib in self.levels[b]:
+            self.sib_uses[sib] += sign
+        for pair in self.pairs_of[b]:
+            self.pair_uses[pair] += sign
 
     def _place(self, q: int, gpus: int) -> None:
         for a in self.led.ancestors[q]:
@@ -526,7 +541,7 @@ class _EndState:
             if kind == 0 and (leaf[q] + request[i] > self.share[q] - self.led.allocated[q] + 1e-9).any():
                 continue
             self._place(q, gpus[i])
-            if not self.holds(self.sibs, self.pairs):
+            if not self.holds():
                 self._place(q, -gpus[i])
                 continue
             need, mine = len(tasks) - spare[c], []
@@ -535,19 +550,17 @@ class _EndState:
                     break
                 if b in taken or self.bundles[b][1] in nodes:
                     continue
-                self._evict(b, 1)
-                sibs, pairs = self.sibs | set(self.levels[b]), self.pairs | set(self.pairs_of[b])
-                if self.holds(sibs, pairs):
-                    self.sibs, self.pairs = sibs, pairs  # (kept in use even if the group fails: conservative)
+                self._use(b, 1)
+                if self.holds():
                     mine.append(b)
                     taken.add(b)
                     nodes.add(self.bundles[b][1])
                     need -= self.bundles[b][2]
                 else:
-                    self._evict(b, -1)
+                    self._use(b, -1)
             if need > 0:
                 for b in mine:
-                    self._evict(b, -1)
+                    self._use(b, -1)
                     taken.discard(b)
                     nodes.discard(self.bundles[b][1])
                 self._place(q, -gpus[i])
@@ -556,7 +569,6 @@ class _EndState:
             placed.add(i)
             leaf[q] += request[i]
         return taken, placed
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
