@@ -276,17 +276,20 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         path[q, :len(anc)] = anc[::-1]
     excess = np.maximum(0.0, led.allocated[:, 0] - allocatable[:, 0]) * 1000  # milli-GPU above allocatable
     t2 = time.perf_counter()
-    # bundles: per class and node, the fewest victims (fewest GPUs first) that let the most of the class's pods fit
-    bundles: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []  # (class, node, pods, victims, siblings)
+    # bundles: per class and node, the fewest victims (fewest GPUs first) that let the most of the class's pods fit;
+    # a bundle is (class, node, pods) with its victims as entries (bundle, victim position, sibling compared at)
     big = 1 << 40
+    vpath = path[vqueue]
+    zero_row = np.zeros((1, 3), dtype=np.int64)
+    b_class_l, b_node_l, b_pods_l, e_bundle_l, e_pos_l, e_sib_l = [], [], [], [], [], []
+    n_bundles = 0
     for c, (kind, q, prio, sig, request) in enumerate(classes):
         r = np.array(request, dtype=np.int64)
         need = r > 0
         static = ctx.placer.static_mask(sig)
         if kind == 0:  # another queue's victim, compared at the sibling where the paths diverge
-            vp = path[vqueue]
-            diff = vp != path[q]
-            sibling = vp[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
+            diff = vpath != path[q]
+            sibling = vpath[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
             ok = diff.any(axis=1) & ~protected_r & (excess[np.maximum(sibling, 0)] > 0)
         else:  # the same queue's lower-priority work
             sibling = np.full(len(vqueue), -1)
@@ -296,7 +299,8 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
             continue
         freed = np.where(ok[:, None], vreq, 0)
         cum = np.cumsum(freed, axis=0)
-        room = free[vnode] + cum - np.vstack([np.zeros((1, 3), dtype=np.int64), cum])[seg][seg_of]
+        before = np.vstack([zero_row, cum])[seg]  # what the node's earlier victims freed, per node
+        room = free[vnode] + cum - before[seg_of]
         fit = np.min(np.where(need, room // np.where(need, r, 1), big), axis=1)
         fit_free = np.min(np.where(need, free[seg_node] // np.where(need, r, 1), big), axis=1)
         target = np.minimum(np.maximum.reduceat(np.where(ok, fit, -1), seg), class_pods[c])
@@ -304,47 +308,84 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         hit = ok & (fit >= target[seg_of]) & good[seg_of]
         first = np.minimum.reduceat(np.where(hit, np.arange(len(vgroup)), big), seg)
         cand = np.flatnonzero(good & (first < big))
-        cost = np.array([int(freed[seg[i]:first[i] + 1, 0].sum()) for i in cand])
-        for i in cand[np.lexsort((cost, -target[cand]))[:per_class]].tolist():
-            pos = np.arange(seg[i], first[i] + 1)
-            pos = pos[ok[pos]]
-            bundles.append((c, int(seg_node[i]), int(target[i]), pos, sibling[pos]))
+        cost_c = cum[first[cand], 0] - before[cand, 0]
+        chosen = cand[np.lexsort((cost_c, -target[cand]))[:per_class]]
+        bid = np.full(len(seg), -1)
+        bid[chosen] = n_bundles + np.arange(len(chosen))
+        pos = np.flatnonzero(ok & (bid[seg_of] >= 0) & (np.arange(len(vgroup)) <= first[seg_of]))
+        b_class_l.append(np.full(len(chosen), c))
+        b_node_l.append(seg_node[chosen])
+        b_pods_l.append(target[chosen])
+        e_bundle_l.append(bid[seg_of[pos]])
+        e_pos_l.append(pos)
+        e_sib_l.append(sibling[pos])
+        n_bundles += len(chosen)
+    b_class, b_node, b_pods = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64)
+                               for x in (b_class_l, b_node_l, b_pods_l))
+    e_bundle, e_pos, e_sib = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64)
+                              for x in (e_bundle_l, e_pos_l, e_sib_l))
+    order = np.lexsort((e_pos, e_bundle))  # entries by bundle, then victim order
+    e_bundle, e_pos, e_sib = e_bundle[order], e_pos[order], e_sib[order]
+    e_at = np.searchsorted(e_bundle, np.arange(n_bundles + 1))
+    bundles = [(int(b_class[b]), int(b_node[b]), int(b_pods[b]), e_pos[e_at[b]:e_at[b + 1]],
+                e_sib[e_at[b]:e_at[b + 1]]) for b in range(n_bundles)]  # (for the hint and the check)
     t3 = time.perf_counter()
     print(f"allocate+consolidate {t1 - t0:.2f} s; {len(groups)} pending groups modelled "
           f"({sum(1 for x in groups if x[2] == 0)} admitted by the reclaim rule), {len(classes)} classes; "
-          f"{len(vgroup)} single-node victim groups ({t2 - t1:.2f} s); {len(bundles)} bundles ({t3 - t2:.2f} s)")
+          f"{len(vgroup)} single-node victim groups ({t2 - t1:.2f} s); {n_bundles} bundles ({t3 - t2:.2f} s, "
+          "numpy per class)")
 
+    lin = cp_model.LinearExpr
     m = cp_model.CpModel()
-    z = [m.NewBoolVar("") for _ in bundles]
+    z = [m.NewBoolVar("") for _ in range(n_bundles)]
     y = [m.NewBoolVar("") for _ in groups]
     request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
     gpus = [round(float(r[0]) * 1000) for r in request]
-    cost = [int(vreq[b[3], 0].sum()) for b in bundles]
-    on_node: dict[int, list[int]] = defaultdict(list)
-    of_class: dict[int, list[int]] = defaultdict(list)
-    leveled_at: dict[int, list[int]] = defaultdict(list)  # sibling queue -> bundles comparing a victim there
-    under: dict[int, list[tuple[int, int]]] = defaultdict(list)  # queue -> (bundle, milli-GPUs evicted below it)
-    pairs: dict[tuple[int, int], list[int]] = defaultdict(list)  # (reclaimer-side queue, sibling) -> bundles
-    for b, (c, n, _, pos, sibs) in enumerate(bundles):
-        on_node[n].append(b)
-        of_class[c].append(b)
-        below: Counter[int] = Counter()
-        for p in pos.tolist():
-            for a in led.ancestors[int(vqueue[p])]:
-                below[a] += int(vreq[p, 0])
-        for a, amount in below.items():
-            under[a].append((b, amount))
-        if classes[c][0] == 0:
-            q = classes[c][1]
-            for sib in set(sibs.tolist()):
-                leveled_at[sib].append(b)
-                mine = path[q][path[sib] != path[q]][0]  # q's side at the level where the paths diverge
-                pairs[(int(mine), sib)].append(b)
-    for bs in on_node.values():
+    e_gpu = vreq[e_pos, 0]
+    cost_arr = np.bincount(e_bundle, weights=e_gpu, minlength=n_bundles).astype(np.int64)
+    cost = cost_arr.tolist()
+
+    def split(keys: np.ndarray, values: np.ndarray) -> dict[int, np.ndarray]:
+        """values grouped by key (keys sorted first)."""
+        o = np.argsort(keys, kind="stable")
+        k, v = keys[o], values[o]
+        cuts = np.flatnonzero(np.diff(k)) + 1
+        return dict(zip(k[np.r_[0, cuts]].tolist(), np.split(v, cuts), strict=True)) if len(k) else {}
+
+    of_class = {c: b.tolist() for c, b in split(b_class, np.arange(n_bundles)).items()}
+    # victim-side siblings and (reclaimer side, sibling) pairs each bundle puts in use (reclaim bundles only)
+    rec = e_sib >= 0
+    lev_key = np.unique(e_sib[rec] * n_bundles + e_bundle[rec])
+    leveled_at = {k: v.tolist() for k, v in split(lev_key // n_bundles, lev_key % n_bundles).items()}
+    depth_of = np.array([len(a) - 1 for a in led.ancestors])
+    mine_q = path[np.array([classes[c][1] for c in b_class[e_bundle[rec]]], dtype=np.int64), depth_of[e_sib[rec]]]
+    nq = len(led.ancestors)
+    pair_key = np.unique((mine_q * nq + e_sib[rec]) * n_bundles + e_bundle[rec])
+    pairs = {(k // nq, k % nq): v.tolist()
+             for k, v in split(pair_key // n_bundles, pair_key % n_bundles).items()}
+    # GPUs evicted under each sibling by each bundle (every victim below it, whichever reclaimer it serves)
+    sibs = np.array(sorted(leveled_at), dtype=np.int64)
+    is_sib = np.zeros(nq, dtype=bool)
+    is_sib[sibs] = True
+    keys, amounts = [], []
+    for d in range(path.shape[1]):
+        anc = path[vqueue[e_pos], d]
+        take = (anc >= 0) & is_sib[np.maximum(anc, 0)]
+        keys.append(anc[take] * n_bundles + e_bundle[take])
+        amounts.append(e_gpu[take])
+    ukey, inv = np.unique(np.concatenate(keys), return_inverse=True)
+    usum = np.bincount(inv, weights=np.concatenate(amounts)).astype(np.int64)
+    under_b = split(ukey // n_bundles, ukey % n_bundles)
+    under_a = split(ukey // n_bundles, usum)
+    under = {q: list(zip(under_b[q].tolist(), under_a[q].tolist(), strict=True)) for q in under_b}
+
+    for bs in split(b_node, np.arange(n_bundles)).values():
         if len(bs) > 1:
-            m.AddAtMostOne(z[b] for b in bs)
+            m.AddAtMostOne([z[b] for b in bs.tolist()])
     for c, idx in class_groups.items():
-        m.Add(sum(bundles[b][2] * z[b] for b in of_class[c]) >= sum(len(groups[i][1]) * y[i] for i in idx))
+        bs = of_class.get(c, [])
+        m.Add(lin.weighted_sum([z[b] for b in bs], [bundles[b][2] for b in bs])
+              >= lin.weighted_sum([y[i] for i in idx], [len(groups[i][1]) for i in idx]))
     # the reclaimer's leaf queue within its fair share (can_reclaim, over every group placed)
     by_leaf: dict[int, list[int]] = defaultdict(list)
     for i, (g, _, kind) in enumerate(groups):
@@ -355,15 +396,16 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
             coef = [round(float(request[i][r]) * 1000) for i in idx]
             if any(coef):
                 room = max(0, int(np.floor((share[q, r] - led.allocated[q, r]) * 1000 + 1e-6)))
-                m.Add(sum(k * y[i] for k, i in zip(coef, idx, strict=True)) <= room)
+                m.Add(lin.weighted_sum([y[i] for i in idx], coef) <= room)
     # the victim side: a sibling some victim is compared at keeps, after every eviction under it, its allocation
     # above its allocatable share (in GPUs; at the end, so at every earlier reclaim too)
+    evicted_under = {q: lin.weighted_sum([z[b] for b in under_b[q].tolist()], under_a[q].tolist()) for q in under_b}
     sib_used = {}
     for sib, bs in leveled_at.items():
         used = sib_used[sib] = m.NewBoolVar("")
         for b in bs:
             m.AddImplication(z[b], used)
-        m.Add(sum(a * z[b] for b, a in under[sib]) <= int(excess[sib])).OnlyEnforceIf(used)
+        m.Add(evicted_under[sib] <= int(excess[sib])).OnlyEnforceIf(used)
     # the reclaimer side: where victims are compared at sibling s, the reclaimer's side a stays within its fair share
     # or strictly less saturated than s (GPUs; a's placements all counted, s's evictions all taken: the end state)
     placed_under: dict[int, list[int]] = defaultdict(list)
@@ -378,11 +420,12 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         used, within = pair_vars[(a, sib)] = m.NewBoolVar(""), m.NewBoolVar("")
         for b in bs:
             m.AddImplication(z[b], used)
-        mine = sum(gpus[i] * y[i] for i in placed_under[a]) + int(led.allocated[a, 0] * 1000)
-        theirs = int(led.allocated[sib, 0] * 1000) - sum(amount * z[b] for b, amount in under[sib])
+        mine = lin.weighted_sum([y[i] for i in placed_under[a]], [gpus[i] for i in placed_under[a]]) \
+            + int(led.allocated[a, 0] * 1000)
+        theirs = int(led.allocated[sib, 0] * 1000) - evicted_under[sib]
         m.Add(mine <= int(fa * 1000)).OnlyEnforceIf(within)
         m.Add(round(mult * fsib * 1000) * mine + 1 <= round(fa * 1000) * theirs).OnlyEnforceIf([used, within.Not()])
-    m.Maximize(sum(1000 * gpus[i] * y[i] for i in range(len(groups))) - sum(cost[b] * z[b] for b in range(len(z))))
+    m.Maximize(lin.weighted_sum(y, [1000 * g for g in gpus]) - lin.weighted_sum(z, cost))
     built = time.perf_counter() - t3
     if hint:
         th = time.perf_counter()
@@ -402,7 +445,7 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
               f"in {time.perf_counter() - th:.2f} s")
     t4 = time.perf_counter()
     print(f"model: {len(z)} bundles, {len(y)} groups, {len(leveled_at)} victim-side and {len(pairs)} reclaimer-side "
-          f"rows; built in {built:.2f} s (per-term Python)")
+          f"rows; built in {built:.2f} s")
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = budget
     solver.parameters.num_workers = 2
@@ -428,7 +471,7 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     ledger = led.copy()
     room_left = {b: bundles[b][2] for b in range(len(z)) if solver.Value(z[b])}
     for c, idx in sorted(class_groups.items()):
-        mine_b = [b for b in of_class[c] if b in room_left]
+        mine_b = [b for b in of_class.get(c, []) if b in room_left]
         for i in idx:
             if not solver.Value(y[i]):
                 continue
