@@ -18,15 +18,15 @@ all (`none`); objective GPUs placed (x1000) less GPUs evicted.
 
 `--form bundles` (the default): per class of pending groups (leaf queue, pod shape; with `--preempt` also the groups
 the reclaim rule refuses, by priority, against their own queue's lower-priority work) and node, one precomputed
-bundle: the fewest victims there (single-node victim groups, fewest GPUs first; for reclaim only those whose queue,
-at the level where its path leaves the reclaimer's, is above its allocatable share) that let the most of the
-class's pods fit; the `--candidates` best bundles per class (most pods, fewest GPUs evicted). z[bundle], y[group];
-at most one bundle per node, a class's bundles hold its placed groups' pods, the reclaiming leaf queue within its
-fair share, and KAI's reclaim rule in its end state (GPUs): where a victim is compared at a sibling queue, that
-queue's allocation after every eviction under it stays above its allocatable share, and the reclaimer's side at
-that level stays within its fair share or strictly less saturated (times the multiplier) than the sibling. The
-solution is then checked group by group with KAI's own predicates (`can_reclaim`, `reclaimable`) on a ledger that
-follows the decisions.
+bundle: the fewest victims there (single-node victim groups, with `--spread` every group by its part on the node,
+costing its whole GPUs; fewest GPUs first; for reclaim only those whose queue, at the level where its path leaves
+the reclaimer's, is above its allocatable share) that let the most of the class's pods fit; the `--candidates` best
+bundles per class (most pods, fewest GPUs evicted). z[bundle], y[group]; at most one bundle per node, a class's
+bundles hold its placed groups' pods, the reclaiming leaf queue within its fair share, and KAI's reclaim rule in its
+end state (GPUs): where a victim is compared at a sibling queue, that queue's allocation after every eviction under
+it stays above its allocatable share, and the reclaimer's side at that level stays within its fair share or strictly
+less saturated (times the multiplier) than the sibling. The solution is then checked group by group with KAI's own
+predicates (`can_reclaim`, `reclaimable`) on a ledger that follows the decisions.
 
   scripts/probe_model_evictions.py --budget 2 --candidates 100                  # bundles, reclaim only
   scripts/probe_model_evictions.py --form counts --candidates 500 --victim-rule none --budget 1
@@ -200,8 +200,8 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
           f"bound {solver.BestObjectiveBound() / 1e6:.1f} GPUs placed")
 
 
-def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool,
-                  hint: bool) -> dict[str, int]:
+def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool, hint: bool,
+                  spread: bool = False) -> dict[str, int]:
     """`--form bundles` (see the module docstring). Returns KAI's verdicts on the placed reclaimers ("allowed" or
     the rule broken) and the groups placed per kind."""
     from ortools.sat.python import cp_model
@@ -251,19 +251,27 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     for i, (_, tasks, _) in enumerate(groups):
         class_pods[group_class[i]] += len(tasks)
         class_groups[group_class[i]].append(i)
-    # victims: active preemptible groups of ours whose running pods are all on one node, sorted by node, then GPUs
+    # victim units: an active preemptible group of ours on one node (with `spread`, one unit per node it runs on: the
+    # unit frees what its pods there hold, and evicting it evicts the whole group, whose GPUs it costs), sorted by
+    # node, then by the group's GPUs
     start, members = s.pg_pod_start, s.pg_pods
-    keep, where, held = [], [], []
+    keep, where, held, whole = [], [], [], []
     for v in np.flatnonzero(active_group_mask(sess) & s.pg_preemptible.astype(bool) & (s.pg_queue >= 0)).tolist():
         pods = members[start[v]:start[v + 1]]
         pods = pods[IS_ACTIVE[sess.status[pods]] & (sess.node[pods] >= 0)]
-        if len(pods) and (sess.node[pods] == sess.node[pods[0]]).all():
+        nodes = np.unique(sess.node[pods])
+        if not len(pods) or (len(nodes) > 1 and not spread):
+            continue
+        total = int(s.pod_req[pods, R_GPU].sum())
+        for n in nodes.tolist():
+            on = pods[sess.node[pods] == n]
             keep.append(v)
-            where.append(int(sess.node[pods[0]]))
-            held.append(s.pod_req[pods][:, cols].sum(axis=0))
-    vgroup, vnode, vreq = np.array(keep), np.array(where), np.array(held, dtype=np.int64)
-    order = np.lexsort((np.arange(len(vgroup)), vreq[:, 0], vnode))
-    vgroup, vnode, vreq = vgroup[order], vnode[order], vreq[order]
+            where.append(n)
+            held.append(s.pod_req[on][:, cols].sum(axis=0))
+            whole.append(total)
+    vgroup, vnode, vreq, vtotal = np.array(keep), np.array(where), np.array(held, dtype=np.int64), np.array(whole)
+    order = np.lexsort((np.arange(len(vgroup)), vtotal, vnode))
+    vgroup, vnode, vreq, vtotal = vgroup[order], vnode[order], vreq[order], vtotal[order]
     vqueue, vprio = s.pg_queue[vgroup].astype(np.int64), s.pg_priority[vgroup]
     protected_r, protected_p = protected_mask(sess, "reclaim")[vgroup], protected_mask(sess, "preempt")[vgroup]
     seg = np.r_[0, np.flatnonzero(np.diff(vnode)) + 1]  # each node's victims: vgroup[seg[i]:seg[i + 1]]
@@ -300,6 +308,8 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         freed = np.where(ok[:, None], vreq, 0)
         cum = np.cumsum(freed, axis=0)
         before = np.vstack([zero_row, cum])[seg]  # what the node's earlier victims freed, per node
+        cum_cost = np.cumsum(np.where(ok, vtotal, 0))
+        before_cost = np.r_[0, cum_cost][seg]
         room = free[vnode] + cum - before[seg_of]
         fit = np.min(np.where(need, room // np.where(need, r, 1), big), axis=1)
         fit_free = np.min(np.where(need, free[seg_node] // np.where(need, r, 1), big), axis=1)
@@ -308,7 +318,7 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         hit = ok & (fit >= target[seg_of]) & good[seg_of]
         first = np.minimum.reduceat(np.where(hit, np.arange(len(vgroup)), big), seg)
         cand = np.flatnonzero(good & (first < big))
-        cost_c = cum[first[cand], 0] - before[cand, 0]
+        cost_c = cum_cost[first[cand]] - before_cost[cand]
         chosen = cand[np.lexsort((cost_c, -target[cand]))[:per_class]]
         bid = np.full(len(seg), -1)
         bid[chosen] = n_bundles + np.arange(len(chosen))
@@ -332,7 +342,8 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     t3 = time.perf_counter()
     print(f"allocate+consolidate {t1 - t0:.2f} s; {len(groups)} pending groups modelled "
           f"({sum(1 for x in groups if x[2] == 0)} admitted by the reclaim rule), {len(classes)} classes; "
-          f"{len(vgroup)} single-node victim groups ({t2 - t1:.2f} s); {n_bundles} bundles ({t3 - t2:.2f} s, "
+          f"{len(vgroup)} victim units of {len(np.unique(vgroup))} groups ({t2 - t1:.2f} s); {n_bundles} bundles "
+          f"({t3 - t2:.2f} s, "
           "numpy per class)")
 
     lin = cp_model.LinearExpr
@@ -341,7 +352,7 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     y = [m.NewBoolVar("") for _ in groups]
     request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
     gpus = [round(float(r[0]) * 1000) for r in request]
-    e_gpu = vreq[e_pos, 0]
+    e_gpu = vtotal[e_pos]  # a unit costs its whole group (counted again by every bundle holding it)
     cost_arr = np.bincount(e_bundle, weights=e_gpu, minlength=n_bundles).astype(np.int64)
     cost = cost_arr.tolist()
 
@@ -463,12 +474,14 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         placed = [i for i in range(len(groups)) if groups[i][2] == kind and solver.Value(y[i])]
         verdicts[f"{name} groups"] = len(placed)
         chosen = [b for b in range(len(z)) if classes[bundles[b][0]][0] == kind and solver.Value(z[b])]
+        gone = {int(vgroup[p]): int(vtotal[p]) for b in chosen for p in bundles[b][3].tolist()}
         print(f"  {name}: {len(placed)} groups, {sum(len(groups[i][1]) for i in placed)} pods, "
-              f"{sum(gpus[i] for i in placed) / 1000:.1f} GPUs placed; {sum(len(bundles[b][3]) for b in chosen)} "
-              f"victim groups, {sum(cost[b] for b in chosen) / 1000:.1f} GPUs evicted")
+              f"{sum(gpus[i] for i in placed) / 1000:.1f} GPUs placed; {len(gone)} victim groups, "
+              f"{sum(gone.values()) / 1000:.1f} GPUs evicted")
     # each placed reclaimer in turn against KAI's own predicates, the ledger following the decisions: a group takes
     # its class's chosen bundles in order, and a bundle's victims count for the first group that uses it
     ledger = led.copy()
+    evicted: set[int] = set()  # victim groups gone so far (a group in several bundles goes once)
     room_left = {b: bundles[b][2] for b in range(len(z)) if solver.Value(z[b])}
     for c, idx in sorted(class_groups.items()):
         mine_b = [b for b in of_class.get(c, []) if b in room_left]
@@ -486,7 +499,10 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
                     need -= take
             q, np_work = int(s.pg_queue[g]), not bool(s.pg_preemptible[g])
             chunks = []
-            for v in (int(vgroup[p]) for b in first_use for p in bundles[b][3]):
+            for v in dict.fromkeys(int(vgroup[p]) for b in first_use for p in bundles[b][3]):
+                if v in evicted:
+                    continue
+                evicted.add(v)
                 pods = members[start[v]:start[v + 1]]
                 pods = pods[IS_ACTIVE[sess.status[pods]]]
                 chunks += [(int(s.pg_queue[v]), ch) for ch in victim_chunks(sess.queue_request(pods),
@@ -624,6 +640,8 @@ def main() -> int:
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy engine's cycle")
     ap.add_argument("--form", choices=("counts", "bundles"), default="bundles")
     ap.add_argument("--hint", action="store_true", help="bundles: start CP-SAT from a greedy over the bundles")
+    ap.add_argument("--spread", action="store_true", help="bundles: victim groups running on several nodes too "
+                    "(one unit per node; evicting one evicts the group)")
     ap.add_argument("--preempt", action="store_true", help="bundles: model preempt too (victims: running pods of "
                     "the group's queue with a lower priority)")
     args = ap.parse_args()
@@ -638,7 +656,8 @@ def main() -> int:
     if args.form == "counts":
         probe_counts(st, fs, args.candidates, args.victim_rule, args.budget)
     else:
-        probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint)
+        probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint,
+                      spread=args.spread)
     return 0
 
 
