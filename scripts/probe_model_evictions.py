@@ -145,12 +145,12 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
         ok = ctx.placer.static_mask(sig) & (releasable >= np.array(r)).all(axis=1) & (releasable[:, 0] > free[:, 0])
         idx = np.flatnonzero(ok)
         cand[k] = idx[np.argsort(-releasable[idx, 0], kind="stable")[:candidates]]
-    x = {(k, int(n)): m.NewIntVar(0, 64, "") for k in cand for n in cand[k]}
-    y = [m.NewBoolVar("") for _ in groups]
+    x = {(k, int(n)): m.new_int_var(0, 64, "") for k in cand for n in cand[k]}
+    y = [m.new_bool_var("") for _ in groups]
     in_model = np.zeros(len(s.node_names), dtype=bool)
     in_model[[n for _, n in x]] = True
     near = in_model[node]
-    e = {int(v): m.NewBoolVar("") for v in np.unique(owner[near])}
+    e = {int(v): m.new_bool_var("") for v in np.unique(owner[near])}
     held_on: dict[int, dict[int, np.ndarray]] = defaultdict(lambda: defaultdict(lambda: np.zeros(3, np.int64)))
     for i in np.flatnonzero(near).tolist():
         held_on[int(node[i])][int(owner[i])] += req[i]
@@ -162,9 +162,9 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
             terms = [(var, shapes[k][1][r]) for k, var in placed if shapes[k][1][r]]
             if terms:
                 freed = [(e[v], int(a[r])) for v, a in held_on[n].items() if a[r]]
-                m.Add(sum(c * v for v, c in terms) <= int(free[n, r]) + sum(c * v for v, c in freed))
+                m.add(sum(c * v for v, c in terms) <= int(free[n, r]) + sum(c * v for v, c in freed))
     for k in cand:
-        m.Add(sum(x[(k, int(n))] for n in cand[k]) == sum(len(groups[i][1]) * y[i] for i in range(len(groups))
+        m.add(sum(x[(k, int(n))] for n in cand[k]) == sum(len(groups[i][1]) * y[i] for i in range(len(groups))
                                                           if group_shape[i] == k))
     ledger = sess.ledger
     gpus = [round(float(sess.queue_request(t).sum(axis=0)[0]) * 1000) for _, t in groups]
@@ -172,7 +172,7 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
     for i, (g, _) in enumerate(groups):
         by_queue[int(s.pg_queue[g])].append(i)
     for q, idx in by_queue.items():
-        m.Add(sum(gpus[i] * y[i] for i in idx) <= int((fs.fair_share[q, 0] - ledger.allocated[q, 0]) * 1000))  # type: ignore[attr-defined]
+        m.add(sum(gpus[i] * y[i] for i in idx) <= int((fs.fair_share[q, 0] - ledger.allocated[q, 0]) * 1000))  # type: ignore[attr-defined]
     evicted_gpu = {v: int(req[owner == v, 0].sum()) for v in e}
     under: dict[int, list[int]] = defaultdict(list)
     for v in e:
@@ -181,23 +181,23 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
             under[a].append(v)
     share = fs.allocatable_share  # type: ignore[attr-defined]
     for a, vs in under.items():
-        m.Add(sum(evicted_gpu[v] * e[v] for v in vs) <= int(max(0.0, ledger.allocated[a, 0] - share[a, 0]) * 1000))
-    m.Maximize(sum(1000 * gpus[i] * y[i] for i in range(len(groups))) - sum(evicted_gpu[v] * e[v] for v in e))
+        m.add(sum(evicted_gpu[v] * e[v] for v in vs) <= int(max(0.0, ledger.allocated[a, 0] - share[a, 0]) * 1000))
+    m.maximize(sum(1000 * gpus[i] * y[i] for i in range(len(groups))) - sum(evicted_gpu[v] * e[v] for v in e))
     t3 = time.perf_counter()
     print(f"model: {len(x)} x, {len(y)} y, {len(e)} e over {int(in_model.sum())} nodes; built in {t3 - t2:.2f} s "
           "(per-term Python)")
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = budget
     solver.parameters.num_workers = 2
-    status = solver.Solve(m)
+    status = solver.solve(m)
     t4 = time.perf_counter()
-    placed_i = [i for i in range(len(groups)) if solver.Value(y[i])] if status in (cp_model.OPTIMAL,
+    placed_i = [i for i in range(len(groups)) if solver.value(y[i])] if status in (cp_model.OPTIMAL,
                                                                                   cp_model.FEASIBLE) else []
-    gone = [v for v in e if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.Value(e[v])]
-    print(f"solve {t4 - t3:.2f} s ({solver.StatusName(status)}): {len(placed_i)} groups, "
+    gone = [v for v in e if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and solver.value(e[v])]
+    print(f"solve {t4 - t3:.2f} s ({solver.status_name(status)}): {len(placed_i)} groups, "
           f"{sum(len(groups[i][1]) for i in placed_i)} pods, {sum(gpus[i] for i in placed_i) / 1000:.1f} GPUs placed; "
           f"{len(gone)} groups, {sum(evicted_gpu[v] for v in gone) / 1000:.1f} GPUs evicted; "
-          f"bound {solver.BestObjectiveBound() / 1e6:.1f} GPUs placed")
+          f"bound {solver.best_objective_bound / 1e6:.1f} GPUs placed")
 
 
 def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool, hint: bool,
@@ -348,8 +348,8 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
 
     lin = cp_model.LinearExpr
     m = cp_model.CpModel()
-    z = [m.NewBoolVar("") for _ in range(n_bundles)]
-    y = [m.NewBoolVar("") for _ in groups]
+    z = [m.new_bool_var("") for _ in range(n_bundles)]
+    y = [m.new_bool_var("") for _ in groups]
     request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
     gpus = [round(float(r[0]) * 1000) for r in request]
     e_gpu = vtotal[e_pos]  # a unit costs its whole group (counted again by every bundle holding it)
@@ -392,10 +392,10 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
 
     for bs in split(b_node, np.arange(n_bundles)).values():
         if len(bs) > 1:
-            m.AddAtMostOne([z[b] for b in bs.tolist()])
+            m.add_at_most_one([z[b] for b in bs.tolist()])
     for c, idx in class_groups.items():
         bs = of_class.get(c, [])
-        m.Add(lin.weighted_sum([z[b] for b in bs], [bundles[b][2] for b in bs])
+        m.add(lin.weighted_sum([z[b] for b in bs], [bundles[b][2] for b in bs])
               >= lin.weighted_sum([y[i] for i in idx], [len(groups[i][1]) for i in idx]))
     # the reclaimer's leaf queue within its fair share (can_reclaim, over every group placed)
     by_leaf: dict[int, list[int]] = defaultdict(list)
@@ -407,16 +407,16 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
             coef = [round(float(request[i][r]) * 1000) for i in idx]
             if any(coef):
                 room = max(0, int(np.floor((share[q, r] - led.allocated[q, r]) * 1000 + 1e-6)))
-                m.Add(lin.weighted_sum([y[i] for i in idx], coef) <= room)
+                m.add(lin.weighted_sum([y[i] for i in idx], coef) <= room)
     # the victim side: a sibling some victim is compared at keeps, after every eviction under it, its allocation
     # above its allocatable share (in GPUs; at the end, so at every earlier reclaim too)
     evicted_under = {q: lin.weighted_sum([z[b] for b in under_b[q].tolist()], under_a[q].tolist()) for q in under_b}
     sib_used = {}
     for sib, bs in leveled_at.items():
-        used = sib_used[sib] = m.NewBoolVar("")
+        used = sib_used[sib] = m.new_bool_var("")
         for b in bs:
-            m.AddImplication(z[b], used)
-        m.Add(evicted_under[sib] <= int(excess[sib])).OnlyEnforceIf(used)
+            m.add_implication(z[b], used)
+        m.add(evicted_under[sib] <= int(excess[sib])).only_enforce_if(used)
     # the reclaimer side: where victims are compared at sibling s, the reclaimer's side a stays within its fair share
     # or strictly less saturated than s (GPUs; a's placements all counted, s's evictions all taken: the end state)
     placed_under: dict[int, list[int]] = defaultdict(list)
@@ -428,29 +428,29 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         fa, fsib = share[a, 0], share[sib, 0]
         if fa == UNLIMITED or fsib <= 0 or fsib == UNLIMITED:
             continue
-        used, within = pair_vars[(a, sib)] = m.NewBoolVar(""), m.NewBoolVar("")
+        used, within = pair_vars[(a, sib)] = m.new_bool_var(""), m.new_bool_var("")
         for b in bs:
-            m.AddImplication(z[b], used)
+            m.add_implication(z[b], used)
         mine = lin.weighted_sum([y[i] for i in placed_under[a]], [gpus[i] for i in placed_under[a]]) \
             + int(led.allocated[a, 0] * 1000)
         theirs = int(led.allocated[sib, 0] * 1000) - evicted_under[sib]
-        m.Add(mine <= int(fa * 1000)).OnlyEnforceIf(within)
-        m.Add(round(mult * fsib * 1000) * mine + 1 <= round(fa * 1000) * theirs).OnlyEnforceIf([used, within.Not()])
-    m.Maximize(lin.weighted_sum(y, [1000 * g for g in gpus]) - lin.weighted_sum(z, cost))
+        m.add(mine <= int(fa * 1000)).only_enforce_if(within)
+        m.add(round(mult * fsib * 1000) * mine + 1 <= round(fa * 1000) * theirs).only_enforce_if([used, ~within])
+    m.maximize(lin.weighted_sum(y, [1000 * g for g in gpus]) - lin.weighted_sum(z, cost))
     built = time.perf_counter() - t3
     if hint:
         th = time.perf_counter()
         rows = _EndState(led, share, excess, mult, bundles, under, leveled_at, pairs, set(pair_vars))
         hz, hy = rows.greedy(groups, group_class, gpus, of_class, cost, request, s.pg_queue)
         for b in range(len(z)):
-            m.AddHint(z[b], b in hz)
+            m.add_hint(z[b], b in hz)
         for i in range(len(y)):
-            m.AddHint(y[i], i in hy)
+            m.add_hint(y[i], i in hy)
         for sib, used in sib_used.items():
-            m.AddHint(used, sib in rows.sibs)
+            m.add_hint(used, sib in rows.sibs)
         for (a, sib), (used, within) in pair_vars.items():
-            m.AddHint(used, (a, sib) in rows.pairs)
-            m.AddHint(within, rows.mine(a) <= int(share[a, 0] * 1000))
+            m.add_hint(used, (a, sib) in rows.pairs)
+            m.add_hint(within, rows.mine(a) <= int(share[a, 0] * 1000))
         print(f"hint (a greedy over the bundles, every row checked): {len(hy)} groups, "
               f"{sum(gpus[i] for i in hy) / 1000:.1f} GPUs placed, {sum(cost[b] for b in hz) / 1000:.1f} GPUs evicted "
               f"in {time.perf_counter() - th:.2f} s")
@@ -463,17 +463,23 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     solver.parameters.cp_model_probing_level = 0  # as the engine's solve (formulation/solve.py)
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.symmetry_level = 0
-    status = solver.Solve(m)
+    status = solver.solve(m)
     t5 = time.perf_counter()
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    print(f"solve {t5 - t4:.2f} s ({solver.StatusName(status)}), bound {solver.BestObjectiveBound() / 1e6:.1f} GPUs")
+    print(f"solve {t5 - t4:.2f} s ({solver.status_name(status)}), bound {solver.best_objective_bound / 1e6:.1f} GPUs")
     verdicts: Counter[str] = Counter()
-    if not found:
+    if found:
+        zs = {b for b in range(len(z)) if solver.value(z[b])}
+        ys = {i for i in range(len(y)) if solver.value(y[i])}
+    elif hint:  # no solution within the budget: the hint stands (a solution of the model by construction)
+        zs, ys = hz, hy
+        print("  no solution from CP-SAT: the hint stands")
+    else:
         return dict(verdicts)
     for kind, name in ((0, "reclaim"), (1, "preempt")):
-        placed = [i for i in range(len(groups)) if groups[i][2] == kind and solver.Value(y[i])]
+        placed = [i for i in range(len(groups)) if groups[i][2] == kind and i in ys]
         verdicts[f"{name} groups"] = len(placed)
-        chosen = [b for b in range(len(z)) if classes[bundles[b][0]][0] == kind and solver.Value(z[b])]
+        chosen = [b for b in range(len(z)) if classes[bundles[b][0]][0] == kind and b in zs]
         gone = {int(vgroup[p]): int(vtotal[p]) for b in chosen for p in bundles[b][3].tolist()}
         print(f"  {name}: {len(placed)} groups, {sum(len(groups[i][1]) for i in placed)} pods, "
               f"{sum(gpus[i] for i in placed) / 1000:.1f} GPUs placed; {len(gone)} victim groups, "
@@ -482,11 +488,11 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     # its class's chosen bundles in order, and a bundle's victims count for the first group that uses it
     ledger = led.copy()
     evicted: set[int] = set()  # victim groups gone so far (a group in several bundles goes once)
-    room_left = {b: bundles[b][2] for b in range(len(z)) if solver.Value(z[b])}
+    room_left = {b: bundles[b][2] for b in zs}
     for c, idx in sorted(class_groups.items()):
         mine_b = [b for b in of_class.get(c, []) if b in room_left]
         for i in idx:
-            if not solver.Value(y[i]):
+            if i not in ys:
                 continue
             g, tasks, kind = groups[i]
             need, first_use = len(tasks), []
