@@ -201,7 +201,7 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
 
 
 def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool, hint: bool,
-                  spread: bool = False) -> dict[str, int]:
+                  spread: bool = False, hint_order: str = "gpus") -> dict[str, int]:
     """`--form bundles` (see the module docstring). Returns KAI's verdicts on the placed reclaimers ("allowed" or
     the rule broken) and the groups placed per kind."""
     from ortools.sat.python import cp_model
@@ -441,7 +441,18 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     if hint:
         th = time.perf_counter()
         rows = _EndState(led, share, excess, mult, bundles, under, leveled_at, pairs, set(pair_vars))
-        hz, hy = rows.greedy(groups, group_class, gpus, of_class, cost, request, s.pg_queue)
+        if hint_order == "queue":  # KAI's job order at the start of the search (JobQueue pops, nothing placed between)
+            from kai_opt.heuristics.jobs import JobQueue
+
+            jq = JobQueue(sess, [g for g, _, _ in groups])
+            at = {g: i for i, (g, _, _) in enumerate(groups)}
+            popped = []
+            while (g := jq.pop()) is not None:
+                popped.append(at[g])
+            ranking = popped
+        else:
+            ranking = sorted(range(len(groups)), key=lambda i: (-gpus[i] / len(groups[i][1]), i))
+        hz, hy = rows.greedy(groups, group_class, gpus, of_class, cost, request, s.pg_queue, ranking)
         for b in range(len(z)):
             m.add_hint(z[b], b in hz)
         for i in range(len(y)):
@@ -590,9 +601,9 @@ class _EndState:
 
     def greedy(self, groups: list[tuple[int, list[int], int]], group_class: list[int], gpus: list[int],
                of_class: dict[int, list[int]], cost: list[int], request: list[np.ndarray],
-               queue_of: np.ndarray) -> tuple[set[int], set[int]]:
-        """Groups by GPUs per pod (most first); each takes its class's cheapest free bundles (GPUs evicted per pod)
-        while every row in use holds, all or nothing."""
+               queue_of: np.ndarray, ranking: list[int]) -> tuple[set[int], set[int]]:
+        """Groups in `ranking` order; each takes its class's cheapest free bundles (GPUs evicted per pod) while every
+        row in use holds, all or nothing."""
         taken: set[int] = set()
         nodes: set[int] = set()
         placed: set[int] = set()
@@ -600,7 +611,7 @@ class _EndState:
         leaf: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(3))
         by_cost = {c: sorted(bs, key=lambda b: (cost[b] / self.bundles[b][2], -self.bundles[b][2]))
                    for c, bs in of_class.items()}
-        for i in sorted(range(len(groups)), key=lambda i: (-gpus[i] / len(groups[i][1]), i)):
+        for i in ranking:
             g, tasks, kind = groups[i]
             q, c = int(queue_of[g]), group_class[i]
             if kind == 0 and (leaf[q] + request[i] > self.share[q] - self.led.allocated[q] + 1e-9).any():
@@ -646,6 +657,8 @@ def main() -> int:
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy engine's cycle")
     ap.add_argument("--form", choices=("counts", "bundles"), default="bundles")
     ap.add_argument("--hint", action="store_true", help="bundles: start CP-SAT from a greedy over the bundles")
+    ap.add_argument("--order", choices=("gpus", "queue"), default="gpus", help="hint: groups by GPUs per pod (most "
+                    "first) or in KAI's job order (JobQueue) at the start")
     ap.add_argument("--spread", action="store_true", help="bundles: victim groups running on several nodes too "
                     "(one unit per node; evicting one evicts the group)")
     ap.add_argument("--preempt", action="store_true", help="bundles: model preempt too (victims: running pods of "
@@ -663,7 +676,7 @@ def main() -> int:
         probe_counts(st, fs, args.candidates, args.victim_rule, args.budget)
     else:
         probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint,
-                      spread=args.spread)
+                      spread=args.spread, hint_order=args.order)
     return 0
 
 
