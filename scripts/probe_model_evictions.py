@@ -28,8 +28,19 @@ it stays above its allocatable share, and the reclaimer's side at that level sta
 less saturated (times the multiplier) than the sibling. The solution is then checked group by group with KAI's own
 predicates (`can_reclaim`, `reclaimable`) on a ledger that follows the decisions.
 
+`--form shared`: no model. In KAI's job order (`--order queue`) each admitted group's pods are placed one by one on
+room already free or being released, else on the node where evicting the fewest GPUs of eligible victims (fewest
+GPUs first) makes room, nodes shared between groups. Eligible: another queue's unprotected work whose queue, at the
+level its path leaves the reclaimer's, is above its allocatable share, and (`--rule turn`) against which the
+reclaimer's side is not already too saturated, both as the ledger stands at the group's turn; the group is kept if
+KAI's predicates (`--rule turn`) or the bundle model's end-state rows (`--rule end`) hold. The decisions are then
+replayed on the session: victims evicted, KAI's scenario simulation run (victims whose jobs would be allocated first
+go back), the pods placed by the engine's gang placer, the plan through `check_plan`, and the reclaims as made
+through KAI's predicates.
+
   scripts/probe_model_evictions.py --budget 2 --candidates 100                  # bundles, reclaim only
   scripts/probe_model_evictions.py --form counts --candidates 500 --victim-rule none --budget 1
+  scripts/probe_model_evictions.py --form shared --order queue --rule turn --spread
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -200,15 +212,12 @@ def probe_counts(st: object, fs: object, candidates: int, rule: str, budget: flo
           f"bound {solver.best_objective_bound / 1e6:.1f} GPUs placed")
 
 
-def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool, hint: bool,
-                  spread: bool = False, hint_order: str = "gpus") -> dict[str, int]:
-    """`--form bundles` (see the module docstring). Returns KAI's verdicts on the placed reclaimers ("allowed" or
-    the rule broken) and the groups placed per kind."""
-    from ortools.sat.python import cp_model
-
+def _setup(st: object, fs: object, *, preempt: bool, spread: bool) -> SimpleNamespace:
+    """What both search forms start from: a session after allocate and consolidate, the pending groups
+    modelled and their classes, the victim units sorted by node, queue paths, and each queue's GPUs above its
+    allocatable share."""
     from kai_opt.config import Config
-    from kai_opt.fairshare.reclaim import can_reclaim, reclaimable, victim_chunks
-    from kai_opt.fairshare.share import UNLIMITED
+    from kai_opt.fairshare.reclaim import can_reclaim
     from kai_opt.heuristics.actions import REGISTRY, ActionContext
     from kai_opt.heuristics.session import IS_ACTIVE, Session
     from kai_opt.heuristics.tasks import tasks_to_allocate
@@ -283,6 +292,30 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
     for q, anc in enumerate(led.ancestors):
         path[q, :len(anc)] = anc[::-1]
     excess = np.maximum(0.0, led.allocated[:, 0] - allocatable[:, 0]) * 1000  # milli-GPU above allocatable
+    return SimpleNamespace(led0=led.copy(), mult=mult, t0=t0, sess=sess, ctx=ctx, s=s, led=led, share=share,
+                           t1=t1, groups=groups,
+                           group_class=group_class, classes=classes, class_pods=class_pods,
+                           class_groups=class_groups, start=start, members=members, vgroup=vgroup, vnode=vnode,
+                           vreq=vreq, vtotal=vtotal, vqueue=vqueue, vprio=vprio, protected_r=protected_r,
+                           protected_p=protected_p, seg=seg, seg_node=seg_node, seg_of=seg_of, free=free, path=path,
+                           excess=excess)
+
+
+def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, preempt: bool, hint: bool,
+                  spread: bool = False, hint_order: str = "gpus") -> dict[str, int]:
+    """`--form bundles` (see the module docstring). Returns KAI's verdicts on the placed reclaimers ("allowed" or
+    the rule broken) and the groups placed per kind."""
+    from ortools.sat.python import cp_model
+
+    from kai_opt.fairshare.share import UNLIMITED
+
+    base = _setup(st, fs, preempt=preempt, spread=spread)
+    (mult, t0, sess, ctx, s, led, share, t1, groups, group_class, classes, class_pods, class_groups, vgroup, vnode,
+     vreq, vtotal, vqueue, vprio, protected_r, protected_p, seg, seg_node, seg_of, free, path, excess) = (
+        base.mult, base.t0, base.sess, base.ctx, base.s, base.led, base.share, base.t1, base.groups,
+        base.group_class, base.classes, base.class_pods, base.class_groups, base.vgroup, base.vnode, base.vreq,
+        base.vtotal, base.vqueue, base.vprio, base.protected_r, base.protected_p, base.seg, base.seg_node,
+        base.seg_of, base.free, base.path, base.excess)
     t2 = time.perf_counter()
     # bundles: per class and node, the fewest victims (fewest GPUs first) that let the most of the class's pods fit;
     # a bundle is (class, node, pods) with its victims as entries (bundle, victim position, sibling compared at)
@@ -495,18 +528,15 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
         print(f"  {name}: {len(placed)} groups, {sum(len(groups[i][1]) for i in placed)} pods, "
               f"{sum(gpus[i] for i in placed) / 1000:.1f} GPUs placed; {len(gone)} victim groups, "
               f"{sum(gone.values()) / 1000:.1f} GPUs evicted")
-    # each placed reclaimer in turn against KAI's own predicates, the ledger following the decisions: a group takes
-    # its class's chosen bundles in order, and a bundle's victims count for the first group that uses it
-    ledger = led.copy()
-    evicted: set[int] = set()  # victim groups gone so far (a group in several bundles goes once)
+    # a group takes its class's chosen bundles in order, and a bundle's victims count for the first group using it
     room_left = {b: bundles[b][2] for b in zs}
+    decisions: list[tuple[int, list[int]]] = []
     for c, idx in sorted(class_groups.items()):
         mine_b = [b for b in of_class.get(c, []) if b in room_left]
         for i in idx:
             if i not in ys:
                 continue
-            g, tasks, kind = groups[i]
-            need, first_use = len(tasks), []
+            need, first_use = len(groups[i][1]), []
             for b in mine_b:
                 take = min(need, room_left[b])
                 if take:
@@ -514,27 +544,283 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
                         first_use.append(b)
                     room_left[b] -= take
                     need -= take
-            q, np_work = int(s.pg_queue[g]), not bool(s.pg_preemptible[g])
-            chunks = []
-            for v in dict.fromkeys(int(vgroup[p]) for b in first_use for p in bundles[b][3]):
-                if v in evicted:
-                    continue
-                evicted.add(v)
-                pods = members[start[v]:start[v + 1]]
-                pods = pods[IS_ACTIVE[sess.status[pods]]]
-                chunks += [(int(s.pg_queue[v]), ch) for ch in victim_chunks(sess.queue_request(pods),
-                                                                              int(s.pg_min_member[v]))]
-            if kind == 0:
-                why = None if can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) else "can_reclaim"
-                why = why or reclaimable(sess.fs, ledger, q, request[i], chunks, preemptible=not np_work,
-                                         saturation_multiplier=mult)
-                verdicts[why or "allowed"] += 1
-            ledger.add(q, request[i], non_preemptible=np_work)
-            for qv, ch in chunks:
-                ledger.add(qv, -ch, non_preemptible=False)
+            decisions.append((i, [int(vgroup[p]) for b in first_use for p in bundles[b][3]]))
+    verdicts.update(_kai_check(base, decisions, request))
     print(f"  KAI's reclaim predicates on the placed reclaimers, in turn: "
-          f"{ {k: v for k, v in verdicts.items() if not k.endswith(' groups')} }")
+          f"{ {key: n for key, n in verdicts.items() if not key.endswith(' groups')} }")
     return dict(verdicts)
+
+
+def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule: str = "end") -> dict[str, int]:
+    """`--form shared`: no model; a greedy that places each admitted group's pods node by node (in KAI's job order, or
+    by GPUs per pod), on room already free or released, else on the node where evicting the fewest GPUs of eligible
+    victims (fewest GPUs first) makes room; nodes are shared between groups. The group is kept only if KAI's reclaim
+    rule in its end state still holds (the bundle model's rows), then checked with KAI's own predicates in turn."""
+    from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
+    from kai_opt.fairshare.share import UNLIMITED
+    from kai_opt.heuristics.jobs import JobQueue
+    from kai_opt.state.resources import R_CPU, R_GPU, R_MEM
+
+    cols = [R_GPU, R_CPU, R_MEM]
+    base = _setup(st, fs, preempt=False, spread=spread)
+    ledger = base.led.copy()  # rule "turn": the ledger following the decisions
+    sess, s, led, share, groups = base.sess, base.s, base.led, base.share, base.groups
+    vgroup, vnode, vreq, vtotal, vqueue = base.vgroup, base.vnode, base.vreq, base.vtotal, base.vqueue
+    seg, seg_node, seg_of, path, excess, mult = base.seg, base.seg_node, base.seg_of, base.path, base.excess, base.mult
+    t2 = time.perf_counter()
+    request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
+    gpus = [round(float(r[0]) * 1000) for r in request]
+    if hint_order == "queue":
+        jq = JobQueue(sess, [g for g, _, _ in groups])
+        at = {g: i for i, (g, _, _) in enumerate(groups)}
+        ranking = []
+        while (g := jq.pop()) is not None:
+            ranking.append(at[g])
+    else:
+        ranking = sorted(range(len(groups)), key=lambda i: (-gpus[i] / len(groups[i][1]), i))
+    units_of: dict[int, list[int]] = defaultdict(list)
+    for u, v in enumerate(vgroup.tolist()):
+        units_of[v].append(u)
+    vpath = path[vqueue]
+    room = (sess.alloc - sess.held)[:, cols].astype(np.int64)
+    alive = np.ones(len(vgroup), dtype=bool)
+    evicted_under: Counter[int] = Counter()
+    placed_under: Counter[int] = Counter()
+    sib_uses: Counter[int] = Counter()
+    pair_uses: Counter[tuple[int, int]] = Counter()
+    leaf: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(3))
+    zero = np.zeros((1, 3), dtype=np.int64)
+    big = 1 << 40
+
+    def holds() -> bool:
+        if any(n and evicted_under[sib] > int(excess[sib]) for sib, n in sib_uses.items()):
+            return False
+        for (a, sib), n in pair_uses.items():
+            fa, fsib = share[a, 0], share[sib, 0]
+            if not n or fa == UNLIMITED or fsib <= 0 or fsib == UNLIMITED:
+                continue
+            mine = int(led.allocated[a, 0] * 1000) + placed_under[a]
+            theirs = int(led.allocated[sib, 0] * 1000) - evicted_under[sib]
+            if mine > int(fa * 1000) and round(mult * fsib * 1000) * mine + 1 > round(fa * 1000) * theirs:
+                return False
+        return True
+
+    decisions: list[tuple[int, list[int]]] = []
+    stats: Counter[str] = Counter()
+    for i in ranking:
+        g, tasks, _ = groups[i]
+        q = int(s.pg_queue[g])
+        if (leaf[q] + request[i] > share[q] - led.allocated[q] + 1e-9).any():
+            stats["leaf"] += 1
+            continue
+        diff = vpath != path[q]
+        sibling = vpath[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
+        slack = excess if rule == "end" else np.maximum(  # rule "turn": the siblings' room as the ledger stands
+            0.0, ledger.allocated[:, 0] - sess.fs.allocatable_share[:, 0]) * 1000
+        eligible = diff.any(axis=1) & ~base.protected_r & (slack[np.maximum(sibling, 0)] > 0)
+        mine_at = path[q][np.minimum(np.array([len(a) - 1 for a in led.ancestors])[np.maximum(sibling, 0)],
+                                     path.shape[1] - 1)]  # q's side at each victim's sibling level
+        if rule == "turn":  # and a sibling the reclaimer's side already fails against (GPUs, as the ledger stands)
+            mine_now = ledger.allocated[mine_at, 0] + float(request[i][0])
+            fa, fsib = share[mine_at, 0], share[np.maximum(sibling, 0), 0]
+            theirs = ledger.allocated[np.maximum(sibling, 0), 0]
+            over = (fa != UNLIMITED) & (mine_now > fa * (1 + 1e-9))
+            comparable = (fsib > 0) & (fsib != UNLIMITED) & (fa != UNLIMITED)
+            fails = over & comparable & (mult * mine_now * np.where(comparable, fsib, 1)
+                                         >= theirs * np.where(comparable, fa, 1) * (1 - 1e-9))
+            eligible &= ~fails
+        journal_room: list[tuple[int, np.ndarray]] = []
+        gone: list[int] = []  # victim groups evicted for this group
+        ok = True
+        for t in tasks:
+            r = s.pod_req[t, cols].astype(np.int64)
+            need = r > 0
+            static = base.ctx.placer.static_mask(int(s.pod_sig[t]))
+            now = static & (room >= r).all(axis=1)
+            if now.any():
+                cand = np.flatnonzero(now)
+                n = int(cand[np.argmin(room[cand, 0])])
+            else:
+                live = eligible & alive & static[vnode]
+                freed = np.where(live[:, None], vreq, 0)
+                cum = np.cumsum(freed, axis=0)
+                after = room[vnode] + cum - np.vstack([zero, cum])[seg][seg_of]
+                hit = live & np.where(need, after >= r, True).all(axis=1)
+                first = np.minimum.reduceat(np.where(hit, np.arange(len(vgroup)), big), seg)
+                cost_cum = np.cumsum(np.where(live, vtotal, 0))
+                cost = np.where(first < big, cost_cum[np.minimum(first, len(vgroup) - 1)]
+                                - np.r_[0, cost_cum][seg], big)
+                best = int(np.argmin(cost))
+                if cost[best] >= big:
+                    ok = False
+                    break
+                n = int(seg_node[best])
+                for u in np.flatnonzero(live[seg[best]:first[best] + 1]) + seg[best]:
+                    v = int(vgroup[u])
+                    if not alive[u]:
+                        continue
+                    gone.append(v)
+                    for w in units_of[v]:
+                        alive[w] = False
+                        room[vnode[w]] += vreq[w]
+                        journal_room.append((int(vnode[w]), -vreq[w]))
+                    for a in led.ancestors[int(s.pg_queue[v])]:
+                        evicted_under[a] += int(vtotal[u])
+                    sib = int(sibling[u])
+                    sib_uses[sib] += 1
+                    pair_uses[(int(mine_at[u]), sib)] += 1
+            room[n] -= r
+            journal_room.append((n, r))
+        if ok and rule == "turn":  # KAI's predicates on the ledger as it stands at this group's turn
+            chunks = _chunks(base, dict.fromkeys(gone))
+            np_work = not bool(s.pg_preemptible[g])
+            ok = can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) and reclaimable(
+                sess.fs, ledger, q, request[i], chunks, preemptible=not np_work, saturation_multiplier=mult) is None
+            if ok:
+                ledger.add(q, request[i], non_preemptible=np_work)
+                for qv, ch in chunks:
+                    ledger.add(qv, -ch, non_preemptible=False)
+            else:
+                stats["rule"] += 1
+        elif ok:
+            for a in led.ancestors[q]:
+                placed_under[a] += gpus[i]
+            ok = holds()
+            if not ok:
+                for a in led.ancestors[q]:
+                    placed_under[a] -= gpus[i]
+                stats["rows"] += 1
+        else:
+            stats["no room"] += 1
+        if not ok:  # undo: room, victims, rows
+            for n, amount in reversed(journal_room):
+                room[n] += amount
+            for v in gone:
+                u0 = units_of[v][0]
+                for w in units_of[v]:
+                    alive[w] = True
+                for a in led.ancestors[int(s.pg_queue[v])]:
+                    evicted_under[a] -= int(vtotal[u0])
+                sib = int(sibling[u0])
+                sib_uses[sib] -= 1
+                pair_uses[(int(mine_at[u0]), sib)] -= 1
+            continue
+        leaf[q] += request[i]
+        decisions.append((i, gone))
+    t3 = time.perf_counter()
+    gone_all = {v for _, vs in decisions for v in vs}
+    total = {int(vgroup[u]): int(vtotal[u]) for u in range(len(vgroup))}
+    print(f"allocate+consolidate {base.t1 - base.t0:.2f} s; {len(groups)} groups admitted by the reclaim rule; "
+          f"{len(vgroup)} victim units of {len(np.unique(vgroup))} groups ({t2 - base.t1:.2f} s)")
+    print(f"shared-node greedy ({hint_order} order) in {t3 - t2:.2f} s: {len(decisions)} groups, "
+          f"{sum(len(groups[i][1]) for i, _ in decisions)} pods, {sum(gpus[i] for i, _ in decisions) / 1000:.1f} GPUs "
+          f"placed; {len(gone_all)} victim groups, {sum(total[v] for v in gone_all) / 1000:.1f} GPUs evicted; "
+          f"not placed: {dict(stats)}")
+    t4 = time.perf_counter()
+    real, made = _replay(base, decisions)
+    print(f"  replayed on the session and checked (check_plan passed) in {time.perf_counter() - t4:.2f} s: "
+          f"{real['groups']:.0f} groups, {real['GPUs']:.1f} GPUs placed ({real['failed']:.0f} could not be placed "
+          f"by the gang placer); {real['evicted pods']:.0f} pods, {real['evicted GPUs']:.1f} GPUs evicted; KAI's "
+          f"scenario simulation would re-allocate {real['ahead victims']:.0f} victim groups first, for "
+          f"{real['ahead groups']:.0f} of the groups")
+    verdicts = _kai_check(base, made, request)
+    print(f"  KAI's reclaim predicates on the reclaims as made, in turn: {dict(verdicts)}")
+    out = dict(verdicts)
+    out["reclaim groups"] = len(made)
+    return out
+
+
+def _chunks(base: SimpleNamespace, victims: Any) -> list[tuple[int, np.ndarray]]:
+    """KAI's victim chunks (leaf queue, resources) of whole victim groups."""
+    from kai_opt.fairshare.reclaim import victim_chunks
+    from kai_opt.heuristics.session import IS_ACTIVE
+
+    sess, s = base.sess, base.s
+    out: list[tuple[int, np.ndarray]] = []
+    for v in victims:
+        pods = base.members[base.start[v]:base.start[v + 1]]
+        pods = pods[IS_ACTIVE[sess.status[pods]]]
+        out += [(int(s.pg_queue[v]), ch) for ch in victim_chunks(sess.queue_request(pods), int(s.pg_min_member[v]))]
+    return out
+
+
+def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int]]]
+            ) -> tuple[dict[str, float], list[tuple[int, list[int]]]]:
+    """The decisions made real on the session, in turn: each group's victims evicted (reason reclaim), its pods placed
+    by the greedy engine's gang placer (pipelined onto what is being released; devices chosen as in any cycle), all
+    or nothing; then the plan through the independent checker (`check_plan`, raises on a violation)."""
+    from kai_opt.actions import ACTION_BY_NAME
+    from kai_opt.checker import check_plan
+    from kai_opt.heuristics.cycle import plan_from_session
+    from kai_opt.heuristics.session import IS_ACTIVE
+    from kai_opt.heuristics.victims import _PendingOrder, _victims_ahead
+
+    sess, s, ctx = base.sess, base.s, base.ctx
+    reason = ACTION_BY_NAME["reclaim"].eviction_reason
+    assert reason is not None
+    placed_groups, placed_gpu, failed, ahead_groups, ahead_victims = 0, 0.0, 0, 0, 0
+    gone: set[int] = set()
+    made: list[tuple[int, list[int]]] = []  # the decisions as made: group index, victim groups that stay evicted
+    for i, victims in decisions:
+        g, tasks, _ = base.groups[i]
+        cp = sess.checkpoint()
+        fresh = [v for v in dict.fromkeys(victims) if v not in gone]
+        pods = [int(p) for v in fresh for p in base.members[base.start[v]:base.start[v + 1]]
+                if IS_ACTIVE[sess.status[p]]]
+        if pods:
+            order = _PendingOrder(sess)  # the allocation order of the state this group's evictions start from
+            sess.evict_many(pods, reason, g)
+            chunks = [[int(p) for p in base.members[base.start[v]:base.start[v + 1]] if int(p) in set(pods)]
+                      for v in fresh]
+            back = _victims_ahead(sess, g, chunks, order)  # KAI's scenario simulation: victims re-allocated first
+            if back:  # (put back on the session: the placement below goes without them, as in KAI)
+                ahead_groups += 1
+                ahead_victims += len(back)
+                fresh = [v for k, v in enumerate(fresh) if k not in back]
+        attempt = ctx.gang.place(g, tasks, allow_pipeline=True)
+        if not attempt.ok:
+            sess.rollback(cp)
+            failed += 1
+            continue
+        sess.convert_to_pipelined(attempt.placed)
+        gone.update(fresh)
+        made.append((i, fresh))
+        placed_groups += 1
+        placed_gpu += float(s.pod_req[tasks, 2].sum()) / 1000
+    plan = plan_from_session(sess, ctx.reasons, "probe")
+    check_plan(s, plan, sess.fs, sess.cfg)
+    evicted = [e.pod for e in plan.evictions]
+    stats = {"groups": placed_groups, "GPUs": placed_gpu, "failed": failed, "evicted pods": len(evicted),
+             "ahead groups": ahead_groups, "ahead victims": ahead_victims,
+             "evicted GPUs": float(s.pod_req[evicted, 2].sum()) / 1000 if evicted else 0.0}
+    return stats, made
+
+
+def _kai_check(base: SimpleNamespace, decisions: list[tuple[int, list[int]]],
+               request: list[np.ndarray]) -> Counter[str]:
+    """Each placed reclaimer in turn (`decisions`: group index, victim groups) against KAI's own predicates
+    (`can_reclaim`, `reclaimable`) on a ledger that follows the decisions; a victim group goes once."""
+    from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
+
+    sess, s = base.sess, base.s
+    ledger = base.led0.copy()
+    evicted: set[int] = set()
+    verdicts: Counter[str] = Counter()
+    for i, victims in decisions:
+        g, _, kind = base.groups[i]
+        q, np_work = int(s.pg_queue[g]), not bool(s.pg_preemptible[g])
+        fresh = [v for v in dict.fromkeys(victims) if v not in evicted]
+        evicted.update(fresh)
+        chunks = _chunks(base, fresh)
+        if kind == 0:
+            why = None if can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) else "can_reclaim"
+            why = why or reclaimable(sess.fs, ledger, q, request[i], chunks, preemptible=not np_work,
+                                     saturation_multiplier=base.mult)
+            verdicts[why or "allowed"] += 1
+        ledger.add(q, request[i], non_preemptible=np_work)
+        for qv, ch in chunks:
+            ledger.add(qv, -ch, non_preemptible=False)
+    return verdicts
 
 
 class _EndState:
@@ -655,11 +941,14 @@ def main() -> int:
     ap.add_argument("--victim-rule", choices=RULES, default="every")
     ap.add_argument("--budget", type=float, default=1.0, help="CP-SAT time limit, s")
     ap.add_argument("--no-greedy", action="store_true", help="skip the greedy engine's cycle")
-    ap.add_argument("--form", choices=("counts", "bundles"), default="bundles")
+    ap.add_argument("--form", choices=("counts", "bundles", "shared"), default="bundles")
+    ap.add_argument("--rule", choices=("end", "turn"), default="end", help="shared: KAI's reclaim rule in its end "
+                    "state (the bundle model's rows) or KAI's predicates at each group's turn")
     ap.add_argument("--hint", action="store_true", help="bundles: start CP-SAT from a greedy over the bundles")
-    ap.add_argument("--order", choices=("gpus", "queue"), default="gpus", help="hint: groups by GPUs per pod (most "
-                    "first) or in KAI's job order (JobQueue) at the start")
-    ap.add_argument("--spread", action="store_true", help="bundles: victim groups running on several nodes too "
+    ap.add_argument("--order", choices=("gpus", "queue"), default="gpus",
+                    help="bundles hint and shared: groups by GPUs per pod (most first) or in KAI's job order "
+                    "(JobQueue) at the start")
+    ap.add_argument("--spread", action="store_true", help="bundles and shared: victim groups on several nodes too "
                     "(one unit per node; evicting one evicts the group)")
     ap.add_argument("--preempt", action="store_true", help="bundles: model preempt too (victims: running pods of "
                     "the group's queue with a lower priority)")
@@ -674,6 +963,8 @@ def main() -> int:
         greedy_gains(st, fs)
     if args.form == "counts":
         probe_counts(st, fs, args.candidates, args.victim_rule, args.budget)
+    elif args.form == "shared":
+        probe_shared(st, fs, spread=args.spread, hint_order=args.order, rule=args.rule)
     else:
         probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint,
                       spread=args.spread, hint_order=args.order)

@@ -25,3 +25,16 @@ def test_every_modelled_reclaim_passes_kais_predicates(probe: object, tmp_path: 
     verdicts = {k: v for k, v in out.items() if not k.endswith(" groups")}
     assert out["reclaim groups"] > 0  # the hint alone places some: a complete, feasible start
     assert verdicts == {"allowed": out["reclaim groups"]}
+
+
+def test_shared_greedy_reclaims_pass_the_checker_and_kais_predicates(probe: object, tmp_path: Path) -> None:
+    """The node-sharing greedy, replayed on the session with KAI's scenario simulation: the plan passes check_plan
+    (inside the probe; it raises otherwise) and every reclaim as made passes KAI's predicates in turn."""
+    from kai_opt.fairshare import compute_fair_share
+
+    st = probe._state(str(tmp_path), 1000, 0)  # type: ignore[attr-defined]
+    fs = compute_fair_share(st)
+    out = probe.probe_shared(st, fs, spread=True, hint_order="queue", rule="turn")  # type: ignore[attr-defined]
+    verdicts = {k: v for k, v in out.items() if not k.endswith(" groups")}
+    assert out["reclaim groups"] > 0
+    assert verdicts == {"allowed": out["reclaim groups"]}
