@@ -33,14 +33,15 @@ room already free or being released, else on the node where evicting the fewest 
 GPUs first) makes room, nodes shared between groups. Eligible: another queue's unprotected work whose queue, at the
 level its path leaves the reclaimer's, is above its allocatable share, and (`--rule turn`) against which the
 reclaimer's side is not already too saturated, both as the ledger stands at the group's turn; the group is kept if
-KAI's predicates (`--rule turn`) or the bundle model's end-state rows (`--rule end`) hold. The decisions are then
-replayed on the session: victims evicted, KAI's scenario simulation run (victims whose jobs would be allocated first
-go back), the pods placed by the engine's gang placer, the plan through `check_plan`, and the reclaims as made
-through KAI's predicates.
+KAI's predicates (`--rule turn`) or the bundle model's end-state rows (`--rule end`) hold; with `--preempt`, KAI's
+preempt then runs the same way for every group still pending (victims: its queue's lower-priority work). The
+decisions are then replayed on the session: victims evicted, KAI's scenario simulation run for reclaims (victims
+whose jobs would be allocated first go back), the pods placed by the engine's gang placer, the plan through
+`check_plan`, and the reclaims as made through KAI's predicates.
 
   scripts/probe_model_evictions.py --budget 2 --candidates 100                  # bundles, reclaim only
   scripts/probe_model_evictions.py --form counts --candidates 500 --victim-rule none --budget 1
-  scripts/probe_model_evictions.py --form shared --order queue --rule turn --spread
+  scripts/probe_model_evictions.py --form shared --order queue --rule turn --spread --preempt
 """
 
 from __future__ import annotations
@@ -530,7 +531,7 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
               f"{sum(gone.values()) / 1000:.1f} GPUs evicted")
     # a group takes its class's chosen bundles in order, and a bundle's victims count for the first group using it
     room_left = {b: bundles[b][2] for b in zs}
-    decisions: list[tuple[int, list[int]]] = []
+    decisions: list[tuple[int, list[int], str]] = []
     for c, idx in sorted(class_groups.items()):
         mine_b = [b for b in of_class.get(c, []) if b in room_left]
         for i in idx:
@@ -544,28 +545,32 @@ def probe_bundles(st: object, fs: object, per_class: int, budget: float, *, pree
                         first_use.append(b)
                     room_left[b] -= take
                     need -= take
-            decisions.append((i, [int(vgroup[p]) for b in first_use for p in bundles[b][3]]))
+            decisions.append((i, [int(vgroup[p]) for b in first_use for p in bundles[b][3]],
+                              "reclaim" if groups[i][2] == 0 else "preempt"))
     verdicts.update(_kai_check(base, decisions, request))
     print(f"  KAI's reclaim predicates on the placed reclaimers, in turn: "
           f"{ {key: n for key, n in verdicts.items() if not key.endswith(' groups')} }")
     return dict(verdicts)
 
 
-def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule: str = "end") -> dict[str, int]:
+def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule: str = "end",
+                 preempt: bool = False) -> dict[str, int]:
     """`--form shared`: no model; a greedy that places each admitted group's pods node by node (in KAI's job order, or
     by GPUs per pod), on room already free or released, else on the node where evicting the fewest GPUs of eligible
     victims (fewest GPUs first) makes room; nodes are shared between groups. The group is kept only if KAI's reclaim
     rule in its end state still holds (the bundle model's rows), then checked with KAI's own predicates in turn."""
+    from kai_opt.fairshare.capacity import non_preemptible_over_quota
     from kai_opt.fairshare.reclaim import can_reclaim, reclaimable
     from kai_opt.fairshare.share import UNLIMITED
     from kai_opt.heuristics.jobs import JobQueue
     from kai_opt.state.resources import R_CPU, R_GPU, R_MEM
 
     cols = [R_GPU, R_CPU, R_MEM]
-    base = _setup(st, fs, preempt=False, spread=spread)
+    base = _setup(st, fs, preempt=preempt, spread=spread)
     ledger = base.led.copy()  # rule "turn": the ledger following the decisions
     sess, s, led, share, groups = base.sess, base.s, base.led, base.share, base.groups
     vgroup, vnode, vreq, vtotal, vqueue = base.vgroup, base.vnode, base.vreq, base.vtotal, base.vqueue
+    vprio = base.vprio
     seg, seg_node, seg_of, path, excess, mult = base.seg, base.seg_node, base.seg_of, base.path, base.excess, base.mult
     t2 = time.perf_counter()
     request = [sess.queue_request(t).sum(axis=0) for _, t, _ in groups]
@@ -605,30 +610,24 @@ def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule:
                 return False
         return True
 
-    decisions: list[tuple[int, list[int]]] = []
+    decisions: list[tuple[int, list[int], str]] = []
     stats: Counter[str] = Counter()
-    for i in ranking:
+
+    def attempt(i: int, mode: str) -> None:
         g, tasks, _ = groups[i]
         q = int(s.pg_queue[g])
-        if (leaf[q] + request[i] > share[q] - led.allocated[q] + 1e-9).any():
+        if mode == "preempt":  # the group's own queue's lower-priority work; no fair-share rule
+            if not bool(s.pg_preemptible[g]) and non_preemptible_over_quota(sess.fs, ledger, q, request[i]) is not None:
+                stats["preempt: over quota"] += 1  # (KAI's preempt admits non-preemptible work within its quota)
+                return
+            sibling = np.full(len(vqueue), -1)
+            mine_at = sibling
+            eligible = (vqueue == q) & (vprio < int(s.pg_priority[g])) & ~base.protected_p
+        elif (leaf[q] + request[i] > share[q] - led.allocated[q] + 1e-9).any():
             stats["leaf"] += 1
-            continue
-        diff = vpath != path[q]
-        sibling = vpath[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
-        slack = excess if rule == "end" else np.maximum(  # rule "turn": the siblings' room as the ledger stands
-            0.0, ledger.allocated[:, 0] - sess.fs.allocatable_share[:, 0]) * 1000
-        eligible = diff.any(axis=1) & ~base.protected_r & (slack[np.maximum(sibling, 0)] > 0)
-        mine_at = path[q][np.minimum(np.array([len(a) - 1 for a in led.ancestors])[np.maximum(sibling, 0)],
-                                     path.shape[1] - 1)]  # q's side at each victim's sibling level
-        if rule == "turn":  # and a sibling the reclaimer's side already fails against (GPUs, as the ledger stands)
-            mine_now = ledger.allocated[mine_at, 0] + float(request[i][0])
-            fa, fsib = share[mine_at, 0], share[np.maximum(sibling, 0), 0]
-            theirs = ledger.allocated[np.maximum(sibling, 0), 0]
-            over = (fa != UNLIMITED) & (mine_now > fa * (1 + 1e-9))
-            comparable = (fsib > 0) & (fsib != UNLIMITED) & (fa != UNLIMITED)
-            fails = over & comparable & (mult * mine_now * np.where(comparable, fsib, 1)
-                                         >= theirs * np.where(comparable, fa, 1) * (1 - 1e-9))
-            eligible &= ~fails
+            return
+        else:
+            sibling, mine_at, eligible = reclaim_victims(i, q)
         journal_room: list[tuple[int, np.ndarray]] = []
         gone: list[int] = []  # victim groups evicted for this group
         ok = True
@@ -664,23 +663,22 @@ def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule:
                         alive[w] = False
                         room[vnode[w]] += vreq[w]
                         journal_room.append((int(vnode[w]), -vreq[w]))
-                    for a in led.ancestors[int(s.pg_queue[v])]:
-                        evicted_under[a] += int(vtotal[u])
-                    sib = int(sibling[u])
-                    sib_uses[sib] += 1
-                    pair_uses[(int(mine_at[u]), sib)] += 1
+                    if mode == "reclaim":
+                        for a in led.ancestors[int(s.pg_queue[v])]:
+                            evicted_under[a] += int(vtotal[u])
+                        sib = int(sibling[u])
+                        sib_uses[sib] += 1
+                        pair_uses[(int(mine_at[u]), sib)] += 1
             room[n] -= r
             journal_room.append((n, r))
-        if ok and rule == "turn":  # KAI's predicates on the ledger as it stands at this group's turn
-            chunks = _chunks(base, dict.fromkeys(gone))
-            np_work = not bool(s.pg_preemptible[g])
+        np_work = not bool(s.pg_preemptible[g])
+        chunks = _chunks(base, dict.fromkeys(gone)) if ok else []
+        if ok and mode == "preempt":
+            pass
+        elif ok and rule == "turn":  # KAI's predicates on the ledger as it stands at this group's turn
             ok = can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) and reclaimable(
                 sess.fs, ledger, q, request[i], chunks, preemptible=not np_work, saturation_multiplier=mult) is None
-            if ok:
-                ledger.add(q, request[i], non_preemptible=np_work)
-                for qv, ch in chunks:
-                    ledger.add(qv, -ch, non_preemptible=False)
-            else:
+            if not ok:
                 stats["rule"] += 1
         elif ok:
             for a in led.ancestors[q]:
@@ -691,7 +689,7 @@ def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule:
                     placed_under[a] -= gpus[i]
                 stats["rows"] += 1
         else:
-            stats["no room"] += 1
+            stats[f"{mode}: no room"] += 1
         if not ok:  # undo: room, victims, rows
             for n, amount in reversed(journal_room):
                 room[n] += amount
@@ -699,23 +697,61 @@ def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule:
                 u0 = units_of[v][0]
                 for w in units_of[v]:
                     alive[w] = True
-                for a in led.ancestors[int(s.pg_queue[v])]:
-                    evicted_under[a] -= int(vtotal[u0])
-                sib = int(sibling[u0])
-                sib_uses[sib] -= 1
-                pair_uses[(int(mine_at[u0]), sib)] -= 1
-            continue
-        leaf[q] += request[i]
-        decisions.append((i, gone))
+                if mode == "reclaim":
+                    for a in led.ancestors[int(s.pg_queue[v])]:
+                        evicted_under[a] -= int(vtotal[u0])
+                    sib = int(sibling[u0])
+                    sib_uses[sib] -= 1
+                    pair_uses[(int(mine_at[u0]), sib)] -= 1
+            return
+        ledger.add(q, request[i], non_preemptible=np_work)
+        for qv, ch in chunks:
+            ledger.add(qv, -ch, non_preemptible=False)
+        if mode == "reclaim":
+            leaf[q] += request[i]
+        decisions.append((i, gone, mode))
+        placed.add(i)
+
+    def reclaim_victims(i: int, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per victim unit: the sibling it is compared at, q's side there, and whether it may go for q now."""
+        diff = vpath != path[q]
+        sibling = vpath[np.arange(len(vqueue)), np.argmax(diff, axis=1)]
+        slack = excess if rule == "end" else np.maximum(  # rule "turn": the siblings' room as the ledger stands
+            0.0, ledger.allocated[:, 0] - sess.fs.allocatable_share[:, 0]) * 1000
+        eligible = diff.any(axis=1) & ~base.protected_r & (slack[np.maximum(sibling, 0)] > 0)
+        mine_at = path[q][np.minimum(np.array([len(a) - 1 for a in led.ancestors])[np.maximum(sibling, 0)],
+                                     path.shape[1] - 1)]  # q's side at each victim's sibling level
+        if rule == "turn":  # and a sibling the reclaimer's side already fails against (GPUs, as the ledger stands)
+            mine_now = ledger.allocated[mine_at, 0] + float(request[i][0])
+            fa, fsib = share[mine_at, 0], share[np.maximum(sibling, 0), 0]
+            theirs = ledger.allocated[np.maximum(sibling, 0), 0]
+            over = (fa != UNLIMITED) & (mine_now > fa * (1 + 1e-9))
+            comparable = (fsib > 0) & (fsib != UNLIMITED) & (fa != UNLIMITED)
+            fails = over & comparable & (mult * mine_now * np.where(comparable, fsib, 1)
+                                         >= theirs * np.where(comparable, fa, 1) * (1 - 1e-9))
+            eligible &= ~fails
+        return sibling, mine_at, eligible
+
+    placed: set[int] = set()
+    for i in ranking:
+        if groups[i][2] == 0:
+            attempt(i, "reclaim")
+    if preempt:  # KAI's preempt runs after reclaim, for every group still pending
+        for i in ranking:
+            if i not in placed:
+                attempt(i, "preempt")
     t3 = time.perf_counter()
-    gone_all = {v for _, vs in decisions for v in vs}
     total = {int(vgroup[u]): int(vtotal[u]) for u in range(len(vgroup))}
-    print(f"allocate+consolidate {base.t1 - base.t0:.2f} s; {len(groups)} groups admitted by the reclaim rule; "
-          f"{len(vgroup)} victim units of {len(np.unique(vgroup))} groups ({t2 - base.t1:.2f} s)")
-    print(f"shared-node greedy ({hint_order} order) in {t3 - t2:.2f} s: {len(decisions)} groups, "
-          f"{sum(len(groups[i][1]) for i, _ in decisions)} pods, {sum(gpus[i] for i, _ in decisions) / 1000:.1f} GPUs "
-          f"placed; {len(gone_all)} victim groups, {sum(total[v] for v in gone_all) / 1000:.1f} GPUs evicted; "
+    print(f"allocate+consolidate {base.t1 - base.t0:.2f} s; {len(groups)} pending groups "
+          f"({sum(1 for x in groups if x[2] == 0)} admitted by the reclaim rule); {len(vgroup)} victim units of "
+          f"{len(np.unique(vgroup))} groups ({t2 - base.t1:.2f} s); the greedy ({hint_order} order) {t3 - t2:.2f} s; "
           f"not placed: {dict(stats)}")
+    for mode in ("reclaim", "preempt"):
+        mine = [(i, vs) for i, vs, m_ in decisions if m_ == mode]
+        gone_all = {v for _, vs in mine for v in vs}
+        print(f"  {mode}: {len(mine)} groups, {sum(len(groups[i][1]) for i, _ in mine)} pods, "
+              f"{sum(gpus[i] for i, _ in mine) / 1000:.1f} GPUs placed; {len(gone_all)} victim groups, "
+              f"{sum(total[v] for v in gone_all) / 1000:.1f} GPUs evicted")
     t4 = time.perf_counter()
     real, made = _replay(base, decisions)
     print(f"  replayed on the session and checked (check_plan passed) in {time.perf_counter() - t4:.2f} s: "
@@ -726,7 +762,11 @@ def probe_shared(st: object, fs: object, *, spread: bool, hint_order: str, rule:
     verdicts = _kai_check(base, made, request)
     print(f"  KAI's reclaim predicates on the reclaims as made, in turn: {dict(verdicts)}")
     out = dict(verdicts)
-    out["reclaim groups"] = len(made)
+    for mode in ("reclaim", "preempt"):
+        mine = [i for i, _, m_ in made if m_ == mode]
+        out[f"{mode} groups"] = len(mine)
+        if mine:
+            print(f"  as made, {mode}: {len(mine)} groups, {sum(gpus[i] for i in mine) / 1000:.1f} GPUs placed")
     return out
 
 
@@ -744,8 +784,8 @@ def _chunks(base: SimpleNamespace, victims: Any) -> list[tuple[int, np.ndarray]]
     return out
 
 
-def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int]]]
-            ) -> tuple[dict[str, float], list[tuple[int, list[int]]]]:
+def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int], str]]
+            ) -> tuple[dict[str, float], list[tuple[int, list[int], str]]]:
     """The decisions made real on the session, in turn: each group's victims evicted (reason reclaim), its pods placed
     by the greedy engine's gang placer (pipelined onto what is being released; devices chosen as in any cycle), all
     or nothing; then the plan through the independent checker (`check_plan`, raises on a violation)."""
@@ -756,23 +796,24 @@ def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int]]]
     from kai_opt.heuristics.victims import _PendingOrder, _victims_ahead
 
     sess, s, ctx = base.sess, base.s, base.ctx
-    reason = ACTION_BY_NAME["reclaim"].eviction_reason
-    assert reason is not None
     placed_groups, placed_gpu, failed, ahead_groups, ahead_victims = 0, 0.0, 0, 0, 0
     gone: set[int] = set()
-    made: list[tuple[int, list[int]]] = []  # the decisions as made: group index, victim groups that stay evicted
-    for i, victims in decisions:
+    made: list[tuple[int, list[int], str]] = []  # the decisions as made: group, victim groups that stay evicted
+    for i, victims, mode in decisions:
         g, tasks, _ = base.groups[i]
         cp = sess.checkpoint()
         fresh = [v for v in dict.fromkeys(victims) if v not in gone]
         pods = [int(p) for v in fresh for p in base.members[base.start[v]:base.start[v + 1]]
                 if IS_ACTIVE[sess.status[p]]]
+        reason = ACTION_BY_NAME[mode].eviction_reason
+        assert reason is not None
         if pods:
             order = _PendingOrder(sess)  # the allocation order of the state this group's evictions start from
             sess.evict_many(pods, reason, g)
             chunks = [[int(p) for p in base.members[base.start[v]:base.start[v + 1]] if int(p) in set(pods)]
                       for v in fresh]
-            back = _victims_ahead(sess, g, chunks, order)  # KAI's scenario simulation: victims re-allocated first
+            # KAI's scenario simulation (reclaim's): victims re-allocated first
+            back = _victims_ahead(sess, g, chunks, order) if mode == "reclaim" else set()
             if back:  # (put back on the session: the placement below goes without them, as in KAI)
                 ahead_groups += 1
                 ahead_victims += len(back)
@@ -784,7 +825,7 @@ def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int]]]
             continue
         sess.convert_to_pipelined(attempt.placed)
         gone.update(fresh)
-        made.append((i, fresh))
+        made.append((i, fresh, mode))
         placed_groups += 1
         placed_gpu += float(s.pod_req[tasks, 2].sum()) / 1000
     plan = plan_from_session(sess, ctx.reasons, "probe")
@@ -796,7 +837,7 @@ def _replay(base: SimpleNamespace, decisions: list[tuple[int, list[int]]]
     return stats, made
 
 
-def _kai_check(base: SimpleNamespace, decisions: list[tuple[int, list[int]]],
+def _kai_check(base: SimpleNamespace, decisions: list[tuple[int, list[int], str]],
                request: list[np.ndarray]) -> Counter[str]:
     """Each placed reclaimer in turn (`decisions`: group index, victim groups) against KAI's own predicates
     (`can_reclaim`, `reclaimable`) on a ledger that follows the decisions; a victim group goes once."""
@@ -806,13 +847,13 @@ def _kai_check(base: SimpleNamespace, decisions: list[tuple[int, list[int]]],
     ledger = base.led0.copy()
     evicted: set[int] = set()
     verdicts: Counter[str] = Counter()
-    for i, victims in decisions:
-        g, _, kind = base.groups[i]
+    for i, victims, mode in decisions:
+        g = base.groups[i][0]
         q, np_work = int(s.pg_queue[g]), not bool(s.pg_preemptible[g])
         fresh = [v for v in dict.fromkeys(victims) if v not in evicted]
         evicted.update(fresh)
         chunks = _chunks(base, fresh)
-        if kind == 0:
+        if mode == "reclaim":
             why = None if can_reclaim(sess.fs, ledger, q, request[i], preemptible=not np_work) else "can_reclaim"
             why = why or reclaimable(sess.fs, ledger, q, request[i], chunks, preemptible=not np_work,
                                      saturation_multiplier=base.mult)
@@ -950,7 +991,7 @@ def main() -> int:
                     "(JobQueue) at the start")
     ap.add_argument("--spread", action="store_true", help="bundles and shared: victim groups on several nodes too "
                     "(one unit per node; evicting one evicts the group)")
-    ap.add_argument("--preempt", action="store_true", help="bundles: model preempt too (victims: running pods of "
+    ap.add_argument("--preempt", action="store_true", help="bundles and shared: preempt too (victims: running pods of "
                     "the group's queue with a lower priority)")
     args = ap.parse_args()
     from kai_opt.fairshare import compute_fair_share
@@ -964,7 +1005,7 @@ def main() -> int:
     if args.form == "counts":
         probe_counts(st, fs, args.candidates, args.victim_rule, args.budget)
     elif args.form == "shared":
-        probe_shared(st, fs, spread=args.spread, hint_order=args.order, rule=args.rule)
+        probe_shared(st, fs, spread=args.spread, hint_order=args.order, rule=args.rule, preempt=args.preempt)
     else:
         probe_bundles(st, fs, args.candidates, args.budget, preempt=args.preempt, hint=args.hint,
                       spread=args.spread, hint_order=args.order)
