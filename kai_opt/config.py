@@ -49,6 +49,14 @@ class Engine(StrEnum):
     cpsat = "cpsat"
 
 
+class VictimSearch(StrEnum):
+    """How reclaim and preempt choose victims: KAI's search (victims in KAI's victim order until the job fits), or
+    scenarios over the cheapest victims (kai_opt/heuristics/cheapest_victims.py)."""
+
+    kai = "kai"
+    cheapest = "cheapest"
+
+
 class BinderKind(StrEnum):
     """Who binds kai-opt's placements: kai-opt itself (pods/binding), or KAI-Scheduler's binder (kai-opt writes
     BindRequests), so a cluster running KAI keeps one binder."""
@@ -488,6 +496,11 @@ class Config(_Model):
     max_victim_scenarios: int = Field(8, ge=1, le=INT32_MAX,
                                       description="victim scenarios (evict the next victims, then try "
                                       "to place) simulated per pending job and action")
+    victim_search: VictimSearch = Field(VictimSearch.kai, description="reclaim and preempt: kai takes victims in "
+                                        "KAI's victim order until the job fits (KAI's plans); cheapest first picks, "
+                                        "per pod, the node where evicting the fewest GPUs makes room, and tries those "
+                                        "victims (KAI's rules and scenario simulation still judge them): faster on "
+                                        "large clusters, other victims than KAI's")
     max_victim_chunks: int = Field(500, ge=-1, le=INT32_MAX,
                                    description="victim chunks (a gang's core, or one elastic pod) one "
                                    "search may evict before it gives up (-1 = unlimited); bounds a cycle's time")

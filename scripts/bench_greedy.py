@@ -13,6 +13,7 @@ Target (the issue): cycle <= 1 s and peak memory <= 2 GB at 10,000 nodes.
   scripts/bench_greedy.py                                  # 1k, 5k, 10k nodes; prints a table
   scripts/bench_greedy.py --sizes 1000 --cycles 1 --profile 25
   scripts/bench_greedy.py --sizes 10000 --actions allocate,reclaim
+  scripts/bench_greedy.py --sizes 1000,5000,10000 --cycles 2 --victim-search cheapest   # victims chosen by cost
   scripts/bench_greedy.py --sizes 1000,5000,10000 --cycles 20 --engine cpsat --time-budget 1   # CP-SAT's bar
 """
 
@@ -108,7 +109,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     state = _state(args, n)
     res: dict[str, Any] = {"nodes": n, "pods": state.n_pods, "groups": state.n_groups, "rss_state_mb": _peak_mb()}
     actions = PHASES if args.actions == "all" else tuple(a.strip() for a in args.actions.split(","))
-    cfg = Config.model_validate({"engine": args.engine, "solver": {"time_budget_s": args.time_budget}})
+    cfg = Config.model_validate({"engine": args.engine, "solver": {"time_budget_s": args.time_budget},
+                                 "victim_search": args.victim_search})
     cycles: list[dict[str, float]] = []
     prof = cProfile.Profile() if args.profile else None
     tree = _TreeMemory()
@@ -155,6 +157,7 @@ def main() -> int:
     ap.add_argument("--engine", default="greedy", choices=("greedy", "cpsat"),
                     help="cpsat: the greedy plan, then CP-SAT under --time-budget (statuses printed)")
     ap.add_argument("--time-budget", type=float, default=1.0, help="CP-SAT's solver.time_budget_s")
+    ap.add_argument("--victim-search", default="kai", choices=("kai", "cheapest"), help="the config's victim_search")
     ap.add_argument("--cache-dir", default="/tmp", help="where the built states are cached (pickle)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per size before giving up")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N cProfile rows (stderr)")
@@ -174,7 +177,7 @@ def main() -> int:
     for n in (int(s) for s in args.sizes.split(",")):
         cmd = [sys.executable, __file__, "--child", str(n), "--cycles", str(args.cycles), "--seed", str(args.seed),
                "--actions", args.actions, "--cache-dir", args.cache_dir, "--profile", str(args.profile),
-               "--engine", args.engine, "--time-budget", str(args.time_budget)]
+               "--engine", args.engine, "--time-budget", str(args.time_budget), "--victim-search", args.victim_search]
         try:
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:

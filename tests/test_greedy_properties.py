@@ -62,3 +62,24 @@ def test_consolidation_and_reclaim_do_not_undo_each_other() -> None:
     result = simulate(snapshot(objs), GREEDY, cycles=10, period_s=1.0)
     assert sum(c.summary["evictions"] for c in result.cycles) == 0, [c.summary for c in result.cycles]
     assert result.stable, [c.summary for c in result.cycles]
+
+
+CHEAPEST = Config(engine=Engine.greedy, victim_search="cheapest")
+
+
+@SETTINGS
+@given(clusters())
+def test_cheapest_victims_pass_the_checker_and_serve_their_beneficiaries(objs: list) -> None:
+    """`victim_search: cheapest` chooses other victims than KAI's search; its plans must pass the same checker."""
+    state = build_state(snapshot(objs))
+    plan, _ = run_cycle(state, CHEAPEST)
+    assert_evictions_served(state, plan)
+
+
+@SETTINGS
+@given(clusters())
+def test_cheapest_victims_settle_without_eviction_loops(objs: list) -> None:
+    result = simulate(snapshot(objs), CHEAPEST, cycles=10, period_s=1.0)
+    tail = result.cycles[-2:]
+    assert all(c.summary["evictions"] == 0 for c in tail), [c.summary for c in result.cycles]
+    assert result.stable, [c.summary for c in result.cycles]

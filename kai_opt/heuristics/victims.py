@@ -573,6 +573,11 @@ class ScenarioFilter:
         scenario."""
         return None
 
+    def victim_ok(self, groups: np.ndarray) -> np.ndarray | None:
+        """Before a search of `victim_search: cheapest`: which of these victim groups the rules would not refuse
+        outright as the session stands (None: all)."""
+        return None
+
 
 def solve_with_victims(
     sess: Session,

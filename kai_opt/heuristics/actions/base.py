@@ -11,8 +11,10 @@ from typing import ClassVar
 import numpy as np
 
 from kai_opt.actions import ACTION_BY_NAME, ActionSpec
+from kai_opt.config import VictimSearch
 from kai_opt.heuristics.actions.context import ActionContext
 from kai_opt.heuristics.actions.signatures import FailedJobs, Signature, signature
+from kai_opt.heuristics.cheapest_victims import solve_cheapest
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.session import Session
 from kai_opt.heuristics.tasks import tasks_to_allocate
@@ -143,6 +145,9 @@ class VictimAction(Action):
         """The job solver for g's tasks (KAI's JobSolver): victims from the search's candidates under its rules.
         The session is unchanged unless it succeeds."""
         feasible = ctx.placer.static_mask(int(ctx.sess.state.pod_sig[tasks[0]]))
+        if ctx.sess.cfg.victim_search == VictimSearch.cheapest:
+            return solve_cheapest(ctx.sess, ctx.gang, g, tasks, np.asarray(search.candidates, dtype=np.int64),
+                                  reason, search.rules, feasible=feasible, victim_ok=search.rules.victim_ok)
         return solve_with_victims(ctx.sess, ctx.gang, g, tasks, search.candidates, reason, search.rules,
                                   feasible=feasible, max_victim_jobs=search.max_victim_jobs, within=search.within)
 

@@ -1,0 +1,199 @@
+"""Victims chosen by cost instead of KAI's victim search (config `victim_search: cheapest`).
+
+KAI's search takes every eligible queue's victims in its victim order until the pending job fits, simulating up to
+`max_victim_scenarios` scenarios; at 10,000 nodes that search is most of the cycle. Here each pod of the pending job
+first goes where room is free or being released, else to the node where evicting the fewest GPUs of eligible victims
+makes room (nodes shared between the pods); those victims are evicted, KAI's scenario simulation runs for the rules
+that ask for it (victims whose jobs it would allocate first go back, and are left out of the next scenario), the gang
+placer places the pods, victims whose room went unused go back, and the action's rules judge the victims that stay.
+Every plan is one KAI's rules admit; the victims are not the ones KAI's victim order would take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kai_opt.heuristics.gang import GangPlacer
+from kai_opt.heuristics.session import IS_ACTIVE, Session
+from kai_opt.heuristics.victims import (
+    Outcome,
+    ScenarioFilter,
+    _keep_unneeded,
+    _PendingOrder,
+    _queue_capacity,
+    _victims_ahead,
+    victim_chunk_order,
+)
+from kai_opt.state import R_GPU, PodStatus
+
+BIG = np.int64(1) << 40
+
+VictimFilter = Callable[[np.ndarray], np.ndarray | None]  # victim groups -> which may go now (None: all)
+
+
+@dataclass(frozen=True)
+class VictimUnits:
+    """The running pods of our groups at the cycle start, per (group, node): what they hold there and what evicting
+    their group costs (all its GPUs); sorted by node, then cost."""
+
+    group: np.ndarray  # int64[U]
+    node: np.ndarray  # int64[U]
+    held: np.ndarray  # int64[U, R]
+    whole: np.ndarray  # int64[U]: whole GPU devices its pods hold there
+    cost: np.ndarray  # int64[U]
+    pods: np.ndarray  # int64[P']: the units' pods
+    pod_unit: np.ndarray  # int64[P']: each of those pods' unit
+
+
+def victim_units(sess: Session) -> VictimUnits:
+    """Built once per session from the snapshot (a unit's pods are looked up live: evicted ones no longer count)."""
+    return sess.static("victim_units", lambda: _victim_units(sess))
+
+
+def _victim_units(sess: Session) -> VictimUnits:
+    st = sess.state
+    pods = np.flatnonzero((st.pod_pg >= 0) & (st.pod_node >= 0)
+                          & ((st.pod_status == PodStatus.BOUND) | (st.pod_status == PodStatus.PIPELINED)))
+    groups, nodes = st.pod_pg[pods].astype(np.int64), st.pod_node[pods].astype(np.int64)
+    cost_of = np.bincount(groups, weights=st.pod_req[pods, R_GPU], minlength=st.n_groups).astype(np.int64)
+    keys, pod_unit = np.unique(groups * len(st.node_names) + nodes, return_inverse=True)
+    group, node = keys // len(st.node_names), keys % len(st.node_names)
+    held = np.zeros((len(keys), st.pod_req.shape[1]), dtype=np.int64)
+    np.add.at(held, pod_unit, st.pod_req[pods])
+    whole = np.bincount(pod_unit, weights=st.pod_gpu_whole[pods], minlength=len(keys)).astype(np.int64)
+    cost = cost_of[group]
+    order = np.lexsort((group, cost, node))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return VictimUnits(group[order], node[order], held[order], whole[order], cost[order], pods, rank[pod_unit])
+
+
+def queue_paths(sess: Session) -> np.ndarray:
+    """int64[Q, depth]: each queue's path from its top-level queue down to itself, -1 after its end (once per
+    session)."""
+    def make() -> np.ndarray:
+        ancestors = sess.ledger.ancestors
+        out = np.full((len(ancestors), max((len(a) for a in ancestors), default=1)), -1, dtype=np.int64)
+        for q, path in enumerate(ancestors):
+            out[q, :len(path)] = path[::-1]
+        out.flags.writeable = False
+        return out
+
+    return sess.static("queue_paths", make)
+
+
+def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, feasible: np.ndarray,
+                     victim_ok: VictimFilter | None = None) -> np.ndarray | None:
+    """The victim groups (among `candidates`, and those `victim_ok` admits) that make room for every task, each on
+    the node where that costs the fewest GPUs; empty when some task finds no such node; None when every task fits
+    without evicting anything (the scenario then evicts nothing)."""
+    st = sess.state
+    units = victim_units(sess)
+    alive = np.bincount(units.pod_unit, weights=IS_ACTIVE[sess.status[units.pods]], minlength=len(units.group)) > 0
+    wanted = np.zeros(st.n_groups, dtype=bool)
+    wanted[candidates] = True
+    allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
+    if allowed is not None:
+        wanted[candidates] = allowed
+    take = np.flatnonzero(alive & wanted[units.group] & feasible[units.node])
+    group, node, cost = units.group[take], units.node[take], units.cost[take]
+    # what a unit frees: its resources, GPUs counted as whole devices (a whole-GPU task needs idle devices, which
+    # milli-GPU sums spread over shared devices overstate)
+    held = np.column_stack([units.held[take], units.whole[take]])
+    room = np.column_stack([sess.alloc - sess.held, sess.whole_future]).astype(np.int64)  # once releases finish
+    seg = np.r_[0, np.flatnonzero(np.diff(node)) + 1] if len(node) else np.zeros(0, dtype=np.int64)
+    seg_of = np.repeat(np.arange(len(seg)), np.diff(np.r_[seg, len(node)]))
+    used = np.zeros(len(take), dtype=bool)
+    chosen: list[int] = []
+    for t in tasks:
+        req = np.append(st.pod_req[t], st.pod_gpu_whole[t]).astype(np.int64)
+        if req[-1] > 0:
+            req[R_GPU] = 0  # whole devices stand for the GPUs
+        need = req > 0
+        now = feasible & (room[:, need] >= req[need]).all(axis=1)
+        if now.any():  # room free or being released: the tightest such node (evicting nothing)
+            fits = np.flatnonzero(now)
+            n = int(fits[np.argmin(room[fits, R_GPU])])
+        else:
+            if not len(seg):
+                return np.zeros(0, dtype=np.int64)
+            live = ~used
+            freed = np.where(live[:, None], held, 0)
+            cum = np.cumsum(freed, axis=0)
+            before = np.vstack([np.zeros((1, held.shape[1]), dtype=np.int64), cum])[seg]
+            after = room[node] + cum - before[seg_of]
+            enough = live & (after[:, need] >= req[need]).all(axis=1)
+            first = np.minimum.reduceat(np.where(enough, np.arange(len(node)), BIG), seg)
+            spent = np.cumsum(np.where(live, cost, 0))
+            price = np.where(first < BIG, spent[np.minimum(first, len(node) - 1)] - np.r_[0, spent][seg], BIG)
+            best = int(np.argmin(price))
+            if price[best] >= BIG:
+                return np.zeros(0, dtype=np.int64)
+            n = int(node[seg[best]])
+            for j in range(int(seg[best]), int(first[best]) + 1):
+                if used[j]:
+                    continue
+                v = int(group[j])
+                mine = group == v  # every unit of the group goes: a victim job is evicted whole
+                room[node[mine]] += held[mine]
+                used |= mine
+                chosen.append(v)
+        room[n] -= req
+    return np.array(chosen, dtype=np.int64) if chosen else None
+
+
+def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], candidates: np.ndarray, reason: str,
+                   rules: ScenarioFilter, *, feasible: np.ndarray,
+                   victim_ok: VictimFilter | None = None) -> Outcome:
+    """Scenarios over the cheapest victims instead of KAI's search: the cheapest victims (cheapest_victims) evicted,
+    KAI's scenario simulation for rules that ask for it (victims whose jobs would be allocated first go back, and are
+    left out of the next scenario), the tasks placed by the gang placer onto what is free or being released, then the
+    action's rules on the victims that stay; at most `max_victim_scenarios` scenarios. The session is unchanged
+    unless it returns ok."""
+    ledger_before = sess.ledger.copy()
+    order = sess.memo("pending_order", lambda: _PendingOrder(sess)) if rules.allocation_order else None
+    pool = np.asarray(candidates, dtype=np.int64)
+    limited = {a for a in sess.ledger.ancestors[int(sess.state.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
+    why = "no victims the rules admit make room for every pod"
+    for _ in range(max(1, sess.cfg.max_victim_scenarios)):
+        few = cheapest_victims(sess, tasks, pool, feasible, victim_ok)
+        if few is not None and not len(few):
+            return Outcome(False, [], why)
+        cp = sess.checkpoint()
+        victims: list[int] = []
+        back: set[int] = set()
+        chunks: list[list[int]] = []
+        if few is not None:
+            chunks = [c for _, c in victim_chunk_order(sess, few)]
+            sess.evict_many([p for c in chunks for p in c], reason, g)
+            back = _victims_ahead(sess, g, chunks, order) if order is not None else set()
+            victims = [p for i, c in enumerate(chunks) if i not in back for p in c]
+        attempt = gang.place(g, tasks, allow_pipeline=True)
+        if not attempt.ok:
+            sess.rollback(cp)
+            why = "the pods do not fit once the cheapest victims go"
+            if not back:
+                return Outcome(False, [], why)
+            gone_back = {int(sess.state.pod_pg[chunks[i][0]]) for i in back}  # they come back first: not victims
+            pool = pool[~np.isin(pool, list(gone_back))]
+            continue
+        scenario = [c for i, c in enumerate(chunks) if i not in back]
+        if scenario:  # victims whose room the placement did not use go back (KAI's keep-unneeded step)
+            kept = _keep_unneeded(sess, scenario, lambda: _queue_capacity(sess, g, tasks) is None, reason, g,
+                                  limited)
+            victims = kept if kept is not None else victims
+        why_not = rules.precheck(sess, ledger_before, victims) if victims else None
+        if why_not is None:
+            moved = set(rules.replace_victims(sess, [victims])) if victims else set()
+            victims = [p for p in victims if p not in moved]
+            why_not = rules.validate(sess, ledger_before, victims)
+        if why_not is not None:
+            sess.rollback(cp)
+            return Outcome(False, [], why_not)
+        sess.convert_to_pipelined(attempt.placed)
+        attempt.any_pipelined = True
+        return Outcome(True, victims, None, attempt)
+    return Outcome(False, [], why)

@@ -1,0 +1,56 @@
+"""`victim_search: cheapest` (kai_opt/heuristics/cheapest_victims.py) on the scale instance at 1,000 nodes: the plan
+passes the checker, and every reclaim in it passes KAI's own reclaim predicates at its turn, on a ledger that
+follows the plan's decisions in their order (the victims differ from KAI's search; the rules may not)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kai_opt.actions import ACTION_BY_NAME
+from kai_opt.checker import check_plan
+from kai_opt.config import Config, Engine
+from kai_opt.fairshare import compute_fair_share
+from kai_opt.fairshare.ledger import QueueLedger
+from kai_opt.fairshare.reclaim import can_reclaim, reclaimable, victim_chunks
+from kai_opt.heuristics.cycle import greedy_plan
+from kai_opt.state import build_state
+from models.generators import as_snapshot, scale
+
+CHEAPEST = Config(engine=Engine.greedy, victim_search="cheapest")
+
+
+def test_reclaims_pass_kais_predicates_in_turn() -> None:
+    st = build_state(as_snapshot(scale(1000, 10_000, 1000, 0)))
+    fs = compute_fair_share(st)
+    plan = greedy_plan(st, fs, CHEAPEST)
+    check_plan(st, plan, fs, CHEAPEST)
+    reclaim = ACTION_BY_NAME["reclaim"].eviction_reason
+    by_group: dict[int, list[int]] = {}
+    for e in plan.evictions:
+        if e.reason == reclaim:
+            by_group.setdefault(e.beneficiary, []).append(e.pod)
+    assert by_group, "the instance has reclaims under this search"
+    placed: dict[int, list[tuple[int, int]]] = {}
+    for p in plan.placements:
+        if not p.moved:
+            placed.setdefault(int(st.pod_pg[p.pod]), []).append((p.pod, p.node))
+    ledger = QueueLedger.start(st, fs)
+    verdicts: dict[str, int] = {}
+    for g in plan.turns:
+        q, preemptible = int(st.pg_queue[g]), bool(st.pg_preemptible[g])
+        pods = placed.get(g, [])
+        request = st.pod_queue_request(np.array([p for p, _ in pods]), np.array([n for _, n in pods])).sum(axis=0)
+        chunks: list[tuple[int, np.ndarray]] = []
+        for v in dict.fromkeys(int(st.pod_pg[p]) for p in by_group.get(g, [])):
+            gone = np.array([p for p in by_group[g] if int(st.pod_pg[p]) == v])
+            chunks += [(int(st.pg_queue[v]), c) for c in victim_chunks(
+                st.pod_queue_request(gone, st.pod_node[gone]), int(st.pg_min_member[v]))]
+        if g in by_group:
+            why = None if can_reclaim(fs, ledger, q, request, preemptible=preemptible) else "can_reclaim"
+            why = why or reclaimable(fs, ledger, q, request, chunks, preemptible=preemptible,
+                                     saturation_multiplier=CHEAPEST.reclaim_saturation_multiplier)
+            verdicts[why or "allowed"] = verdicts.get(why or "allowed", 0) + 1
+        ledger.add(q, request, non_preemptible=not preemptible)
+        for vq, c in chunks:
+            ledger.add(vq, -c, non_preemptible=False)
+    assert verdicts == {"allowed": len(by_group)}
