@@ -218,7 +218,7 @@ def _setup(st: object, fs: object, *, preempt: bool, spread: bool) -> SimpleName
     modelled and their classes, the victim units sorted by node, queue paths, and each queue's GPUs above its
     allocatable share."""
     from kai_opt.config import Config
-    from kai_opt.fairshare.reclaim import can_reclaim
+    from kai_opt.fairshare.reclaim import can_reclaim, queue_paths
     from kai_opt.heuristics.actions import REGISTRY, ActionContext
     from kai_opt.heuristics.session import IS_ACTIVE, Session
     from kai_opt.heuristics.tasks import tasks_to_allocate
@@ -288,10 +288,7 @@ def _setup(st: object, fs: object, *, preempt: bool, spread: bool) -> SimpleName
     seg_node = vnode[seg]
     seg_of = np.repeat(np.arange(len(seg)), np.diff(np.r_[seg, len(vgroup)]))
     free = (sess.alloc - sess.held)[:, cols].astype(np.int64)
-    depth = max(len(a) for a in led.ancestors)
-    path = np.full((len(led.ancestors), depth), -1, dtype=np.int64)  # queue -> its path from the top
-    for q, anc in enumerate(led.ancestors):
-        path[q, :len(anc)] = anc[::-1]
+    path = queue_paths(led.ancestors)  # queue -> its path from the top
     excess = np.maximum(0.0, led.allocated[:, 0] - allocatable[:, 0]) * 1000  # milli-GPU above allocatable
     return SimpleNamespace(led0=led.copy(), mult=mult, t0=t0, sess=sess, ctx=ctx, s=s, led=led, share=share,
                            t1=t1, groups=groups,

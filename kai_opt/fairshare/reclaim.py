@@ -67,6 +67,40 @@ def leveled(ledger: QueueLedger, reclaimer: int, victim: int) -> tuple[int, int]
     return ra, vb
 
 
+
+def queue_paths(ancestors: list[list[int]]) -> np.ndarray:
+    """int64[Q, depth]: each queue's path from its top-level queue down to itself, -1 after its end (the rows
+    `leveled` walks, for many victims at once)."""
+    out = np.full((len(ancestors), max((len(a) for a in ancestors), default=1)), -1, dtype=np.int64)
+    for q, path in enumerate(ancestors):
+        out[q, :len(path)] = path[::-1]
+    return out
+
+
+def not_refused(fs: FairShare, ledger: QueueLedger, paths: np.ndarray, reclaimer: int, request: np.ndarray,
+                victim_queues: np.ndarray, *, saturation_multiplier: float = 1.0) -> np.ndarray:
+    """Per victim queue: whether the rules above do not already refuse one of its victims for the reclaimer as the
+    ledger stands, judged at the level `leveled` finds: the victim's side above its allocatable share in some
+    resource (maintain fair share; the deserved-quota branch of `fits_strategy` is not looked at), and the
+    reclaimer's side, with the request, within its fair share or less saturated than the victim's side in each
+    requested resource (`_less_saturated` on the requested resources). A necessary-condition filter before a search,
+    never a substitute for `reclaimable`."""
+    diff = paths[victim_queues] != paths[reclaimer]
+    level = np.argmax(diff, axis=1)
+    theirs, mine = paths[victim_queues, level], paths[reclaimer][level]
+    ok = diff.any(axis=1) & (theirs >= 0) & (mine >= 0)
+    theirs, mine = np.maximum(theirs, 0), np.maximum(mine, 0)
+    share, held = fs.allocatable_share[theirs], ledger.allocated[theirs]
+    ok &= ((share != UNLIMITED) & (held > share + EPS * np.maximum(1.0, np.abs(share)))).any(axis=1)
+    after = ledger.allocated[mine] + request
+    for r in np.flatnonzero(request > 0).tolist():
+        fa, fv = fs.fair_share[mine, r], fs.fair_share[theirs, r]
+        ratio = np.where(fa == UNLIMITED, 0.0, np.where(fa > 0, after[:, r] / np.where(fa > 0, fa, 1.0),
+                                                        np.where(after[:, r] > 0, np.inf, 0.0)))
+        sat = np.where(fv > 0, held[:, r] / np.where(fv > 0, fv, 1.0), 0.0)
+        ok &= ~((ratio > 1 + EPS) & (fv > 0) & (ratio * saturation_multiplier >= sat - EPS))
+    return ok
+
 def fits_strategy(fs: FairShare, ledger: QueueLedger, request: np.ndarray, reclaimer_q: int, victim_q: int,
                   victim_remaining: np.ndarray) -> bool:
     allocatable = fs.allocatable_share

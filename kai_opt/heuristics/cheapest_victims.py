@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kai_opt.fairshare.reclaim import queue_paths as reclaim_paths
 from kai_opt.heuristics.gang import GangPlacer
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.heuristics.victims import (
@@ -72,13 +73,9 @@ def _victim_units(sess: Session) -> VictimUnits:
 
 
 def queue_paths(sess: Session) -> np.ndarray:
-    """int64[Q, depth]: each queue's path from its top-level queue down to itself, -1 after its end (once per
-    session)."""
+    """The session's queue path matrix (fairshare.reclaim.queue_paths), made once per session."""
     def make() -> np.ndarray:
-        ancestors = sess.ledger.ancestors
-        out = np.full((len(ancestors), max((len(a) for a in ancestors), default=1)), -1, dtype=np.int64)
-        for q, path in enumerate(ancestors):
-            out[q, :len(path)] = path[::-1]
+        out = reclaim_paths(sess.ledger.ancestors)
         out.flags.writeable = False
         return out
 

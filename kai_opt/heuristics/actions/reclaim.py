@@ -8,16 +8,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kai_opt.fairshare.ledger import QueueLedger
-from kai_opt.fairshare.reclaim import EPS as RATIO_EPS
 from kai_opt.fairshare.reclaim import (
     ReclaimerSide,
     can_reclaim,
+    not_refused,
     reclaim_headroom,
     reclaimable,
     reclaimer_side_after,
 )
 from kai_opt.fairshare.reclaim import victim_chunks as chunk_resources
-from kai_opt.fairshare.share import UNLIMITED
 from kai_opt.heuristics.actions.base import MoveVictims, Search, VictimAction
 from kai_opt.heuristics.actions.context import ActionContext
 from kai_opt.heuristics.cheapest_victims import queue_paths
@@ -51,32 +50,11 @@ class ReclaimRules(MoveVictims):
         return self._side.take(int(st.pg_queue[int(st.pod_pg[chunk[0]])]), drop) is None
 
     def victim_ok(self, groups: np.ndarray) -> np.ndarray:
-        """Which victim groups the reclaim rules do not already refuse for q as the ledger stands (the preselection
-        of `victim_search: cheapest`; the search still judges every victim it takes): where the victim's queue path
-        leaves q's, the victim's side is above its allocatable share in some resource (maintain fair share; the
-        deserved-quota branch is not looked at), and q's side there, with the request, is within its fair share or
-        less saturated than the victim's side in each requested resource."""
+        """The victim groups the reclaim rules do not already refuse for q as the ledger stands (`not_refused`; the
+        preselection of `victim_search: cheapest`, whose search still judges every victim it takes)."""
         sess = self.ctx.sess
-        fs, ledger = sess.fs, sess.ledger
-        paths = queue_paths(sess)
-        vq = sess.state.pg_queue[groups].astype(np.int64)
-        diff = paths[vq] != paths[self.q]
-        level = np.argmax(diff, axis=1)
-        rows = np.arange(len(groups))
-        theirs, mine = paths[vq][rows, level], paths[self.q][level]
-        ok = diff.any(axis=1) & (theirs >= 0) & (mine >= 0)
-        theirs, mine = np.maximum(theirs, 0), np.maximum(mine, 0)
-        share = fs.allocatable_share[theirs]
-        held = ledger.allocated[theirs]
-        ok &= ((share != UNLIMITED) & (held > share + RATIO_EPS * np.maximum(1.0, np.abs(share)))).any(axis=1)
-        after = ledger.allocated[mine] + self.req
-        for r in np.flatnonzero(self.req > 0).tolist():
-            fa, fv = fs.fair_share[mine, r], fs.fair_share[theirs, r]
-            ratio = np.where(fa == UNLIMITED, 0.0, np.where(fa > 0, after[:, r] / np.where(fa > 0, fa, 1.0),
-                                                            np.where(after[:, r] > 0, np.inf, 0.0)))
-            theirs_sat = np.where(fv > 0, held[:, r] / np.where(fv > 0, fv, 1.0), 0.0)
-            ok &= ~((ratio > 1 + RATIO_EPS) & (fv > 0) & (ratio * self.mult >= theirs_sat - RATIO_EPS))
-        return ok
+        return not_refused(sess.fs, sess.ledger, queue_paths(sess), self.q, self.req,
+                           sess.state.pg_queue[groups].astype(np.int64), saturation_multiplier=self.mult)
 
     def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
         return reclaimer_side_after(sess.fs, ledger, self.q, self.req, self._chunks(victims),
