@@ -42,8 +42,7 @@ class VictimUnits:
 
     group: np.ndarray  # int64[U]
     node: np.ndarray  # int64[U]
-    held: np.ndarray  # int64[U, R]
-    whole: np.ndarray  # int64[U]: whole GPU devices its pods hold there
+    frees: np.ndarray  # int64[U, R + 1]: what they hold there, then the whole GPU devices they hold there
     cost: np.ndarray  # int64[U]
     pods: np.ndarray  # int64[P']: the units' pods
     pod_unit: np.ndarray  # int64[P']: each of those pods' unit
@@ -62,14 +61,14 @@ def _victim_units(sess: Session) -> VictimUnits:
     cost_of = np.bincount(groups, weights=st.pod_req[pods, R_GPU], minlength=st.n_groups).astype(np.int64)
     keys, pod_unit = np.unique(groups * len(st.node_names) + nodes, return_inverse=True)
     group, node = keys // len(st.node_names), keys % len(st.node_names)
-    held = np.zeros((len(keys), st.pod_req.shape[1]), dtype=np.int64)
-    np.add.at(held, pod_unit, st.pod_req[pods])
-    whole = np.bincount(pod_unit, weights=st.pod_gpu_whole[pods], minlength=len(keys)).astype(np.int64)
+    frees = np.zeros((len(keys), st.pod_req.shape[1] + 1), dtype=np.int64)
+    np.add.at(frees[:, :-1], pod_unit, st.pod_req[pods])
+    frees[:, -1] = np.bincount(pod_unit, weights=st.pod_gpu_whole[pods], minlength=len(keys)).astype(np.int64)
     cost = cost_of[group]
     order = np.lexsort((group, cost, node))
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return VictimUnits(group[order], node[order], held[order], whole[order], cost[order], pods, rank[pod_unit])
+    return VictimUnits(group[order], node[order], frees[order], cost[order], pods, rank[pod_unit])
 
 
 def queue_paths(sess: Session) -> np.ndarray:
@@ -82,6 +81,71 @@ def queue_paths(sess: Session) -> np.ndarray:
     return sess.static("queue_paths", make)
 
 
+class _Prices:
+    """Per node holding victim units, the cheapest way to make room for one request there: the units taken in
+    node order (cheapest first) up to the first with which room + what they free covers the request, and the GPUs
+    that costs. Kept per request and made again only for the nodes whose room or units changed since."""
+
+    def __init__(self, node: np.ndarray, frees: np.ndarray, cost: np.ndarray) -> None:
+        self.node, self.frees, self.cost = node, frees, cost
+        self.start = np.flatnonzero(np.r_[True, np.diff(node) != 0]) if len(node) else np.zeros(0, dtype=np.int64)
+        self.end = np.r_[self.start[1:], len(node)].astype(np.int64)
+        self.seg_of_node = {int(n): i for i, n in enumerate(node[self.start].tolist())}
+        self.live = np.ones(len(node), dtype=bool)
+        # request bytes -> (last unit taken per segment or BIG, GPUs evicted per segment or BIG, stale segments)
+        self.known: dict[bytes, tuple[np.ndarray, np.ndarray, set[int]]] = {}
+
+    def best(self, room: np.ndarray, req: np.ndarray) -> tuple[int, int] | None:
+        """(segment, its last unit) where making room for req evicts the fewest GPUs; None when nowhere."""
+        if not len(self.start):
+            return None
+        key = req.tobytes()
+        hit = self.known.get(key)
+        if hit is None:
+            segs = np.arange(len(self.start))
+            last, price = self._make(room, req, segs)
+            self.known[key] = (last, price, set())
+        else:
+            last, price, stale = hit
+            if stale:
+                segs = np.fromiter(stale, dtype=np.int64, count=len(stale))
+                last[segs], price[segs] = self._make(room, req, segs)
+                stale.clear()
+        i = int(np.argmin(price))
+        return None if price[i] >= BIG else (i, int(last[i]))
+
+    def _make(self, room: np.ndarray, req: np.ndarray, segs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lens = self.end[segs] - self.start[segs]
+        units = np.repeat(self.start[segs] - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+        if not len(units):
+            return np.full(len(segs), BIG), np.full(len(segs), BIG)
+        local = np.r_[0, np.cumsum(lens)[:-1]]
+        live = self.live[units]
+        freed = np.where(live[:, None], self.frees[units], 0)
+        cum = np.cumsum(freed, axis=0)
+        before = np.vstack([np.zeros((1, freed.shape[1]), dtype=np.int64), cum])[local]
+        seg_of = np.repeat(np.arange(len(segs)), lens)
+        need = req > 0
+        after = room[self.node[units]][:, need] + cum[:, need] - before[seg_of][:, need]
+        enough = live & (after >= req[need]).all(axis=1)
+        first = np.full(len(segs), BIG)
+        has = lens > 0
+        first[has] = np.minimum.reduceat(np.where(enough, np.arange(len(units)), BIG), local[has])
+        spent = np.cumsum(np.where(live, self.cost[units], 0))
+        found = first < BIG
+        price = np.full(len(segs), BIG)
+        price[found] = spent[first[found]] - np.r_[0, spent][local[found]]
+        last = np.full(len(segs), BIG)
+        last[found] = units[first[found]]
+        return last, price
+
+    def changed(self, nodes: np.ndarray) -> None:
+        """The room or the units of these nodes changed: every request's prices there are stale."""
+        segs = {self.seg_of_node[n] for n in nodes.tolist() if n in self.seg_of_node}
+        for _, _, stale in self.known.values():
+            stale |= segs
+
+
 def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, feasible: np.ndarray,
                      victim_ok: VictimFilter | None = None) -> np.ndarray | None:
     """The victim groups (among `candidates`, and those `victim_ok` admits) that make room for every task, each on
@@ -89,21 +153,20 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     without evicting anything (the scenario then evicts nothing)."""
     st = sess.state
     units = victim_units(sess)
-    alive = np.bincount(units.pod_unit, weights=IS_ACTIVE[sess.status[units.pods]], minlength=len(units.group)) > 0
+    alive = sess.memo("victim_units_alive", lambda: np.bincount(
+        units.pod_unit, weights=IS_ACTIVE[sess.status[units.pods]], minlength=len(units.group)) > 0)
     wanted = np.zeros(st.n_groups, dtype=bool)
     wanted[candidates] = True
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
     if allowed is not None:
         wanted[candidates] = allowed
     take = np.flatnonzero(alive & wanted[units.group] & feasible[units.node])
-    group, node, cost = units.group[take], units.node[take], units.cost[take]
+    group, node = units.group[take], units.node[take]
     # what a unit frees: its resources, GPUs counted as whole devices (a whole-GPU task needs idle devices, which
     # milli-GPU sums spread over shared devices overstate)
-    held = np.column_stack([units.held[take], units.whole[take]])
+    frees = units.frees[take]
     room = np.column_stack([sess.alloc - sess.held, sess.whole_future]).astype(np.int64)  # once releases finish
-    seg = np.r_[0, np.flatnonzero(np.diff(node)) + 1] if len(node) else np.zeros(0, dtype=np.int64)
-    seg_of = np.repeat(np.arange(len(seg)), np.diff(np.r_[seg, len(node)]))
-    used = np.zeros(len(take), dtype=bool)
+    prices = _Prices(node, frees, units.cost[take])
     chosen: list[int] = []
     for t in tasks:
         req = np.append(st.pod_req[t], st.pod_gpu_whole[t]).astype(np.int64)
@@ -115,30 +178,22 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
             fits = np.flatnonzero(now)
             n = int(fits[np.argmin(room[fits, R_GPU])])
         else:
-            if not len(seg):
+            found = prices.best(room, req)
+            if found is None:
                 return np.zeros(0, dtype=np.int64)
-            live = ~used
-            freed = np.where(live[:, None], held, 0)
-            cum = np.cumsum(freed, axis=0)
-            before = np.vstack([np.zeros((1, held.shape[1]), dtype=np.int64), cum])[seg]
-            after = room[node] + cum - before[seg_of]
-            enough = live & (after[:, need] >= req[need]).all(axis=1)
-            first = np.minimum.reduceat(np.where(enough, np.arange(len(node)), BIG), seg)
-            spent = np.cumsum(np.where(live, cost, 0))
-            price = np.where(first < BIG, spent[np.minimum(first, len(node) - 1)] - np.r_[0, spent][seg], BIG)
-            best = int(np.argmin(price))
-            if price[best] >= BIG:
-                return np.zeros(0, dtype=np.int64)
-            n = int(node[seg[best]])
-            for j in range(int(seg[best]), int(first[best]) + 1):
-                if used[j]:
+            seg, last = found
+            n = int(node[last])
+            for j in range(int(prices.start[seg]), last + 1):
+                if not prices.live[j]:
                     continue
                 v = int(group[j])
-                mine = group == v  # every unit of the group goes: a victim job is evicted whole
-                room[node[mine]] += held[mine]
-                used |= mine
+                mine = np.flatnonzero(group == v)  # every unit of the group goes: a victim job is evicted whole
+                np.add.at(room, node[mine], frees[mine])
+                prices.live[mine] = False
+                prices.changed(node[mine])
                 chosen.append(v)
         room[n] -= req
+        prices.changed(np.array([n]))
     return np.array(chosen, dtype=np.int64) if chosen else None
 
 

@@ -27,7 +27,7 @@ class JobQueue:
         self.leaf: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = np.zeros(st.n_queues, dtype=np.int64)  # jobs in each queue's subtree
         self._request: dict[int, np.ndarray] = {}
-        self._tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
+        self.tops = sess.static("top_queues", lambda: [q for q in range(st.n_queues) if st.q_parent[q] < 0])
         self._choice: dict[int, int] = {}  # queue (-1: the top level) -> its child that goes first
         self._dirty: set[int] = {-1}  # queues whose choice must be recomputed
         self._seen = sess.ledger.allocated.copy()
@@ -92,7 +92,7 @@ class JobQueue:
     def _best_child(self, parent: int) -> int:
         q = self._choice.get(parent)
         if q is None or parent in self._dirty:
-            kids = self._tops if parent < 0 else self.sess.state.q_children[parent]
+            kids = self.tops if parent < 0 else self.sess.state.q_children[parent]
             q = self._best([c for c in kids if self.count[c] > 0])
             self._choice[parent] = q
             self._dirty.discard(parent)
@@ -120,7 +120,7 @@ class JobQueue:
         return k
 
     def pop(self) -> int | None:
-        if not self._tops or self.count[self._tops].sum() == 0:
+        if not self.tops or self.count[self.tops].sum() == 0:
             return None
         self._sync()
         q = self._best_child(-1)

@@ -703,18 +703,17 @@ class _PendingOrder:
     state (Session.memo), sequences extended only as far as simulations read them."""
 
     def __init__(self, sess: Session) -> None:
-        from kai_opt.fairshare.order import QueueOrder
         from kai_opt.heuristics.jobs import JobQueue
 
         st = sess.state
         pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
         pending = [int(x) for x in np.unique(st.pod_pg[pods]).tolist() if st.pg_problem[x] is None]
         probe = self.probe = JobQueue(sess, [])  # its job_key reads the session live (victims' elasticity)
-        self.order = QueueOrder(sess.fs, sess.ledger.copy(), st.q_names, st.q_creation, st.q_priority)
-        self.live = copy.copy(self.order)  # the same rules on the session's ledger (it is updated in place)
-        self.live.ledger = sess.ledger
+        self.live = probe.order  # the session's queue order: the rules on its ledger (updated in place)
+        self.order = copy.copy(self.live)  # the same rules on this state's ledger
+        self.order.ledger = sess.ledger.copy()
         self.children = st.q_children
-        self.tops = [q for q in range(st.n_queues) if st.q_parent[q] < 0]
+        self.tops = probe.tops
         values = _pending_values(sess, probe, pending)
         self.request = {x: v[1] for x, v in zip(pending, values, strict=True)}
         self.request_bytes = {x: v[3] for x, v in zip(pending, values, strict=True)}
