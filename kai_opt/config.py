@@ -50,9 +50,11 @@ class Engine(StrEnum):
 
 
 class VictimSearch(StrEnum):
-    """How reclaim and preempt choose victims: KAI's search (victims in KAI's victim order until the job fits), or
-    scenarios over the cheapest victims (kai_opt/heuristics/cheapest_victims.py)."""
+    """How reclaim and preempt choose victims: KAI's search (victims in KAI's victim order until the job fits),
+    scenarios over the cheapest victims (kai_opt/heuristics/cheapest_victims.py), or auto: KAI's search on clusters
+    below `victim_search_auto_nodes` nodes, the cheapest victims from there on."""
 
+    auto = "auto"
     kai = "kai"
     cheapest = "cheapest"
 
@@ -496,11 +498,15 @@ class Config(_Model):
     max_victim_scenarios: int = Field(8, ge=1, le=INT32_MAX,
                                       description="victim scenarios (evict the next victims, then try "
                                       "to place) simulated per pending job and action")
-    victim_search: VictimSearch = Field(VictimSearch.kai, description="reclaim and preempt: kai takes victims in "
+    victim_search: VictimSearch = Field(VictimSearch.auto, description="reclaim and preempt: kai takes victims in "
                                         "KAI's victim order until the job fits (KAI's plans); cheapest first picks, "
                                         "per pod, the node where evicting the fewest GPUs makes room, and tries those "
                                         "victims (KAI's rules and scenario simulation still judge them): faster on "
-                                        "large clusters, other victims than KAI's")
+                                        "large clusters, other victims than KAI's; auto is kai on clusters below "
+                                        "victim_search_auto_nodes nodes and cheapest from there on")
+    victim_search_auto_nodes: int = Field(2000, ge=1, le=INT32_MAX,
+                                          description="victim_search auto: the cluster size (nodes) from which "
+                                          "reclaim and preempt take the cheapest victims instead of KAI's search")
     max_victim_chunks: int = Field(500, ge=-1, le=INT32_MAX,
                                    description="victim chunks (a gang's core, or one elastic pod) one "
                                    "search may evict before it gives up (-1 = unlimited); bounds a cycle's time")
@@ -538,6 +544,12 @@ class Config(_Model):
             raise ValueError(f"autoscaler.scheduler_name {self.autoscaler.scheduler_name!r} is one of "
                              "scheduler_names: kai-opt would schedule its own placeholders")
         return self
+
+    def victim_search_for(self, n_nodes: int) -> VictimSearch:
+        """The victim search a cycle over n_nodes nodes uses (auto resolved by cluster size)."""
+        if self.victim_search != VictimSearch.auto:
+            return self.victim_search
+        return VictimSearch.cheapest if n_nodes >= self.victim_search_auto_nodes else VictimSearch.kai
 
 
 def load_config(path: str | Path | None) -> Config:

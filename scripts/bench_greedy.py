@@ -157,7 +157,8 @@ def main() -> int:
     ap.add_argument("--engine", default="greedy", choices=("greedy", "cpsat"),
                     help="cpsat: the greedy plan, then CP-SAT under --time-budget (statuses printed)")
     ap.add_argument("--time-budget", type=float, default=1.0, help="CP-SAT's solver.time_budget_s")
-    ap.add_argument("--victim-search", default="kai", choices=("kai", "cheapest"), help="the config's victim_search")
+    ap.add_argument("--victim-search", default="auto", choices=("auto", "kai", "cheapest"),
+                    help="the config's victim_search (auto: its default)")
     ap.add_argument("--cache-dir", default="/tmp", help="where the built states are cached (pickle)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per size before giving up")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N cProfile rows (stderr)")

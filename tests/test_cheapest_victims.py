@@ -54,3 +54,23 @@ def test_reclaims_pass_kais_predicates_in_turn() -> None:
         for vq, c in chunks:
             ledger.add(vq, -c, non_preemptible=False)
     assert verdicts == {"allowed": len(by_group)}
+
+
+def test_auto_is_kais_search_below_its_size_and_the_cheapest_victims_from_it() -> None:
+    cfg = Config()
+    assert cfg.victim_search == "auto"
+    assert cfg.victim_search_for(cfg.victim_search_auto_nodes - 1) == "kai"
+    assert cfg.victim_search_for(cfg.victim_search_auto_nodes) == "cheapest"
+    assert Config(victim_search="kai").victim_search_for(10**6) == "kai"
+    assert Config(victim_search="cheapest").victim_search_for(1) == "cheapest"
+    st = build_state(as_snapshot(scale(1000, 10_000, 1000, 0)))
+    fs = compute_fair_share(st)
+
+    def decisions(cfg: Config) -> tuple[list[tuple[int, int]], list[tuple[int, str]]]:
+        plan = greedy_plan(st, fs, cfg)
+        return sorted((p.pod, p.node) for p in plan.placements), sorted((e.pod, e.reason) for e in plan.evictions)
+
+    kai, cheapest = decisions(Config(engine=Engine.greedy, victim_search="kai")), decisions(CHEAPEST)
+    assert kai != cheapest, "the instance tells the two searches apart"
+    assert decisions(Config(engine=Engine.greedy)) == kai  # 1,000 nodes: below the default size
+    assert decisions(Config(engine=Engine.greedy, victim_search_auto_nodes=1000)) == cheapest

@@ -86,11 +86,12 @@ class _Prices:
     node order (cheapest first) up to the first with which room + what they free covers the request, and the GPUs
     that costs. Kept per request and made again only for the nodes whose room or units changed since."""
 
-    def __init__(self, node: np.ndarray, frees: np.ndarray, cost: np.ndarray) -> None:
+    def __init__(self, node: np.ndarray, frees: np.ndarray, cost: np.ndarray, n_nodes: int) -> None:
         self.node, self.frees, self.cost = node, frees, cost
         self.start = np.flatnonzero(np.r_[True, np.diff(node) != 0]) if len(node) else np.zeros(0, dtype=np.int64)
         self.end = np.r_[self.start[1:], len(node)].astype(np.int64)
-        self.seg_of_node = {int(n): i for i, n in enumerate(node[self.start].tolist())}
+        self.seg_of_node = np.full(n_nodes, -1, dtype=np.int64)
+        self.seg_of_node[node[self.start]] = np.arange(len(self.start))
         self.live = np.ones(len(node), dtype=bool)
         # request bytes -> (last unit taken per segment or BIG, GPUs evicted per segment or BIG, stale segments)
         self.known: dict[bytes, tuple[np.ndarray, np.ndarray, set[int]]] = {}
@@ -141,7 +142,8 @@ class _Prices:
 
     def changed(self, nodes: np.ndarray) -> None:
         """The room or the units of these nodes changed: every request's prices there are stale."""
-        segs = {self.seg_of_node[n] for n in nodes.tolist() if n in self.seg_of_node}
+        segs = self.seg_of_node[nodes]
+        segs = set(segs[segs >= 0].tolist())
         for _, _, stale in self.known.values():
             stale |= segs
 
@@ -166,7 +168,7 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     # milli-GPU sums spread over shared devices overstate)
     frees = units.frees[take]
     room = np.column_stack([sess.alloc - sess.held, sess.whole_future]).astype(np.int64)  # once releases finish
-    prices = _Prices(node, frees, units.cost[take])
+    prices = _Prices(node, frees, units.cost[take], len(st.node_names))
     chosen: list[int] = []
     for t in tasks:
         req = np.append(st.pod_req[t], st.pod_gpu_whole[t]).astype(np.int64)

@@ -574,8 +574,8 @@ class ScenarioFilter:
         return None
 
     def victim_ok(self, groups: np.ndarray) -> np.ndarray | None:
-        """Before a search of `victim_search: cheapest`: which of these victim groups the rules would not refuse
-        outright as the session stands (None: all)."""
+        """Before a search over the cheapest victims (`victim_search`): which of these victim groups the rules would
+        not refuse outright as the session stands (None: all)."""
         return None
 
 

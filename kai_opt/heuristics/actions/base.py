@@ -145,7 +145,7 @@ class VictimAction(Action):
         """The job solver for g's tasks (KAI's JobSolver): victims from the search's candidates under its rules.
         The session is unchanged unless it succeeds."""
         feasible = ctx.placer.static_mask(int(ctx.sess.state.pod_sig[tasks[0]]))
-        if ctx.sess.cfg.victim_search == VictimSearch.cheapest:
+        if ctx.sess.cfg.victim_search_for(ctx.sess.state.n_nodes) == VictimSearch.cheapest:
             return solve_cheapest(ctx.sess, ctx.gang, g, tasks, np.asarray(search.candidates, dtype=np.int64),
                                   reason, search.rules, feasible=feasible, victim_ok=search.rules.victim_ok)
         return solve_with_victims(ctx.sess, ctx.gang, g, tasks, search.candidates, reason, search.rules,
