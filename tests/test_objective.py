@@ -20,6 +20,7 @@ from kai_opt.formulation.model import build_model
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.scope import replayed_evictions
 from kai_opt.formulation.solve import model_scope, plan_score
+from kai_opt.plan import WITHDRAWN
 from kai_opt.state import ClusterState, build_state
 
 CONFIG = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 5, "seed": 0}})
@@ -64,6 +65,29 @@ def test_the_model_scores_a_plan_as_plan_score_does_on_random_clusters(objs: lis
     if out is not None:
         _whole, model, covered = out
         assert model == covered
+
+
+def test_the_model_holds_a_greedy_plan_whose_reclaim_beneficiary_was_withdrawn() -> None:
+    """The greedy reclaims j3's GPU for j1, then a higher-priority job of j1's queue (j0) takes j1's placement back
+    (PlacementWithdrawn) and runs on that room: the model must hold that plan (its hint was infeasible: the
+    eviction was the withdrawn group's, which no plan places)."""
+    from builders import node, pod, podgroup, queue
+
+    objs = [node("n0", gpus=0, cpu="8", memory="32Gi"), node("n1", gpus=2, cpu="8", memory="32Gi"),
+            queue("dept", gpu=(-1, 1, -1)), queue("q0", "dept", gpu=(2, 0, -1)),
+            queue("q1", "dept", gpu=(0, 0, -1), created_min=1),
+            podgroup("j0", "q0", min_member=2, priority_class="build"),
+            *[pod(f"j0-{i}", "j0", gpus=1) for i in range(2)],
+            podgroup("j1", "q0", created_min=1), *[pod(f"j1-{i}", "j1", gpus=1) for i in range(3)],
+            podgroup("j3", "q1", created_min=3), pod("j3-0", "j3", gpus=1, node_name="n1", started_min_ago=1)]
+    state = build_state(snapshot(objs))
+    greedy = greedy_plan(state, compute_fair_share(state), CONFIG)
+    withdrawn = {state.pg_keys[g] for g, why in greedy.pending.items() if any(r.code == WITHDRAWN for r in why)}
+    assert withdrawn == {"default/j1"} and {state.pods[e.pod].key for e in greedy.evictions} == {"default/j3-0"}
+    out = _model_at_the_greedy_plan(state)
+    assert out is not None
+    _whole, model, covered = out
+    assert model == covered
 
 
 def test_the_model_scores_a_plan_as_plan_score_does_on_every_bench_family() -> None:

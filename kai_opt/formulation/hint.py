@@ -70,9 +70,12 @@ def add_greedy_hint(built: Built, scope: Scope, greedy: Plan, sess: Session) -> 
     for var, prev, terms in built.derived:
         sums[var.index] = (sums[prev.index] if prev is not None else 0) + sum(per_shape[s] * c for s, c in terms)
         _set(hint, var, sums[var.index])
-    reclaimers = {e.beneficiary for e in greedy.evictions if e.reason == "reclaim"}
-    for i, var in built.reclaims.items():
-        _set(hint, var, int(scope.groups[i].group in reclaimers))
+    reclaimers = {e.beneficiary for e in greedy.evictions if e.reason == "reclaim"} | {
+        scope.groups[v.greedy_for].group for v in scope.victims
+        if v.greedy_for >= 0 and v.reason_for[v.greedy_for] == "reclaim"}
+    for i, var in built.reclaims.items():  # (a withdrawn beneficiary reclaims nothing: scope.victims' greedy_for)
+        gi = scope.groups[i].group
+        _set(hint, var, int(gi in reclaimers and gi in placed_groups))
     _reclaim_rule_hint(built, scope, hint)
     doms: defaultdict[int, set[int]] = defaultdict(set)  # group -> nodes the greedy plan placed it on
     for pl in greedy.placements:

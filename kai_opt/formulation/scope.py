@@ -228,6 +228,13 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
                     v.beneficiaries.append(j)
                     v.reason_for[j] = e.reason
     placed_count = placed_per_group(st, greedy)
+    # a beneficiary whose placement a later search took back (WITHDRAWN) ends placed by no plan, and its victims' room
+    # went to groups placed after it: their eviction is a placed beneficiary's of theirs (the first in turn order)
+    for v in victims:
+        if v.greedy_for >= 0 and groups[v.greedy_for].group not in placed_count:
+            why = v.reason_for[v.greedy_for]
+            alive = [j for j in v.beneficiaries if v.reason_for[j] == why and groups[j].group in placed_count]
+            v.greedy_for = min(alive, key=lambda j: turn_of[groups[j].group]) if alive else -1
     keep = {i: placed_count[gs.group] for i, gs in enumerate(groups)
             if gs.group in placed_count and (sess.cfg.solver.keep_greedy_groups or gs.group in replayed_for)}
     # candidate nodes per shape: as many as a budget of (shape, node) pairs allows, at least per_shape_nodes. Wider
