@@ -183,3 +183,25 @@ def test_job_keys_at_once_equal_one_by_one(objs: list, rnd) -> None:
     groups = [g for g in range(st_.n_groups) if rnd.random() < 0.7]
     probe = JobQueue(sess, [])
     assert probe.job_keys(groups) == [probe.job_key(g) for g in groups]
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
+def test_a_few_groups_counts_equal_the_whole_sessions(objs: list, rnd) -> None:
+    """_chunk_counts_of (a victim order over a few groups) gives _chunk_counts' values for those groups, after
+    evictions too."""
+    from kai_opt.heuristics.victims import _chunk_counts, _chunk_counts_of
+
+    sess = _session(objs)
+    st_ = sess.state
+    for p in np.flatnonzero(sess.status == PodStatus.BOUND).tolist():
+        if rnd.random() < 0.3:
+            sess.evict(p, "reclaim", -1)
+    groups = np.arange(st_.n_groups, dtype=np.int64)
+    gs = np.array(sorted(g for g in groups.tolist() if rnd.random() < 0.5), dtype=np.int64)
+    victim, left, newly = _chunk_counts(sess)
+    v2, l2, n2 = _chunk_counts_of(sess, np.concatenate([gs, gs[:1]]))  # a repeated group counts once
+    slots = np.concatenate([np.arange(st_.pg_pod_start[g], st_.pg_pod_start[g + 1]) for g in gs.tolist()] + [[]])
+    slots = slots.astype(np.int64)
+    assert np.array_equal(v2[slots], victim[slots])
+    assert np.array_equal(l2[gs], left[gs]) and np.array_equal(n2[gs], newly[gs])

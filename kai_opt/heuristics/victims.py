@@ -216,10 +216,11 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
     model's rule: a group placed this cycle keeps its core; evicting it would stop running pods of the job the
     cycle grows). Lazy: the caller stops taking chunks once the beneficiary fits."""
     st = sess.state
-    victim, left_all, newly = _chunk_counts(sess)
+    gs = np.asarray(groups, dtype=np.int64)
+    # a few groups (a search over the cheapest victims): their counts only, not the session state's for all
+    victim, left_all, newly = _chunk_counts(sess) if len(gs) > FEW_GROUPS else _chunk_counts_of(sess, gs)
     start = st.pg_pod_start
     remaining: dict[int, list[int]] = {}  # the group's victim pods in task order, made when first needed
-    gs = np.asarray(groups, dtype=np.int64)
     left: dict[int, int] = {}  # victim pods left per group this order took chunks from (else left_all's)
     rank = victim_rank(sess)
     min_member = st.pg_min_member
@@ -266,6 +267,32 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         if pods:
             tree.push_job(q, (elastic(g), int(rank[g])), g)
         tree.refresh(q)
+
+
+FEW_GROUPS = 64  # a victim order over at most this many groups counts theirs only (_chunk_counts_of)
+
+
+def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_chunk_counts' arrays, right for the groups `gs` only (the slots of their pods, their counts)."""
+    st = sess.state
+    gs = np.unique(gs)
+    start = st.pg_pod_start
+    a, b = start[gs], start[gs + 1]
+    lens = b - a
+    slots = np.repeat(a - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    pods = st.pg_pods[slots]
+    victim = np.zeros(len(st.pg_pods), dtype=bool)
+    victim[slots] = victim_pods(sess)[pods]
+    owner = np.repeat(gs, lens)
+    left = np.zeros(st.n_groups, dtype=np.int64)
+    np.add.at(left, owner, victim[slots])
+    newly = np.zeros(st.n_groups, dtype=np.int64)
+    np.add.at(newly, owner, IS_ACTIVE[sess.status[pods]])
+    newly -= left
+    if sess.moves:
+        moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
+        newly += np.bincount(moved[moved >= 0], minlength=len(newly))
+    return victim, left, newly
 
 
 def _chunk_counts(sess: Session) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
