@@ -12,7 +12,7 @@ from ortools.sat.python import cp_model
 from strategies import clusters
 
 from kai_opt.bench.instances import Instance, families
-from kai_opt.config import parse_config
+from kai_opt.config import Config, parse_config
 from kai_opt.engine import greedy_plan
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.formulation.hint import add_greedy_hint
@@ -26,12 +26,13 @@ from kai_opt.state import ClusterState, build_state
 CONFIG = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 5, "seed": 0}})
 
 
-def _model_at_the_greedy_plan(state: ClusterState) -> tuple[bool, tuple[float, float], tuple[float, float]] | None:
+def _model_at_the_greedy_plan(state: ClusterState, config: Config = CONFIG
+                              ) -> tuple[bool, tuple[float, float], tuple[float, float]] | None:
     """(the model covers the whole plan, the model's (tier 1, tier 2) at the greedy plan, the objective's
     (tier 1, tier 2) of the decisions it covers), or None when nothing is pending for the model."""
     fs = compute_fair_share(state)
-    greedy = greedy_plan(state, fs, CONFIG)
-    sess, scope = model_scope(state, fs, CONFIG, greedy)
+    greedy = greedy_plan(state, fs, config)
+    sess, scope = model_scope(state, fs, config, greedy)
     if not scope.groups:
         return None
     built = build_model(sess, scope)
@@ -89,6 +90,18 @@ def test_the_model_holds_a_greedy_plan_whose_reclaim_beneficiary_was_withdrawn()
     _whole, model, covered = out
     assert model == covered
 
+
+def test_the_model_holds_the_cheapest_victims_plan_of_the_scale_instance() -> None:
+    """At 1,000 nodes the greedy with `victim_search: cheapest` re-places preempt victims (replayed evictions, in the
+    model's session from the start) at a turn after reclaims from the same sibling queue: the reclaim rule's rows
+    must see that queue as the greedy did at each reclaim's turn (they saw it 8 GPUs lower: INFEASIBLE hint)."""
+    from models.generators import as_snapshot, scale
+
+    cheapest = CONFIG.model_copy(update={"victim_search": "cheapest"})
+    out = _model_at_the_greedy_plan(build_state(as_snapshot(scale(1000, 10_000, 1000, 0))), cheapest)
+    assert out is not None
+    _whole, model, covered = out
+    assert model == covered
 
 def test_the_model_scores_a_plan_as_plan_score_does_on_every_bench_family() -> None:
     whole_plans = 0

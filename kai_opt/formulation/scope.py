@@ -127,8 +127,9 @@ class Scope:
     movers: list[Mover] = field(default_factory=list)
     move_for: list[int] = field(default_factory=list)  # scope groups a move may serve (consolidation's rules)
     turn: dict[int, int] = field(default_factory=dict)  # scope group -> its turn in the greedy's queue order
-    # what the excluded groups' fixed decisions changed per leaf queue, at their turn: (turn, leaf queue, queue
-    # resources placed less evicted); a reclaimer's fair-share check sees only the turns before its own
+    # what the excluded groups' fixed decisions and the replayed evictions and moves changed per leaf queue, at
+    # their turn: (turn, leaf queue, queue resources placed less evicted); a reclaimer's fair-share check sees
+    # only the turns before its own
     late_work: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
 
 
@@ -172,7 +173,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
         window -= relied_on(sess, greedy, set(excluded))
         excluded = [g for g in ready if g not in window]
     turn_of = {g: i for i, g in enumerate(ready)}
-    late_work = fixed_work(sess, greedy, excluded, turn_of)
+    late_work = fixed_work(sess, greedy, excluded, turn_of) + replayed_work(sess, greedy, turn_of)
     apply_fixed(sess, greedy, excluded)
     for g in (g for g in ready if g in window):  # (apply_fixed changed no pending pod of these groups)
         pods = st.group_pods(g)
@@ -354,6 +355,26 @@ def fixed_work(sess: Session, greedy: Plan, groups: list[int],
     sums: dict[tuple[int, int], np.ndarray] = {}
     for b, q, a in zip(beneficiary.tolist(), leaf.tolist(), amount, strict=True):
         k = (turn_of[b], q)
+        sums[k] = sums[k] + a if k in sums else a.copy()
+    return [(t, q, a) for (t, q), a in sorted(sums.items())]
+
+
+def replayed_work(sess: Session, greedy: Plan, turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
+    """(turn, leaf queue, queue request) of the replayed evictions (apply_consolidation: in the session from the
+    start, whatever their turn; negative) and of the moves that re-placed their pods (positive), dated by the
+    group each eviction was made for; those of no pending group's turn are left out."""
+    st = sess.state
+    turn = {e.pod: turn_of[e.beneficiary] for e in replayed_evictions(st, greedy)
+            if e.beneficiary in turn_of and st.pod_node[e.pod] >= 0}
+    rows = [(p, int(st.pod_node[p]), -1) for p in turn]
+    rows += [(pl.pod, pl.node, 1) for pl in greedy.placements if pl.moved and pl.pod in turn]
+    if not rows:
+        return []
+    pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
+    amount = sess.queue_request(pods, nodes) * sign[:, None]
+    sums: dict[tuple[int, int], np.ndarray] = {}
+    for p, a in zip(pods.tolist(), amount, strict=True):
+        k = (turn[p], int(st.pg_queue[int(st.pod_pg[p])]))
         sums[k] = sums[k] + a if k in sums else a.copy()
     return [(t, q, a) for (t, q), a in sorted(sums.items())]
 
