@@ -155,7 +155,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
     shapes: list[Shape] = []
     # groups the greedy's replayed evictions were made for (apply_consolidation): the decode session has those
     # evictions whatever the model says, so these groups are always in the model (and held), window or not
-    replayed_for = {e.beneficiary for e in replayed_evictions(st, greedy)}
+    replayed = replayed_evictions(st, greedy)
+    replayed_for = {e.beneficiary for e in replayed}
     greedy_nodes: dict[int, set[int]] = {}
     for pl in greedy.placements:
         if not pl.moved:
@@ -173,7 +174,7 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
         window -= relied_on(sess, greedy, set(excluded))
         excluded = [g for g in ready if g not in window]
     turn_of = {g: i for i, g in enumerate(ready)}
-    late_work = fixed_work(sess, greedy, excluded, turn_of) + replayed_work(sess, greedy, turn_of)
+    late_work = fixed_work(sess, greedy, excluded, turn_of) + replayed_work(sess, greedy, replayed, turn_of)
     apply_fixed(sess, greedy, excluded)
     for g in (g for g in ready if g in window):  # (apply_fixed changed no pending pod of these groups)
         pods = st.group_pods(g)
@@ -346,37 +347,35 @@ def fixed_work(sess: Session, greedy: Plan, groups: list[int],
     rows.extend((e.pod, int(sess.node[e.pod]), -1) for e in evicts)
     if not rows:
         return []
+    beneficiary = [int(st.pod_pg[p]) for p, _n, _s in rows[:len(rows) - len(evicts)]] + [e.beneficiary for e in evicts]
+    return _dated_work(sess, rows, [turn_of[b] for b in beneficiary])
+
+
+def _dated_work(sess: Session, rows: list[tuple[int, int, int]],
+                turns: list[int]) -> list[tuple[int, int, np.ndarray]]:
+    """rows (pod, node, sign) with each one's turn -> (turn, leaf queue, signed queue request summed), by turn."""
+    st = sess.state
     pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
     amount = sess.queue_request(pods, nodes) * sign[:, None]
-    beneficiary = st.pod_pg[pods].copy()
-    if evicts:
-        beneficiary[-len(evicts):] = [e.beneficiary for e in evicts]
     leaf = st.pg_queue[st.pod_pg[pods]]
     sums: dict[tuple[int, int], np.ndarray] = {}
-    for b, q, a in zip(beneficiary.tolist(), leaf.tolist(), amount, strict=True):
-        k = (turn_of[b], q)
+    for t, q, a in zip(turns, leaf.tolist(), amount, strict=True):
+        k = (t, q)
         sums[k] = sums[k] + a if k in sums else a.copy()
     return [(t, q, a) for (t, q), a in sorted(sums.items())]
 
 
-def replayed_work(sess: Session, greedy: Plan, turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
+def replayed_work(sess: Session, greedy: Plan, replayed: list[Eviction],
+                  turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
     """(turn, leaf queue, queue request) of the replayed evictions (apply_consolidation: in the session from the
     start, whatever their turn; negative) and of the moves that re-placed their pods (positive), dated by the
     group each eviction was made for; those of no pending group's turn are left out."""
     st = sess.state
-    turn = {e.pod: turn_of[e.beneficiary] for e in replayed_evictions(st, greedy)
+    turn = {e.pod: turn_of[e.beneficiary] for e in replayed
             if e.beneficiary in turn_of and st.pod_node[e.pod] >= 0}
     rows = [(p, int(st.pod_node[p]), -1) for p in turn]
     rows += [(pl.pod, pl.node, 1) for pl in greedy.placements if pl.moved and pl.pod in turn]
-    if not rows:
-        return []
-    pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
-    amount = sess.queue_request(pods, nodes) * sign[:, None]
-    sums: dict[tuple[int, int], np.ndarray] = {}
-    for p, a in zip(pods.tolist(), amount, strict=True):
-        k = (turn[p], int(st.pg_queue[int(st.pod_pg[p])]))
-        sums[k] = sums[k] + a if k in sums else a.copy()
-    return [(t, q, a) for (t, q), a in sorted(sums.items())]
+    return _dated_work(sess, rows, [turn[p] for p, _n, _s in rows]) if rows else []
 
 
 def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
