@@ -18,7 +18,8 @@ import numpy as np
 
 from kai_opt.fairshare.reclaim import queue_paths as reclaim_paths
 from kai_opt.heuristics.gang import GangPlacer
-from kai_opt.heuristics.session import IS_ACTIVE, Session
+from kai_opt.heuristics.session import Session
+from kai_opt.heuristics.status_watch import ActiveCounts
 from kai_opt.heuristics.victims import (
     Outcome,
     ScenarioFilter,
@@ -69,6 +70,16 @@ def _victim_units(sess: Session) -> VictimUnits:
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     return VictimUnits(group[order], node[order], frees[order], cost[order], pods, rank[pod_unit])
+
+
+def _unit_counts(sess: Session, units: VictimUnits) -> ActiveCounts:
+    """Active pods per victim unit (one per session): a unit with none left is no victim."""
+    def make() -> ActiveCounts:
+        index = np.full(len(sess.status), -1, dtype=np.int64)
+        index[units.pods] = units.pod_unit
+        return ActiveCounts(sess, index, len(units.group))
+
+    return sess.static("victim_unit_counts", make)
 
 
 def queue_paths(sess: Session) -> np.ndarray:
@@ -155,8 +166,7 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     without evicting anything (the scenario then evicts nothing)."""
     st = sess.state
     units = victim_units(sess)
-    alive = sess.memo("victim_units_alive", lambda: np.bincount(
-        units.pod_unit, weights=IS_ACTIVE[sess.status[units.pods]], minlength=len(units.group)) > 0)
+    alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
     wanted = np.zeros(st.n_groups, dtype=bool)
     wanted[candidates] = True
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None

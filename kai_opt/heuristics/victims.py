@@ -26,6 +26,7 @@ from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le, less_all
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
+from kai_opt.heuristics.status_watch import StatusWatch, group_active_counts
 from kai_opt.heuristics.tasks import active_counts, active_mask
 from kai_opt.state import R_GPU, PodStatus
 from kai_opt.state.segments import concat_ranges
@@ -733,28 +734,19 @@ class _PendingOrder:
         from kai_opt.heuristics.jobs import JobQueue
 
         st = sess.state
-        pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
-        pending = [int(x) for x in np.unique(st.pod_pg[pods]).tolist() if st.pg_problem[x] is None]
         probe = self.probe = JobQueue(sess, [])  # its job_key reads the session live (victims' elasticity)
         self.live = probe.order  # the session's queue order: the rules on its ledger (updated in place)
         self.order = copy.copy(self.live)  # the same rules on this state's ledger
         self.order.ledger = sess.ledger.copy()
         self.children = st.q_children
         self.tops = probe.tops
-        values = _pending_values(sess, probe, pending)
-        self.request = {x: v[1] for x, v in zip(pending, values, strict=True)}
-        self.request_bytes = {x: v[3] for x, v in zip(pending, values, strict=True)}
-        # queue -> its own jobs in job order (job key, group): leaf queues' jobs
-        self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
-        self.count = [0] * st.n_queues  # pending jobs in each queue's subtree
-        ancestors = sess.ledger.ancestors
-        for x, v in zip(pending, values, strict=True):
-            q = int(st.pg_queue[x])
-            self.own.setdefault(q, []).append((v[2], x))
-            for a in ancestors[q]:
-                self.count[a] += 1
-        for jobs in self.own.values():
-            jobs.sort()
+        jobs = sess.static("pending_jobs", lambda: _PendingJobs(st.n_queues))
+        jobs.update(sess, probe)
+        self.request = dict(jobs.request)
+        self.request_bytes = dict(jobs.request_bytes)
+        # queue -> its own jobs in job order (job key, group): leaf queues' jobs (lists shared, never changed)
+        self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = dict(jobs.own)
+        self.count = list(jobs.count)  # pending jobs in each queue's subtree
         self.items: dict[int, list[int]] = {}  # queue -> its subtree's jobs in pop order (so far)
         self.keys: dict[int, list[tuple[Any, ...]]] = {}  # queue -> its key with each of those jobs at its head
         self._own_at: dict[int, int] = {}
@@ -817,12 +809,67 @@ class _PendingOrder:
             at[best] = i + 1
 
 
+class _PendingJobs:
+    """The session's pending jobs (a pending pod, no problem) with their requests and job keys, per queue in job
+    order and counted per subtree: what every _PendingOrder starts from, kept up to date from the pods whose status
+    changed since the last state read (StatusWatch) instead of made again per state. A queue's list is replaced,
+    never changed, so a _PendingOrder may keep the lists of the state it was made in."""
+
+    def __init__(self, n_queues: int) -> None:
+        self.watch: StatusWatch | None = None  # None: nothing read yet
+        self.request: dict[int, np.ndarray] = {}
+        self.request_bytes: dict[int, bytes] = {}
+        self.key: dict[int, tuple[Any, ...]] = {}
+        self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+        self.count = [0] * n_queues
+
+    def update(self, sess: Session, probe: Any) -> None:
+        """Brought to the session's current state (probe: a JobQueue of it, for requests and job keys)."""
+        st = sess.state
+        if self.watch is None:
+            self.watch = StatusWatch(sess.status)
+            pods = np.flatnonzero((sess.status == PodStatus.PENDING) & (st.pod_pg >= 0))
+        else:
+            pods, _ = self.watch.changed(sess.status)
+            pods = pods[st.pod_pg[pods] >= 0]
+            if not len(pods):
+                return
+        groups = np.unique(st.pod_pg[pods]).tolist()
+        start, members, status = st.pg_pod_start, st.pg_pods, sess.status
+        ancestors = sess.ledger.ancestors
+        gone: dict[int, set[int]] = {}
+        came: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
+        now_pending = [x for x in groups if st.pg_problem[x] is None
+                       and bool((status[members[start[x]:start[x + 1]]] == PodStatus.PENDING).any())]
+        for x in groups:
+            if self.key.pop(x, None) is not None:  # was pending: out, back in below if it still is
+                q = int(st.pg_queue[x])
+                gone.setdefault(q, set()).add(x)
+                del self.request[x], self.request_bytes[x]
+                for a in ancestors[q]:
+                    self.count[a] -= 1
+        for x, v in zip(now_pending, _pending_values(sess, probe, now_pending), strict=True):
+            q = int(st.pg_queue[x])
+            self.key[x], self.request[x], self.request_bytes[x] = v[2], v[1], v[3]
+            came.setdefault(q, []).append((v[2], x))
+            for a in ancestors[q]:
+                self.count[a] += 1
+        for q in gone.keys() | came.keys():
+            out = gone.get(q, set())
+            jobs = [j for j in self.own.get(q, []) if j[1] not in out] + came.get(q, [])
+            jobs.sort()
+            if jobs:
+                self.own[q] = jobs
+            else:
+                self.own.pop(q, None)
+
+
 def _pending_values(sess: Session, probe: Any,
                     pending: list[int]) -> list[tuple[bytes, np.ndarray, tuple[Any, ...], bytes]]:
     """Per pending job: (its pods' statuses, its request, its job key, its request's bytes). The request and the
     key read nothing but the statuses of the job's own pods, so they are kept for the whole session (Session.static)
-    and made again only for a job whose pods changed: a state's pending order (_PendingOrder, one per state a search
-    starts from) then costs a status comparison per untouched job instead of its tasks and key."""
+    and made again only for a job whose pods changed (a search returns to states it left: those jobs' pods are as
+    they were)."""
     st, status = sess.state, sess.status
     known: dict[int, tuple[bytes, np.ndarray, tuple[Any, ...], bytes]] = sess.static("pending_job_values", dict)
     start, members = st.pg_pod_start, st.pg_pods
@@ -1378,7 +1425,4 @@ def active_group_mask(sess: Session) -> np.ndarray:
 
 
 def _active_group_mask(sess: Session) -> np.ndarray:
-    st = sess.state
-    out = np.zeros(st.n_groups, dtype=bool)
-    out[st.pod_pg[IS_ACTIVE[sess.status] & (st.pod_pg >= 0)]] = True
-    return out
+    return group_active_counts(sess).any_active(sess)

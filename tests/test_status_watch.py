@@ -1,0 +1,59 @@
+"""Tables kept up to date from the pods whose status changed (heuristics.status_watch and the pending jobs every
+reclaim simulation starts from) equal the same tables made from scratch, after any sequence of operations,
+checkpoints, rollbacks and commits, read after every step or only now and then."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import clusters
+from test_session_ops import _session, _step
+
+from kai_opt.heuristics.cheapest_victims import _unit_counts, victim_units
+from kai_opt.heuristics.jobs import JobQueue
+from kai_opt.heuristics.session import IS_ACTIVE, Session
+from kai_opt.heuristics.status_watch import group_active_counts
+from kai_opt.heuristics.victims import _PendingJobs
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _active_groups(sess: Session) -> np.ndarray:
+    st_ = sess.state
+    out = np.zeros(st_.n_groups, dtype=bool)
+    out[st_.pod_pg[IS_ACTIVE[sess.status] & (st_.pod_pg >= 0)]] = True
+    return out
+
+
+def _alive_units(sess: Session) -> np.ndarray:
+    units = victim_units(sess)
+    return np.bincount(units.pod_unit, weights=IS_ACTIVE[sess.status[units.pods]], minlength=len(units.group)) > 0
+
+
+def _pending(sess: Session) -> tuple:
+    jobs = _PendingJobs(sess.state.n_queues)
+    jobs.update(sess, JobQueue(sess, []))
+    return _view(jobs)
+
+
+def _view(jobs: _PendingJobs) -> tuple:
+    return ({x: r.tobytes() for x, r in jobs.request.items()}, dict(jobs.request_bytes), dict(jobs.key),
+            {q: list(v) for q, v in jobs.own.items() if v}, list(jobs.count))
+
+
+@SETTINGS
+@given(clusters(max_nodes=6, max_jobs=10), st.randoms(use_true_random=False), st.integers(0, 40))
+def test_kept_up_to_date_equals_made_again(objs: list, rnd: random.Random, n_ops: int) -> None:
+    sess = _session(objs)
+    kept = _PendingJobs(sess.state.n_queues)
+    open_cps: list[tuple[int, tuple]] = []
+    for _ in range(n_ops + 1):
+        if rnd.random() < 0.6:  # read now and then: a read may see many steps at once
+            assert np.array_equal(group_active_counts(sess).any_active(sess), _active_groups(sess))
+            assert np.array_equal(_unit_counts(sess, victim_units(sess)).any_active(sess), _alive_units(sess))
+            kept.update(sess, JobQueue(sess, []))
+            assert _view(kept) == _pending(sess)
+        _step(sess, rnd, open_cps)
