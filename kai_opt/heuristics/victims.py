@@ -752,8 +752,10 @@ class _PendingOrder:
         self._own_at: dict[int, int] = {}
         self._starved: dict[tuple[int, int], bool] = {}
         # (queue, a pending job's request as bytes, the queue's allocation) -> the queue's key with that job at its
-        # head, as simulations of this state's searches met them (the key depends on nothing else)
-        self.live_keys: dict[tuple[int, bytes, tuple[float, ...]], tuple[Any, ...]] = {}
+        # head (QueueOrder.key reads nothing else): shared by every state of the session, where most queues keep
+        # their allocation from one state to the next
+        self.live_keys: dict[tuple[int, bytes, tuple[float, ...]], tuple[Any, ...]] = sess.static("queue_keys", dict)
+        self._allocs: dict[int, tuple[float, ...]] = {}  # queue -> its allocation in this state, as a key
         self._child_at: dict[int, dict[int, int]] = {}
 
     def starved_until(self, q: int, g: int) -> bool:
@@ -782,7 +784,15 @@ class _PendingOrder:
     def key(self, q: int, i: int) -> tuple[Any, ...]:
         keys = self.keys.setdefault(q, [])
         while len(keys) <= i:
-            keys.append(self.order.key(q, self.request[self.item(q, len(keys))]))
+            x = self.item(q, len(keys))
+            alloc = self._allocs.get(q)
+            if alloc is None:
+                alloc = self._allocs[q] = tuple(self.order.ledger.allocated[q].tolist())
+            mk = (q, self.request_bytes[x], alloc)
+            k = self.live_keys.get(mk)
+            if k is None:
+                k = self.live_keys[mk] = self.order.key(q, self.request[x])
+            keys.append(k)
         return keys[i]
 
     def _extend(self, q: int, n: int) -> None:
