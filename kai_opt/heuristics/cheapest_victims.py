@@ -18,7 +18,7 @@ import numpy as np
 
 from kai_opt.fairshare.reclaim import queue_paths as reclaim_paths
 from kai_opt.heuristics.gang import GangPlacer
-from kai_opt.heuristics.session import Session
+from kai_opt.heuristics.session import Session, _read_only
 from kai_opt.heuristics.status_watch import ActiveCounts
 from kai_opt.heuristics.victims import (
     Outcome,
@@ -127,18 +127,20 @@ class _Prices:
         return None if price[i] >= BIG else (i, int(last[i]))
 
     def _make(self, room: np.ndarray, req: np.ndarray, segs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lens = self.end[segs] - self.start[segs]
-        units = np.repeat(self.start[segs] - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+        if len(segs) == len(self.start):  # every segment: the units as they are
+            units, lens, local = np.arange(len(self.node)), self.end - self.start, self.start
+        else:
+            lens = self.end[segs] - self.start[segs]
+            local = np.r_[0, np.cumsum(lens)[:-1]]
+            units = np.repeat(self.start[segs] - local, lens) + np.arange(int(lens.sum()))
         if not len(units):
             return np.full(len(segs), BIG), np.full(len(segs), BIG)
-        local = np.r_[0, np.cumsum(lens)[:-1]]
+        need = np.flatnonzero(req > 0)  # only the requested resources are compared
         live = self.live[units]
-        freed = np.where(live[:, None], self.frees[units], 0)
-        cum = np.cumsum(freed, axis=0)
-        before = np.vstack([np.zeros((1, freed.shape[1]), dtype=np.int64), cum])[local]
+        cum = np.cumsum(self.frees[units][:, need] * live[:, None], axis=0)
+        before = np.vstack([np.zeros((1, len(need)), dtype=np.int64), cum])[local]
         seg_of = np.repeat(np.arange(len(segs)), lens)
-        need = req > 0
-        after = room[self.node[units]][:, need] + cum[:, need] - before[seg_of][:, need]
+        after = room[self.node[units]][:, need] + cum - before[seg_of]
         enough = live & (after >= req[need]).all(axis=1)
         first = np.full(len(segs), BIG)
         has = lens > 0
@@ -177,7 +179,8 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     # what a unit frees: its resources, GPUs counted as whole devices (a whole-GPU task needs idle devices, which
     # milli-GPU sums spread over shared devices overstate)
     frees = units.frees[take]
-    room = np.column_stack([sess.alloc - sess.held, sess.whole_future]).astype(np.int64)  # once releases finish
+    room = sess.memo("room_after_releases", lambda: _read_only(np.column_stack(
+        [sess.alloc - sess.held, sess.whole_future]).astype(np.int64))).copy()  # once releases finish
     prices = _Prices(node, frees, units.cost[take], len(st.node_names))
     chosen: list[int] = []
     for t in tasks:
