@@ -8,12 +8,13 @@ from builders import node, pod, podgroup, queue, snapshot, state
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
+from test_session_ops import _step
 
 from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.heuristics.session import Session
-from kai_opt.heuristics.victims import _chunk_order, active_group_mask, victim_chunk_order
+from kai_opt.heuristics.victims import _chunk_order, _victim_mask_of, active_group_mask, victim_chunk_order, victim_pods
 from kai_opt.state import PodStatus, build_state
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -205,3 +206,18 @@ def test_a_few_groups_counts_equal_the_whole_sessions(objs: list, rnd) -> None:
     slots = slots.astype(np.int64)
     assert np.array_equal(v2[slots], victim[slots])
     assert np.array_equal(l2[gs], left[gs]) and np.array_equal(n2[gs], newly[gs])
+
+
+@SETTINGS
+@given(clusters(max_nodes=6, max_jobs=10), st.randoms(use_true_random=False), st.integers(0, 30))
+def test_victim_pods_read_from_a_few_groups_equal_the_whole_sessions(objs: list, rnd, n_ops: int) -> None:
+    """_victim_mask_of (the victim pods of a few groups, read from their pods alone) equals victim_pods after any
+    operations: placements bound or pipelined this cycle, evictions, moves, rollbacks."""
+    sess = _session(objs)
+    st_ = sess.state
+    open_cps: list = []
+    for _ in range(n_ops + 1):
+        gs = [g for g in range(st_.n_groups) if rnd.random() < 0.5]
+        pods = np.concatenate([st_.group_pods(g) for g in gs] + [np.zeros(0, dtype=np.int64)]).astype(np.int64)
+        assert np.array_equal(_victim_mask_of(sess, pods, st_.pod_pg[pods]), victim_pods(sess)[pods])
+        _step(sess, rnd, open_cps)

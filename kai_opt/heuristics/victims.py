@@ -207,6 +207,20 @@ def _victim_pods(sess: Session) -> np.ndarray:
     return out
 
 
+def _victim_mask_of(sess: Session, pods: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """victim_pods(sess)[pods] for `pods`, every pod of some groups (`owner`: each one's group), read from those
+    pods alone (the whole session's array costs a pass over every pod and every placement of the cycle)."""
+    status = sess.status[pods]
+    out = status == PodStatus.BOUND
+    placed = np.flatnonzero(status == PodStatus.PIPELINED)
+    if len(placed) and sess.placements:
+        with_bound = set(owner[out].tolist())
+        for i in placed.tolist():
+            if int(owner[i]) not in with_bound and int(pods[i]) in sess.placements:
+                out[i] = True
+    return out
+
+
 def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tuple[int, list[int]]]:
     """(group, pods) chunks in eviction order, as KAI's victim queue yields them: jobs of the queue furthest over
     its share first (re-judged after every chunk taken, as its allocation drops), lower queue priority first,
@@ -282,9 +296,9 @@ def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndar
     lens = b - a
     slots = np.repeat(a - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
     pods = st.pg_pods[slots]
-    victim = np.zeros(len(st.pg_pods), dtype=bool)
-    victim[slots] = victim_pods(sess)[pods]
     owner = np.repeat(gs, lens)
+    victim = np.zeros(len(st.pg_pods), dtype=bool)
+    victim[slots] = _victim_mask_of(sess, pods, owner)
     left = np.zeros(st.n_groups, dtype=np.int64)
     np.add.at(left, owner, victim[slots])
     newly = np.zeros(st.n_groups, dtype=np.int64)
