@@ -34,6 +34,9 @@ class JobQueue:
         # queue -> (its head job, that job's request, its queue-order key): valid while the queue's allocation
         # stays the same (_sync drops it) and its head job and request are the same objects
         self._keys: dict[int, tuple[int, np.ndarray, tuple[Any, ...]]] = {}
+        # queues whose subtree had a job pushed or popped, or an allocation change, since their key was last read:
+        # any other queue's kept key is still its key (its head job, request and allocation are unchanged)
+        self._stale: set[int] = set()
         for g in jobs:
             self.push(g)
 
@@ -80,8 +83,11 @@ class JobQueue:
                 self._dirty_above(q)
 
     def _dirty_above(self, q: int) -> None:
+        """q's subtree changed: q's key and its ancestors' may have, and its ancestors' choices."""
         parent = self.sess.state.q_parent
+        stale = self._stale
         while q >= 0:
+            stale.add(q)
             q = int(parent[q])
             if q in self._dirty:
                 if q < 0:
@@ -110,9 +116,12 @@ class JobQueue:
         return self.order.best_by_key(queues, {q: self._key(q) for q in queues})
 
     def _key(self, q: int) -> tuple[Any, ...]:
+        hit = self._keys.get(q)
+        if hit is not None and q not in self._stale:
+            return hit[2]
+        self._stale.discard(q)
         g = self._head(q)
         r = self.request(g)
-        hit = self._keys.get(q)
         if hit is not None and hit[0] == g and hit[1] is r:
             return hit[2]
         k = self.order.key(q, r)
