@@ -172,6 +172,25 @@ def test_memoised_verdicts_equal_the_checks_after_any_operations(objs: list[RawO
         assert used  # the memo was read (pods without a share always have one)
 
 
+@SETTINGS
+@given(filtered_clusters(), st.randoms(use_true_random=False), st.integers(0, 20))
+def test_one_node_verdicts_equal_the_array_checks_after_any_operations(objs: list[RawObject], rnd: random.Random,
+                                                                       n_ops: int) -> None:
+    """The one-node form of the checks (NodeFilter._fit_one, scalars) gives the array form's verdicts for every
+    pod and node, after any operations (the array form is read with the node twice, which the one-node form
+    never takes)."""
+    state = build_state(snapshot(objs))
+    placer = Placer(Session(state, compute_fair_share(state), Config()))
+    open_cps: list = []
+    for _ in range(n_ops + 1):
+        for p in range(state.n_pods):
+            for n in range(state.n_nodes):
+                one_now, one_future = placer._fit(p, np.array([n]))
+                now, future = placer._fit(p, np.array([n, n]))
+                assert (one_now.tolist(), one_future.tolist()) == (now[:1].tolist(), future[:1].tolist()), (p, n)
+        random_op(placer.sess, rnd, open_cps)
+
+
 def _keys_of(rnd: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Random choice keys over n positions, with many ties (and the tier of a node that may not take the pod)."""
     from kai_opt.heuristics.placer import _NO_NODE

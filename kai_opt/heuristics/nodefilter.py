@@ -191,6 +191,8 @@ class NodeFilter:
         cols = self._cols.get(p)
         if cols is None:  # as kube: only what the pod requests
             cols = self._cols[p] = self.non_gpu_cols[req[self.non_gpu_cols] > 0]
+        if why is None and len(candidates) == 1 and not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
+            return self._fit_one(p, int(candidates[0]), cols)
         # the candidates' rows of the node arrays: every node's read in place (no copy) when they are every node
         at: np.ndarray | slice = slice(None) if candidates is self._all_nodes else candidates
         if len(cols) and len(candidates) <= 32:  # a few nodes: their rows at once
@@ -241,6 +243,31 @@ class NodeFilter:
             now_ok &= known
             future_ok &= known
         return now_ok, future_ok
+
+    def _fit_one(self, p: int, n: int, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """_fit on one node for a pod without a GPU share, in scalars (the same checks, in the same order): the
+        placer asks it of the node it just used, or of the one node an operation touched, thousands of times a
+        cycle."""
+        sess, st = self.sess, self.sess.state
+        req = st.pod_req[p].tolist()
+        alloc, held, rel = sess.alloc[n].tolist(), sess.held[n].tolist(), sess.rel[n].tolist()
+        future = now = True
+        for c in cols.tolist():
+            free = alloc[c] - held[c]
+            future = future and free >= req[c]
+            now = now and free - rel[c] >= req[c]
+        now = now and future
+        whole = int(st.pod_gpu_whole[p])
+        if whole:
+            now = now and int(sess.whole_idle[n]) >= whole
+            future = future and int(sess.whole_future[n]) >= whole
+        gpu = req[R_GPU]
+        if gpu and whole:  # the node's GPU total holds too (see _fit)
+            free = alloc[R_GPU] - held[R_GPU]
+            total = free >= gpu
+            future = future and total
+            now = now and total and free - rel[R_GPU] >= gpu
+        return np.array([now]), np.array([future])
 
     def _share_fits(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> np.ndarray:
         """Per candidate: room for p's GPU share on enough devices once releases finish; `now_ok` is narrowed to
