@@ -16,7 +16,7 @@ from kai_opt.heuristics.cheapest_victims import _unit_counts, victim_units
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.heuristics.status_watch import group_active_counts
-from kai_opt.heuristics.victims import _PendingJobs
+from kai_opt.heuristics.victims import _PendingJobs, _PendingOrder
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -56,4 +56,37 @@ def test_kept_up_to_date_equals_made_again(objs: list, rnd: random.Random, n_ops
             assert np.array_equal(_unit_counts(sess, victim_units(sess)).any_active(sess), _alive_units(sess))
             kept.update(sess, JobQueue(sess, []))
             assert _view(kept) == _pending(sess)
+        _step(sess, rnd, open_cps)
+
+
+def _fresh_order(sess: Session) -> _PendingOrder:
+    """A pending order made from scratch (no earlier order's sequences to take over)."""
+    saved = sess.caches._static.pop("pending_jobs", None)
+    try:
+        return _PendingOrder(sess)
+    finally:
+        if saved is not None:
+            sess.caches._static["pending_jobs"] = saved
+
+
+def _sequences(po: _PendingOrder, queues: list[int]) -> list:
+    return [([po.item(q, i) for i in range(po.count[q])], [po.key(q, i) for i in range(po.count[q])])
+            for q in queues]
+
+
+@SETTINGS
+@given(clusters(max_nodes=6, max_jobs=10), st.randoms(use_true_random=False), st.integers(0, 30))
+def test_pending_orders_taking_over_sequences_equal_fresh_ones(objs: list, rnd: random.Random, n_ops: int) -> None:
+    """A pending order that takes over an earlier state's sequences (subtrees whose jobs and allocations did not
+    change) pops and keys every subtree as one made from scratch, however far the earlier ones were read."""
+    sess = _session(objs)
+    queues = list(range(sess.state.n_queues))
+    open_cps: list[tuple[int, tuple]] = []
+    for _ in range(n_ops + 1):
+        if rnd.random() < 0.6:
+            po = _PendingOrder(sess)
+            for q in rnd.sample(queues, rnd.randint(0, len(queues))):  # partly read: later orders share it so
+                if po.count[q]:
+                    po.item(q, rnd.randrange(po.count[q]))
+            assert _sequences(po, queues) == _sequences(_fresh_order(sess), queues)
         _step(sess, rnd, open_cps)

@@ -25,6 +25,16 @@ class GroupShape:
 
 
 def group_shape(sess: Session, g: int) -> GroupShape:
+    """g's pods and leaf sub-groups: read from the snapshot alone, so made once per session (shared: not to be
+    changed)."""
+    shapes: dict[int, GroupShape] = sess.static("group_shapes", dict)
+    hit = shapes.get(g)
+    if hit is None:
+        hit = shapes[g] = _group_shape(sess, g)
+    return hit
+
+
+def _group_shape(sess: Session, g: int) -> GroupShape:
     st = sess.state
     pods = st.group_pods(g)
     subs = st.pod_sg[pods]

@@ -755,7 +755,7 @@ class _PendingOrder:
         self.children = st.q_children
         self.tops = probe.tops
         jobs = sess.static("pending_jobs", lambda: _PendingJobs(st.n_queues))
-        jobs.update(sess, probe)
+        changed = jobs.update(sess, probe)
         self.request = dict(jobs.request)
         self.request_bytes = dict(jobs.request_bytes)
         # queue -> its own jobs in job order (job key, group): leaf queues' jobs (lists shared, never changed)
@@ -763,14 +763,30 @@ class _PendingOrder:
         self.count = list(jobs.count)  # pending jobs in each queue's subtree
         self.items: dict[int, list[int]] = {}  # queue -> its subtree's jobs in pop order (so far)
         self.keys: dict[int, list[tuple[Any, ...]]] = {}  # queue -> its key with each of those jobs at its head
-        self._own_at: dict[int, int] = {}
         self._starved: dict[tuple[int, int], bool] = {}
         # (queue, a pending job's request as bytes, the queue's allocation) -> the queue's key with that job at its
         # head (QueueOrder.key reads nothing else): shared by every state of the session, where most queues keep
         # their allocation from one state to the next
         self.live_keys: dict[tuple[int, bytes, tuple[float, ...]], tuple[Any, ...]] = sess.static("queue_keys", dict)
         self._allocs: dict[int, tuple[float, ...]] = {}  # queue -> its allocation in this state, as a key
-        self._child_at: dict[int, dict[int, int]] = {}
+        self._child_at: dict[int, dict[int, int]] = {}  # queue -> per child, how many of its jobs items[q] holds
+        if jobs.last is not None:
+            self._share(jobs.last, changed, sess.ledger.ancestors)
+        jobs.last = self
+
+    def _share(self, prev: _PendingOrder, changed: set[int], ancestors: list[list[int]]) -> None:
+        """Take over `prev`'s sequences (the lists themselves: both extend them alike) for every subtree whose
+        queues have the same own jobs and allocations here as in prev's state: a subtree's pop order and keys read
+        nothing else (queues whose job lists changed: `changed`)."""
+        moved = np.flatnonzero((prev.order.ledger.allocated != self.order.ledger.allocated).any(axis=1)).tolist()
+        dirty: set[int] = set()
+        for q in (*changed, *moved):
+            dirty.update(ancestors[q])
+        for q, items in prev.items.items():
+            if q not in dirty:
+                self.items[q] = items
+                self.keys[q] = prev.keys.setdefault(q, [])
+                self._child_at[q] = prev._child_at.setdefault(q, {})
 
     def starved_until(self, q: int, g: int) -> bool:
         """Whether queue q (holding job g) is not over its fair share and within deserved with each job at its
@@ -815,10 +831,8 @@ class _PendingOrder:
         own = self.own.get(q, [])
         at = self._child_at.setdefault(q, {})
         while len(items) < n:
-            k = self._own_at.get(q, 0)
-            if k < len(own):
-                items.append(own[k][1])
-                self._own_at[q] = k + 1
+            if len(items) < len(own):  # (q's own jobs come first)
+                items.append(own[len(items)][1])
                 continue
             best, best_key = -1, None
             for c in self.children[q]:
@@ -841,14 +855,16 @@ class _PendingJobs:
 
     def __init__(self, n_queues: int) -> None:
         self.watch: StatusWatch | None = None  # None: nothing read yet
+        self.last: _PendingOrder | None = None  # the latest pending order made (its sequences may be taken over)
         self.request: dict[int, np.ndarray] = {}
         self.request_bytes: dict[int, bytes] = {}
         self.key: dict[int, tuple[Any, ...]] = {}
         self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = [0] * n_queues
 
-    def update(self, sess: Session, probe: Any) -> None:
-        """Brought to the session's current state (probe: a JobQueue of it, for requests and job keys)."""
+    def update(self, sess: Session, probe: Any) -> set[int]:
+        """Brought to the session's current state (probe: a JobQueue of it, for requests and job keys); returns the
+        queues whose job lists changed."""
         st = sess.state
         if self.watch is None:
             self.watch = StatusWatch(sess.status)
@@ -857,7 +873,7 @@ class _PendingJobs:
             pods, _ = self.watch.changed(sess.status)
             pods = pods[st.pod_pg[pods] >= 0]
             if not len(pods):
-                return
+                return set()
         groups = np.unique(st.pod_pg[pods]).tolist()
         start, members, status = st.pg_pod_start, st.pg_pods, sess.status
         ancestors = sess.ledger.ancestors
@@ -878,7 +894,8 @@ class _PendingJobs:
             came.setdefault(q, []).append((v[2], x))
             for a in ancestors[q]:
                 self.count[a] += 1
-        for q in gone.keys() | came.keys():
+        changed = gone.keys() | came.keys()
+        for q in changed:
             out = gone.get(q, set())
             jobs = [j for j in self.own.get(q, []) if j[1] not in out] + came.get(q, [])
             jobs.sort()
@@ -886,6 +903,7 @@ class _PendingJobs:
                 self.own[q] = jobs
             else:
                 self.own.pop(q, None)
+        return changed
 
 
 def _pending_values(sess: Session, probe: Any,
