@@ -40,7 +40,7 @@ def _pending(sess: Session) -> tuple:
 
 
 def _view(jobs: _PendingJobs) -> tuple:
-    return ({x: r.tobytes() for x, r in jobs.request.items()}, dict(jobs.request_bytes), dict(jobs.key),
+    return ({x: r.tobytes() for x, r in jobs.request.items()}, dict(jobs.request_bytes),
             {q: list(v) for q, v in jobs.own.items() if v}, list(jobs.count))
 
 

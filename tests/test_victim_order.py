@@ -135,6 +135,28 @@ def test_a_gang_pipelined_this_cycle_is_a_victim_and_its_placement_is_withdrawn(
     assert reason.code == "PlacementWithdrawn" and reason.details == {"action": "reclaim", "for": "default/b"}
 
 
+def test_victim_pods_are_bound_pods_or_a_groups_pods_placed_this_cycle_when_none_is_bound() -> None:
+    """victim_pods' rule, on both of its reads (every pod, a few groups' pods): a group with a bound pod offers its
+    bound pods only (what this cycle placed of it counts towards its minimum); a group with none bound offers what
+    this cycle placed of it (pipelined)."""
+    objs = [node("n", gpus=8), queue("q", gpu=(8, 1, -1)),
+            podgroup("g", "q"), pod("g-0", "g", gpus=1, node_name="n"), pod("g-1", "g", gpus=1),
+            podgroup("h", "q"), pod("h-0", "h", gpus=1), pod("h-1", "h", gpus=1)]
+    sess = _session(objs)
+    st_ = sess.state
+    idx = {st_.pods[p].name: p for p in range(st_.n_pods)}
+    for name in ("g-1", "h-0"):
+        sess.place(idx[name], 0, (), pipelined=True)
+    expected = {"g-0": True, "g-1": False, "h-0": True, "h-1": False}
+    whole = victim_pods(sess)
+    assert {n: bool(whole[p]) for n, p in idx.items()} == expected
+    for g in range(st_.n_groups):
+        pods = st_.group_pods(g).astype(np.int64)
+        got = _victim_mask_of(sess, pods, st_.pod_pg[pods])
+        assert {st_.pods[p].name: bool(v) for p, v in zip(pods.tolist(), got, strict=True)} == \
+            {st_.pods[p].name: expected[st_.pods[p].name] for p in pods.tolist()}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 200), st.integers(1, 12000), st.randoms(use_true_random=False))
 def test_queue_job_order_is_the_lexsort_of_queue_elasticity_rank(n: int, n_queues: int, rnd) -> None:

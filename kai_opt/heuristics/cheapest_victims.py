@@ -170,10 +170,8 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     units = victim_units(sess)
     alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
     wanted = np.zeros(st.n_groups, dtype=bool)
-    wanted[candidates] = True
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
-    if allowed is not None:
-        wanted[candidates] = allowed
+    wanted[candidates] = True if allowed is None else allowed
     take = np.flatnonzero(alive & wanted[units.group] & feasible[units.node])
     group, node = units.group[take], units.node[take]
     # what a unit frees: its resources, GPUs counted as whole devices (a whole-GPU task needs idle devices, which

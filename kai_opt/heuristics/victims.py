@@ -194,30 +194,25 @@ def victim_pods(sess: Session) -> np.ndarray:
 
 def _victim_pods(sess: Session) -> np.ndarray:
     st = sess.state
-    out = sess.status == PodStatus.BOUND
-    if not sess.placements:
-        return out
-    pods = np.fromiter(sess.placements, dtype=np.int64, count=len(sess.placements))
-    pods = pods[sess.status[pods] == int(PodStatus.PIPELINED)]
-    if len(pods):
-        with_bound = np.zeros(st.n_groups, dtype=bool)
-        with_bound[st.pod_pg[out & (st.pod_pg >= 0)]] = True
-        g = st.pod_pg[pods]
-        out[pods[(g >= 0) & ~with_bound[np.maximum(g, 0)]]] = True
-    return out
+    return _victim_mask_of(sess, np.arange(st.n_pods, dtype=np.int64), st.pod_pg)
 
 
 def _victim_mask_of(sess: Session, pods: np.ndarray, owner: np.ndarray) -> np.ndarray:
-    """victim_pods(sess)[pods] for `pods`, every pod of some groups (`owner`: each one's group), read from those
-    pods alone (the whole session's array costs a pass over every pod and every placement of the cycle)."""
+    """victim_pods' rule for `pods`, every pod of some groups (`owner`: each one's group, -1 for none): read from
+    those pods alone, so a victim order over a few groups costs their pods, not every pod and every placement of
+    the cycle."""
     status = sess.status[pods]
     out = status == PodStatus.BOUND
-    placed = np.flatnonzero(status == PodStatus.PIPELINED)
+    placed = np.flatnonzero((status == PodStatus.PIPELINED) & (owner >= 0))
     if len(placed) and sess.placements:
-        with_bound = set(owner[out].tolist())
-        for i in placed.tolist():
-            if int(owner[i]) not in with_bound and int(pods[i]) in sess.placements:
-                out[i] = True
+        with_bound = np.zeros(sess.state.n_groups, dtype=bool)
+        with_bound[owner[out & (owner >= 0)]] = True
+        placed = placed[~with_bound[owner[placed]]]
+        if len(placed) > FEW_GROUPS:  # many: one pass over the cycle's placements
+            hit = np.isin(pods[placed], np.fromiter(sess.placements, dtype=np.int64, count=len(sess.placements)))
+        else:
+            hit = np.array([int(pods[i]) in sess.placements for i in placed.tolist()], dtype=bool)
+        out[placed[hit]] = True
     return out
 
 
@@ -857,8 +852,7 @@ class _PendingJobs:
         self.watch: StatusWatch | None = None  # None: nothing read yet
         self.last: _PendingOrder | None = None  # the latest pending order made (its sequences may be taken over)
         self.request: dict[int, np.ndarray] = {}
-        self.request_bytes: dict[int, bytes] = {}
-        self.key: dict[int, tuple[Any, ...]] = {}
+        self.request_bytes: dict[int, bytes] = {}  # (its keys: the pending jobs)
         self.own: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         self.count = [0] * n_queues
 
@@ -882,15 +876,15 @@ class _PendingJobs:
         now_pending = [x for x in groups if st.pg_problem[x] is None
                        and bool((status[members[start[x]:start[x + 1]]] == PodStatus.PENDING).any())]
         for x in groups:
-            if self.key.pop(x, None) is not None:  # was pending: out, back in below if it still is
+            if self.request.pop(x, None) is not None:  # was pending: out, back in below if it still is
                 q = int(st.pg_queue[x])
                 gone.setdefault(q, set()).add(x)
-                del self.request[x], self.request_bytes[x]
+                del self.request_bytes[x]
                 for a in ancestors[q]:
                     self.count[a] -= 1
         for x, v in zip(now_pending, _pending_values(sess, probe, now_pending), strict=True):
             q = int(st.pg_queue[x])
-            self.key[x], self.request[x], self.request_bytes[x] = v[2], v[1], v[3]
+            self.request[x], self.request_bytes[x] = v[1], v[3]
             came.setdefault(q, []).append((v[2], x))
             for a in ancestors[q]:
                 self.count[a] += 1

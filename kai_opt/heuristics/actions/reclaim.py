@@ -53,9 +53,10 @@ class ReclaimRules(MoveVictims):
         """The victim groups the reclaim rules do not already refuse for q as the ledger stands (`not_refused`; the
         preselection of `victim_search: cheapest`, whose search still judges every victim it takes)."""
         sess = self.ctx.sess
-        queues = np.arange(sess.state.n_queues, dtype=np.int64)  # the rule looks at queues: judge each once
         per_queue = sess.memo(("not_refused", self.q, self.req.tobytes()), lambda: not_refused(
-            sess.fs, sess.ledger, queue_paths(sess), self.q, self.req, queues, saturation_multiplier=self.mult))
+            sess.fs, sess.ledger, queue_paths(sess), self.q, self.req,
+            np.arange(sess.state.n_queues, dtype=np.int64),  # the rule looks at queues: judge each once per state
+            saturation_multiplier=self.mult))
         return per_queue[sess.state.pg_queue[groups]]
 
     def precheck(self, sess: Session, ledger: QueueLedger, victims: list[int]) -> str | None:
