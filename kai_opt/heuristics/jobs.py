@@ -49,11 +49,7 @@ class JobQueue:
 
     def job_keys(self, groups: list[int]) -> list[tuple[Any, ...]]:
         """job_key of each of `groups` (one pass over their pods)."""
-        st = self.sess.state
-        arr = np.asarray(groups, dtype=np.int64)
-        return [_job_key(*row) for row in zip(st.pg_priority[arr].tolist(), elastic_states(self.sess, arr),
-                                              st.pg_creation[arr].tolist(), [st.pg_keys[g] for g in groups],
-                                              strict=True)]
+        return job_keys(self.sess, groups)
 
     def push(self, g: int) -> None:
         q = int(self.sess.state.pg_queue[g])
@@ -140,6 +136,15 @@ class JobQueue:
             self.count[a] -= 1
         self._dirty_above(q)
         return g
+
+
+def job_keys(sess: Session, groups: list[int]) -> list[tuple[Any, ...]]:
+    """JobQueue.job_key of each of `groups` on `sess` as it is now (one pass over their pods)."""
+    st = sess.state
+    arr = np.asarray(groups, dtype=np.int64)
+    return [_job_key(*row) for row in zip(st.pg_priority[arr].tolist(), elastic_states(sess, arr),
+                                          st.pg_creation[arr].tolist(), [st.pg_keys[g] for g in groups],
+                                          strict=True)]
 
 
 def _job_key(priority: int, elastic: int, created: float, name: str) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le, less_all
 from kai_opt.heuristics.gang import Attempt, GangPlacer
+from kai_opt.heuristics.jobs import JobQueue, job_keys
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
 from kai_opt.heuristics.status_watch import StatusWatch, group_active_counts
 from kai_opt.heuristics.tasks import active_counts, active_mask
@@ -740,10 +741,10 @@ class _PendingOrder:
     state (Session.memo), sequences extended only as far as simulations read them."""
 
     def __init__(self, sess: Session) -> None:
-        from kai_opt.heuristics.jobs import JobQueue
-
         st = sess.state
-        probe = self.probe = JobQueue(sess, [])  # its job_key reads the session live (victims' elasticity)
+        # not kept: an order is kept in the session's caches, and one holding the session would make a reference
+        # cycle the garbage collector then walks with everything the session made (docs/DESIGN-NOTES.md)
+        probe = JobQueue(sess, [])
         self.live = probe.order  # the session's queue order: the rules on its ledger (updated in place)
         self.order = copy.copy(self.live)  # the same rules on this state's ledger
         self.order.ledger = sess.ledger.copy()
@@ -1057,7 +1058,7 @@ class _Simulation:
         statuses throughout the simulation: victims that pop return to the ledger only, until its end)."""
         if self.victim_keys is None:
             victims = [v for vs in self.queued.values() for v in vs]
-            self.victim_keys = dict(zip(victims, self.po.probe.job_keys(victims), strict=True))
+            self.victim_keys = dict(zip(victims, job_keys(self.sess, victims), strict=True))
         return self.victim_keys
 
     def head(self, s: int) -> tuple[int, tuple[Any, ...]]:
