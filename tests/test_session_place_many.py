@@ -1,20 +1,23 @@
-"""Session.place_many (the bulk path the CP-SAT window uses to apply the greedy plan's decisions outside the model)
-leaves the session exactly as place() called pod by pod: resources, devices, queue ledger (float sums equal to the
-bit), statuses and placements; its log holds one op per run of binds, and a rollback over it restores the session it
-started from exactly."""
+"""Session.place_many and evict_each (the bulk paths the CP-SAT window uses to apply the greedy plan's decisions
+outside the model) leave the session exactly as place() / evict_many() called pod by pod: resources, devices, queue
+ledger (float sums equal to the bit), statuses and placements; place_many's log holds one op per run of binds, and a
+rollback over either restores the session it started from exactly."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 from builders import snapshot
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from strategies import clusters
 
 from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.heuristics.session import Session
-from kai_opt.state import build_state
+from kai_opt.state import PodStatus, build_state
 
 GREEDY = Config(engine=Engine.greedy)
 
@@ -69,3 +72,27 @@ def test_place_many_equals_place_one_by_one_on_a_scale_instance() -> None:
     one, bulk, placed = _both(build_state(as_snapshot(scale(300, 3000, 300, 0))))
     assert placed > 100
     assert bulk == one
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(objs=clusters(max_nodes=8, max_jobs=12), rnd=st.randoms(use_true_random=False))
+def test_evict_each_equals_evict_many_pod_by_pod(objs: list, rnd: random.Random) -> None:
+    """Session.evict_each (a replayed plan's evictions, each with its own reason and beneficiary, in one step)
+    leaves the session, its log, its evictions and its caches' change record as evict_many called per pod."""
+    state = build_state(snapshot(objs))
+    fs = compute_fair_share(state)
+    bound = np.flatnonzero(state.pod_status == PodStatus.BOUND).tolist()
+    pods = rnd.sample(bound, rnd.randint(0, len(bound)))
+    reasons = [rnd.choice(["reclaim", "preempt", "consolidate"]) for _ in pods]
+    beneficiaries = [rnd.randint(-1, max(0, state.n_groups - 1)) for _ in pods]
+    one, bulk, fresh = Session(state, fs, GREEDY), Session(state, fs, GREEDY), Session(state, fs, GREEDY)
+    for p, r, b in zip(pods, reasons, beneficiaries, strict=True):
+        one.evict_many([p], r, b)
+    start = bulk.checkpoint()
+    bulk.evict_each(pods, reasons, beneficiaries)
+    assert _view(bulk) == _view(one)
+    assert _log(bulk) == _log(one)
+    assert bulk.evictions == one.evictions
+    assert (bulk.caches.touched, bulk.caches.version) == (one.caches.touched, one.caches.version)
+    bulk.rollback(start)
+    assert _view(bulk) == _view(fresh)

@@ -386,7 +386,7 @@ def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
     st = sess.state
     outside = set(groups)
     # (a pod replayed already, e.g. by apply_consolidation, is no longer bound)
-    _evict_in_runs(sess, [e for e in greedy.evictions
+    _replay_evictions(sess, [e for e in greedy.evictions
                           if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND])
     fresh = [pl for pl in greedy.placements if not pl.moved]
     if not fresh:
@@ -533,16 +533,9 @@ def replayed_evictions(st: ClusterState, greedy: Plan) -> list[Eviction]:
     return [e for e in greedy.evictions if int(st.pod_pg[e.pod]) in groups]
 
 
-def _evict_in_runs(sess: Session, evictions: list[Eviction]) -> None:
-    """Evict in the plan's order, consecutive evictions with one reason and beneficiary in one call."""
-    i = 0
-    while i < len(evictions):
-        j = i
-        while j < len(evictions) and (evictions[j].reason, evictions[j].beneficiary) == (
-                evictions[i].reason, evictions[i].beneficiary):
-            j += 1
-        sess.evict_many([e.pod for e in evictions[i:j]], evictions[i].reason, evictions[i].beneficiary)
-        i = j
+def _replay_evictions(sess: Session, evictions: list[Eviction]) -> None:
+    """Evict in the plan's order, each with its reason and beneficiary (one session step)."""
+    sess.evict_each([e.pod for e in evictions], [e.reason for e in evictions], [e.beneficiary for e in evictions])
 
 
 def apply_consolidation(sess: Session, greedy: Plan) -> None:
@@ -550,7 +543,7 @@ def apply_consolidation(sess: Session, greedy: Plan) -> None:
     their evictions on a fresh session: the model and the decoder start from there, so the room the moves made is
     there for the model too, and the groups they made room for stay placed (Scope.keep)."""
     st = sess.state
-    _evict_in_runs(sess, replayed_evictions(st, greedy))
+    _replay_evictions(sess, replayed_evictions(st, greedy))
     for pl in greedy.placements:
         if pl.moved:
             base = int(st.dev_start[pl.node])

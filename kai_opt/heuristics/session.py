@@ -5,11 +5,11 @@ released). Free now = allocatable - held - rel; free once releases finish = allo
 follow the same split in milli-GPUs.
 
 The state-changing API is the Session's: checkpoint / rollback / commit around the operations place, place_many,
-evict, evict_many, unevict, unevict_many and convert_to_pipelined. Each operation appends one typed record to the
-log (Allocate, AllocateRun, Pipeline, Evict, Move, Unevict, UnevictMany) that carries its own undo; a rollback undoes
-the records above its checkpoint, newest first. The arrays readers see (held, rel, dev_held, dev_rel, dev_piped,
-status, node) are read-only views of the session's own. Every cache over the state is declared in SessionCaches with
-the rule that keeps it valid.
+evict, evict_many, evict_each, unevict, unevict_many and convert_to_pipelined. Each operation appends one typed
+record to the log (Allocate, AllocateRun, Pipeline, Evict, Move, Unevict, UnevictMany) that carries its own undo; a
+rollback undoes the records above its checkpoint, newest first. The arrays readers see (held, rel, dev_held, dev_rel,
+dev_piped, status, node) are read-only views of the session's own. Every cache over the state is declared in
+SessionCaches with the rule that keeps it valid.
 """
 
 from __future__ import annotations
@@ -648,6 +648,11 @@ class Session:
         """Evict each of `pods` (distinct), in order: one Evict op each in the log; the resources turn releasing
         and leave the pods' queues (a pod not bound, pipelined or placed counts for no queue) in one vectorised
         step, in op order (_apply_evictions), so the queue ledger's float sums are the one-by-one ones."""
+        self.evict_each(pods, [reason] * len(pods), [beneficiary] * len(pods))
+
+    def evict_each(self, pods: list[int], reasons: list[str], beneficiaries: list[int]) -> None:
+        """evict_many with a reason and a beneficiary per pod: the same ops, state and float sums as one evict_many
+        per pod in this order (a replayed plan's evictions in one step)."""
         if not pods:
             return
         st = self.state
@@ -671,7 +676,7 @@ class Session:
             prev = prevs[i]
             qa = qas[i] if prev in ACTIVE else qas[i] * 0
             self._status[p] = PodStatus.RELEASING
-            self.evictions[p] = Eviction(p, reason, beneficiary)
+            self.evictions[p] = Eviction(p, reasons[i], beneficiaries[i])
             op = Evict(p, n, devices, prev, amounts[i], per_dev, qa, np_flags[i])
             self._log(op)
             self._evict_op[p] = op
