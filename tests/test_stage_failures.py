@@ -20,6 +20,7 @@ from kai_opt.bench.instances import Instance
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config, Engine, parse_config
 from kai_opt.engine import run_cycle
+from kai_opt.fairshare import compute_fair_share
 from kai_opt.formulation import runner, second_hint, solve
 from kai_opt.formulation.decode import DecodeError
 from kai_opt.plan import FAILURE_KINDS, FAILURE_STAGES, Plan
@@ -342,3 +343,19 @@ def test_a_worker_that_dies_while_waiting_is_a_crash_of_the_cpsat_stage(state: C
     plan = _greedy_kept(state, _config(), "cpsat", "crash")
     assert "killed by SIGKILL" in plan.solver.note
     assert not mp.active_children()
+
+
+def test_the_workers_budget_counts_from_the_stages_start_in_the_cycles_process(
+        state: ClusterState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's watchdog counts the budget from when it started the stage; handing the greedy plan over to the
+    worker comes out of it. A worker told the stage started most of a budget ago does not start a solve it has
+    no time to decode and check; told nothing, the same worker solves."""
+    config = _config()
+    fs = compute_fair_share(state)
+    greedy, _ = run_cycle(state, config, engine=Engine.greedy)
+    fresh = solve._cpsat_plan(state, fs, config, greedy=greedy)
+    assert fresh.solver.status in ("OPTIMAL", "FEASIBLE"), fresh.solver.note
+    monkeypatch.setattr(solve, "run_with_watchdog", raises)
+    late = solve._cpsat_plan(state, fs, config, greedy=greedy, started=time.perf_counter() - 0.95 * BUDGET)
+    assert late.solver.status == "FALLBACK_GREEDY" and not late.solver.failures
+    assert "with the greedy plan's handover" in late.solver.note, late.solver.note

@@ -94,8 +94,8 @@ def prepare_worker(state: ClusterState, fs: FairShare, config: Config, actions: 
 
 def _prepared_worker(send: Send, state: ClusterState, fs: FairShare, config: Config,
                      actions: tuple[str, ...] | None, second: SecondHint | None, greedy: Plan,
-                     use_second: bool) -> Plan:
-    return _worker(send, state, fs, config, greedy, actions, second if use_second else None)
+                     use_second: bool, started: float) -> Plan:
+    return _worker(send, state, fs, config, greedy, actions, second if use_second else None, started)
 
 
 def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
@@ -120,9 +120,9 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
         phase[0] = what
 
     if waiting is not None:
-        ended = waiting.run((greedy, second is not None), deadline=deadline, on_message=said)
+        ended = waiting.run((greedy, second is not None, start), deadline=deadline, on_message=said)
     else:  # not daemonic: it forks the solver worker itself
-        ended = run_in_child(_worker, (state, fs, config, greedy, actions, second), deadline=deadline,
+        ended = run_in_child(_worker, (state, fs, config, greedy, actions, second, start), deadline=deadline,
                              on_message=said, daemon=False)
     plan = ended.value if ended.ok else _fail(greedy, start, _stage_of(phase[0]),
                                               *_worker_failure(ended, phase[0], budget))
@@ -132,10 +132,12 @@ def cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Pl
 
 
 def _worker(send: Send, state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
-            actions: tuple[str, ...] | None, second: SecondHint | None) -> Plan:
+            actions: tuple[str, ...] | None, second: SecondHint | None, started: float | None = None) -> Plan:
     """The CP-SAT worker: its phases sent as it goes, its plan returned (a raise or a death is the parent's to
-    report; it keeps the greedy plan)."""
-    plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions, progress=send, second=second)
+    report; it keeps the greedy plan). `started`: when the parent started the stage (time.perf_counter(), one
+    clock for both processes), which its watchdog counts the budget from."""
+    plan = _cpsat_plan(state, fs, config, greedy=greedy, actions=actions, progress=send, second=second,
+                       started=started)
     if second is not None and second.failure is not None:  # it failed when taken here, as the starting plan
         plan.solver.add_failure("second_hint", *second.failure)
     return plan
@@ -253,19 +255,22 @@ def _beats(ours: tuple[float, float], theirs: tuple[float, float]) -> bool:
 
 def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: Plan,
                 actions: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None,
-                second: SecondHint | None = None) -> Plan:
+                second: SecondHint | None = None, started: float | None = None) -> Plan:
     def phase(what: str) -> None:
         if progress is not None:
             progress(what)
 
     start, cpu_start = time.perf_counter(), time.process_time()
+    # the budget is the stage's from `started` (the parent's watchdog counts from there: handing the greedy plan
+    # over comes out of it); the build's slowdown is judged on this process's own time
+    stage_start = start if started is None else min(started, start)
     budget = config.solver.time_budget_s
     greedy, via = _starting_plan(state, fs, config, greedy, actions, second, phase)
     hint = "fgd" if via else "kai"
     greedy, pattern_via, pattern_failed = _pattern_start(state, fs, config, greedy, actions, phase)
     if pattern_via:  # (its base, the plan above, stays named)
         via, hint = f"{via}; then {pattern_via}" if via else pattern_via, "pattern"
-        used = time.perf_counter() - start
+        used = time.perf_counter() - stage_start
         if used > PATTERN_ALONE * budget and not config.solver.deterministic:
             return _keep(greedy, SolverInfo(hint=hint), start, f"{via}; the model was not built: {used:.2f}s of the "
                          f"{budget:g}s budget were gone", "GREEDY_KEPT")
@@ -295,10 +300,12 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         SLOWDOWN_MAX, max(1.0, info.build_s / max(time.process_time() - cpu_start, 1e-3)))
     reserve = max(budget * DECODE_RESERVE, (DECODE_PER_POD * pods + CHECK_PER_DECISION * decisions) * slowdown)
     # deterministic mode: the budget less the reserve, no wall clock (a deterministic limit, reproducible)
-    left = budget - reserve - (0.0 if config.solver.deterministic else info.build_s)
+    used = time.perf_counter() - stage_start
+    left = budget - reserve - (0.0 if config.solver.deterministic else used)
     if left <= 0.01 and not config.solver.deterministic:
         slow = f", {slowdown:.1f}x its CPU time" if slowdown > 1.2 else ""
-        return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s of the "
+        handover = f" ({used:.3f}s with the greedy plan's handover)" if used > info.build_s + 0.005 else ""
+        return _keep(greedy, info, start, f"building the model took {info.build_s:.3f}s{handover} of the "
                      f"{budget:g}s budget{slow}, and decoding and checking need {reserve:.3f}s", "FALLBACK_GREEDY")
     result = run_with_watchdog(built, config.solver, max(left, 0.05), slowdown=slowdown)
     info.solve_s = time.perf_counter() - start - info.build_s
