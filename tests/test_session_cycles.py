@@ -59,3 +59,12 @@ def test_a_cpsat_cycle_leaves_no_reference_cycle_in_the_calling_process(
     st, _fs = scale_1000
     cfg = Config.model_validate({"engine": "cpsat", "solver": {"time_budget_s": 1, "deterministic": True}})
     assert _garbage_of_cycle(lambda: run_cycle(st, cfg)) == Counter()
+
+
+def test_a_greedy_cycle_with_fgd_scoring_leaves_no_reference_cycle(
+        scale_1000: tuple[ClusterState, FairShare]) -> None:
+    """The FGD scorer (placement fgd: the second hint, the FGD-scored plan computed first, the trace replay) is owned
+    by its placer and must not hold it back."""
+    st, fs = scale_1000
+    cfg = Config.model_validate({"engine": "greedy", "placement": {"gpu": "fgd", "cpu": "fgd"}})
+    assert _garbage_of_cycle(lambda: greedy_plan(st, fs, cfg)) == Counter()

@@ -596,7 +596,9 @@ class FgdScorer:
     resources still being released)."""
 
     def __init__(self, placer: Placer) -> None:
-        self.placer = placer
+        # owned by its placer (Placer.fgd): a strong reference back would make the two, and the session they hold,
+        # a reference cycle, freed only by the garbage collector walking all the session made
+        self.placer = weakref.proxy(placer)
         self.sess = sess = placer.sess
         target = fgd_target(placer)
         self.model, self.access, self.cpu_per_milli = target.model, target.access, target.cpu_per_milli
