@@ -193,9 +193,9 @@ def test_whole_devices_without_a_subset_read_from_its_superset(objs: list, rnd) 
 @SETTINGS
 @given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
 def test_job_keys_at_once_equal_one_by_one(objs: list, rnd) -> None:
-    # the scenario simulation reads every victim job's key at once (JobQueue.job_keys); with some pods evicted
-    # (a victim's elastic state changes) they must be the keys job_key gives one group at a time
-    from kai_opt.heuristics.jobs import JobQueue
+    # the scenario simulation reads every victim job's key at once (jobs.job_keys); with some pods evicted
+    # (a victim's elastic state changes) they must be the keys JobQueue.job_key gives one group at a time
+    from kai_opt.heuristics.jobs import JobQueue, job_keys
 
     sess = _session(objs)
     st_ = sess.state
@@ -205,7 +205,7 @@ def test_job_keys_at_once_equal_one_by_one(objs: list, rnd) -> None:
         sess.evict_many(gone, "reclaimed", -1)
     groups = [g for g in range(st_.n_groups) if rnd.random() < 0.7]
     probe = JobQueue(sess, [])
-    assert probe.job_keys(groups) == [probe.job_key(g) for g in groups]
+    assert job_keys(sess, groups) == [probe.job_key(g) for g in groups]
 
 
 @SETTINGS

@@ -47,10 +47,6 @@ class JobQueue:
         st = self.sess.state
         return _job_key(int(st.pg_priority[g]), elastic_state(self.sess, g), float(st.pg_creation[g]), st.pg_keys[g])
 
-    def job_keys(self, groups: list[int]) -> list[tuple[Any, ...]]:
-        """job_key of each of `groups` (one pass over their pods)."""
-        return job_keys(self.sess, groups)
-
     def push(self, g: int) -> None:
         q = int(self.sess.state.pg_queue[g])
         bisect.insort(self.leaf.setdefault(q, []), (self.job_key(g), g))
