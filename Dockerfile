@@ -25,8 +25,11 @@ RUN pip install --no-deps . && pip check
 
 # -- runtime: the virtual environment only ------------------------------------------------------------------------
 FROM ${BASE_IMAGE}
+# numba compiles the cheapest-victims scan at its first use and caches it where it may write (the root file system
+# is read-only; /tmp is an emptyDir, kept across the container's restarts)
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
     PATH=/opt/kai-opt/bin:$PATH
 COPY --from=build /opt/kai-opt /opt/kai-opt
 # the Deployment runs as this non-root user with a read-only root file system (/tmp is an emptyDir)

@@ -178,10 +178,12 @@ def main() -> int:
     from kai_opt.config import Config
     from kai_opt.engine import run_cycle
     from kai_opt.gcpause import gc_paused
+    from kai_opt.heuristics.victim_scan import compile_when_used
     from kai_opt.k8s import cache as cache_mod
     from kai_opt.k8s import grouper
     from kai_opt.state import build_state
 
+    compile_when_used()  # as `kai-opt run` does
     t = time.perf_counter()
     objs = _objects(args.nodes, args.nodes * args.pods_per_node, args.seed, args.queues)
     gen_s = time.perf_counter() - t

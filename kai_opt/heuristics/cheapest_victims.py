@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kai_opt.fairshare.reclaim import queue_paths as reclaim_paths
+from kai_opt.heuristics import victim_scan
 from kai_opt.heuristics.gang import GangPlacer
 from kai_opt.heuristics.session import Session, _read_only
 from kai_opt.heuristics.status_watch import ActiveCounts
@@ -30,8 +31,6 @@ from kai_opt.heuristics.victims import (
     victim_chunk_order,
 )
 from kai_opt.state import R_GPU, PodStatus
-
-BIG = np.int64(1) << 40
 
 VictimFilter = Callable[[np.ndarray], np.ndarray | None]  # victim groups -> which may go now (None: all)
 
@@ -92,122 +91,48 @@ def queue_paths(sess: Session) -> np.ndarray:
     return sess.static("queue_paths", make)
 
 
-class _Prices:
-    """Per node holding victim units, the cheapest way to make room for one request there: the units taken in
-    node order (cheapest first) up to the first with which room + what they free covers the request, and the GPUs
-    that costs. Kept per request and made again only for the nodes whose room or units changed since."""
-
-    def __init__(self, node: np.ndarray, frees: np.ndarray, cost: np.ndarray, n_nodes: int) -> None:
-        self.node, self.frees, self.cost = node, frees, cost
-        self.start = np.flatnonzero(np.r_[True, np.diff(node) != 0]) if len(node) else np.zeros(0, dtype=np.int64)
-        self.end = np.r_[self.start[1:], len(node)].astype(np.int64)
-        self.seg_of_node = np.full(n_nodes, -1, dtype=np.int64)
-        self.seg_of_node[node[self.start]] = np.arange(len(self.start))
-        self.live = np.ones(len(node), dtype=bool)
-        # request bytes -> (last unit taken per segment or BIG, GPUs evicted per segment or BIG, stale segments)
-        self.known: dict[bytes, tuple[np.ndarray, np.ndarray, set[int]]] = {}
-
-    def best(self, room: np.ndarray, req: np.ndarray) -> tuple[int, int] | None:
-        """(segment, its last unit) where making room for req evicts the fewest GPUs; None when nowhere."""
-        if not len(self.start):
-            return None
-        key = req.tobytes()
-        hit = self.known.get(key)
-        if hit is None:
-            segs = np.arange(len(self.start))
-            last, price = self._make(room, req, segs)
-            self.known[key] = (last, price, set())
-        else:
-            last, price, stale = hit
-            if stale:
-                segs = np.fromiter(stale, dtype=np.int64, count=len(stale))
-                last[segs], price[segs] = self._make(room, req, segs)
-                stale.clear()
-        i = int(np.argmin(price))
-        return None if price[i] >= BIG else (i, int(last[i]))
-
-    def _make(self, room: np.ndarray, req: np.ndarray, segs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if len(segs) == len(self.start):  # every segment: the units as they are
-            units, lens, local = np.arange(len(self.node)), self.end - self.start, self.start
-        else:
-            lens = self.end[segs] - self.start[segs]
-            local = np.r_[0, np.cumsum(lens)[:-1]]
-            units = np.repeat(self.start[segs] - local, lens) + np.arange(int(lens.sum()))
-        if not len(units):
-            return np.full(len(segs), BIG), np.full(len(segs), BIG)
-        need = np.flatnonzero(req > 0)  # only the requested resources are compared
-        live = self.live[units]
-        cum = np.cumsum(self.frees[units][:, need] * live[:, None], axis=0)
-        before = np.vstack([np.zeros((1, len(need)), dtype=np.int64), cum])[local]
-        seg_of = np.repeat(np.arange(len(segs)), lens)
-        after = room[self.node[units]][:, need] + cum - before[seg_of]
-        enough = live & (after >= req[need]).all(axis=1)
-        first = np.full(len(segs), BIG)
-        has = lens > 0
-        first[has] = np.minimum.reduceat(np.where(enough, np.arange(len(units)), BIG), local[has])
-        spent = np.cumsum(np.where(live, self.cost[units], 0))
-        found = first < BIG
-        price = np.full(len(segs), BIG)
-        price[found] = spent[first[found]] - np.r_[0, spent][local[found]]
-        last = np.full(len(segs), BIG)
-        last[found] = units[first[found]]
-        return last, price
-
-    def changed(self, nodes: np.ndarray) -> None:
-        """The room or the units of these nodes changed: every request's prices there are stale."""
-        segs = self.seg_of_node[nodes]
-        segs = set(segs[segs >= 0].tolist())
-        for _, _, stale in self.known.values():
-            stale |= segs
-
-
 def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, feasible: np.ndarray,
                      victim_ok: VictimFilter | None = None) -> np.ndarray | None:
     """The victim groups (among `candidates`, and those `victim_ok` admits) that make room for every task, each on
     the node where that costs the fewest GPUs; empty when some task finds no such node; None when every task fits
-    without evicting anything (the scenario then evicts nothing)."""
+    without evicting anything (the scenario then evicts nothing). The scan itself: victim_scan."""
     st = sess.state
     units = victim_units(sess)
+    index = _unit_index(sess, units)
     alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
     wanted = np.zeros(st.n_groups, dtype=bool)
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
     wanted[candidates] = True if allowed is None else allowed
-    take = np.flatnonzero(alive & wanted[units.group] & feasible[units.node])
-    group, node = units.group[take], units.node[take]
-    # what a unit frees: its resources, GPUs counted as whole devices (a whole-GPU task needs idle devices, which
-    # milli-GPU sums spread over shared devices overstate)
-    frees = units.frees[take]
+    live = alive & wanted[units.group] & feasible[units.node]
     room = sess.memo("room_after_releases", lambda: _read_only(np.column_stack(
         [sess.alloc - sess.held, sess.whole_future]).astype(np.int64))).copy()  # once releases finish
-    prices = _Prices(node, frees, units.cost[take], len(st.node_names))
-    chosen: list[int] = []
-    for t in tasks:
-        req = np.append(st.pod_req[t], st.pod_gpu_whole[t]).astype(np.int64)
-        if req[-1] > 0:
-            req[R_GPU] = 0  # whole devices stand for the GPUs
-        need = req > 0
-        now = feasible & (room[:, need] >= req[need]).all(axis=1)
-        if now.any():  # room free or being released: the tightest such node (evicting nothing)
-            fits = np.flatnonzero(now)
-            n = int(fits[np.argmin(room[fits, R_GPU])])
-        else:
-            found = prices.best(room, req)
-            if found is None:
-                return np.zeros(0, dtype=np.int64)
-            seg, last = found
-            n = int(node[last])
-            for j in range(int(prices.start[seg]), last + 1):
-                if not prices.live[j]:
-                    continue
-                v = int(group[j])
-                mine = np.flatnonzero(group == v)  # every unit of the group goes: a victim job is evicted whole
-                np.add.at(room, node[mine], frees[mine])
-                prices.live[mine] = False
-                prices.changed(node[mine])
-                chosen.append(v)
-        room[n] -= req
-        prices.changed(np.array([n]))
-    return np.array(chosen, dtype=np.int64) if chosen else None
+    # what a task needs: its resources, GPUs counted as whole devices for a whole-GPU task (it needs idle devices,
+    # which milli-GPU sums spread over shared devices overstate)
+    reqs = np.column_stack([st.pod_req[tasks], st.pod_gpu_whole[tasks]]).astype(np.int64)
+    reqs[reqs[:, -1] > 0, R_GPU] = 0
+    status, chosen = victim_scan.scan(reqs, feasible, room, live, index.node_ptr, units.node, units.group,
+                                      units.frees, units.cost, index.group_ptr, index.by_group)
+    if status == victim_scan.NO_ROOM:
+        return np.zeros(0, dtype=np.int64)
+    return chosen if status == victim_scan.FOUND else None
+
+
+@dataclass(frozen=True)
+class _UnitIndex:
+    node_ptr: np.ndarray  # node n's units: node_ptr[n]:node_ptr[n + 1] (units are sorted by node)
+    group_ptr: np.ndarray  # group v's units: by_group[group_ptr[v]:group_ptr[v + 1]]
+    by_group: np.ndarray
+
+
+def _unit_index(sess: Session, units: VictimUnits) -> _UnitIndex:
+    def make() -> _UnitIndex:
+        st = sess.state
+        by_group = np.argsort(units.group, kind="stable")
+        return _UnitIndex(np.searchsorted(units.node, np.arange(len(st.node_names) + 1)).astype(np.int64),
+                          np.searchsorted(units.group[by_group], np.arange(st.n_groups + 1)).astype(np.int64),
+                          by_group.astype(np.int64))
+
+    return sess.static("victim_unit_index", make)
 
 
 def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], candidates: np.ndarray, reason: str,

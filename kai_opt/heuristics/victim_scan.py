@@ -1,0 +1,280 @@
+"""The inner loop of `victim_search: cheapest` (cheapest_victims): per pending task, the tightest node with room, else
+the node where evicting the fewest GPUs of eligible victim units makes room, and those victims' groups evicted whole.
+
+Two forms that take the same decisions (tests/test_victim_scan.py): `scan_numpy`, array operations per task (a few
+dozen per task that finds no room, each over the units of the nodes whose prices changed), and `_scan_loops`, plain
+loops that numba compiles (the approved dependency for an inner loop aggregation cannot make fast enough) once a
+long-lived process asks for them (`compile_when_used()`); `scan` is whichever is in use.
+
+Inputs (units sorted by node, then cost; `node_ptr[n]:node_ptr[n + 1]` are node n's units; `by_group[group_ptr[v]:
+group_ptr[v + 1]]` are group v's units): `reqs` int64[T, C] the tasks' requests (C = the state's resources, then
+whole GPU devices), `feasible` bool[N], `room` int64[N, C] and `live` bool[U] the units that may go (both may be
+changed), `frees` int64[U, C] what a unit frees, `cost` int64[U] what evicting its group costs.
+Returns (status, victim groups in the order taken): status FOUND (victims needed and found), NONE_NEEDED (every
+task fits on room already free or being released) or NO_ROOM (some task finds no such node: victims meaningless).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kai_opt.state.resources import R_GPU
+
+FOUND, NONE_NEEDED, NO_ROOM = 0, 1, 2
+GPU = R_GPU  # the column compared to pick the tightest node with room
+BIG = np.int64(1) << 40
+
+ScanFn = Callable[..., tuple[int, np.ndarray]]
+
+
+class _Prices:
+    """Per node holding live units, the cheapest way to make room for one request there: the units taken in node
+    order (cheapest first) up to the first with which room + what they free covers the request, and the GPUs that
+    costs. Kept per request and made again only for the nodes whose room or units changed since."""
+
+    def __init__(self, node: np.ndarray, frees: np.ndarray, cost: np.ndarray, n_nodes: int) -> None:
+        self.node, self.frees, self.cost = node, frees, cost
+        self.start = np.flatnonzero(np.r_[True, np.diff(node) != 0]) if len(node) else np.zeros(0, dtype=np.int64)
+        self.end = np.r_[self.start[1:], len(node)].astype(np.int64)
+        self.seg_of_node = np.full(n_nodes, -1, dtype=np.int64)
+        self.seg_of_node[node[self.start]] = np.arange(len(self.start))
+        self.live = np.ones(len(node), dtype=bool)
+        # request bytes -> (last unit taken per segment or BIG, GPUs evicted per segment or BIG, stale segments)
+        self.known: dict[bytes, tuple[np.ndarray, np.ndarray, set[int]]] = {}
+
+    def best(self, room: np.ndarray, req: np.ndarray) -> tuple[int, int] | None:
+        """(segment, its last unit) where making room for req evicts the fewest GPUs; None when nowhere."""
+        if not len(self.start):
+            return None
+        key = req.tobytes()
+        hit = self.known.get(key)
+        if hit is None:
+            segs = np.arange(len(self.start))
+            last, price = self._make(room, req, segs)
+            self.known[key] = (last, price, set())
+        else:
+            last, price, stale = hit
+            if stale:
+                segs = np.fromiter(stale, dtype=np.int64, count=len(stale))
+                last[segs], price[segs] = self._make(room, req, segs)
+                stale.clear()
+        i = int(np.argmin(price))
+        return None if price[i] >= BIG else (i, int(last[i]))
+
+    def _make(self, room: np.ndarray, req: np.ndarray, segs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(segs) == len(self.start):  # every segment: the units as they are
+            units, lens, local = np.arange(len(self.node)), self.end - self.start, self.start
+        else:
+            lens = self.end[segs] - self.start[segs]
+            local = np.r_[0, np.cumsum(lens)[:-1]]
+            units = np.repeat(self.start[segs] - local, lens) + np.arange(int(lens.sum()))
+        if not len(units):
+            return np.full(len(segs), BIG), np.full(len(segs), BIG)
+        need = np.flatnonzero(req > 0)  # only the requested resources are compared
+        live = self.live[units]
+        cum = np.cumsum(self.frees[units][:, need] * live[:, None], axis=0)
+        before = np.vstack([np.zeros((1, len(need)), dtype=np.int64), cum])[local]
+        seg_of = np.repeat(np.arange(len(segs)), lens)
+        after = room[self.node[units]][:, need] + cum - before[seg_of]
+        enough = live & (after >= req[need]).all(axis=1)
+        first = np.full(len(segs), BIG)
+        has = lens > 0
+        first[has] = np.minimum.reduceat(np.where(enough, np.arange(len(units)), BIG), local[has])
+        spent = np.cumsum(np.where(live, self.cost[units], 0))
+        found = first < BIG
+        price = np.full(len(segs), BIG)
+        price[found] = spent[first[found]] - np.r_[0, spent][local[found]]
+        last = np.full(len(segs), BIG)
+        last[found] = units[first[found]]
+        return last, price
+
+    def changed(self, nodes: np.ndarray) -> None:
+        """The room or the units of these nodes changed: every request's prices there are stale."""
+        segs = self.seg_of_node[nodes]
+        segs = set(segs[segs >= 0].tolist())
+        for _, _, stale in self.known.values():
+            stale |= segs
+
+
+def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray, node_ptr: np.ndarray,
+               unit_node: np.ndarray, unit_group: np.ndarray, frees: np.ndarray, cost: np.ndarray,
+               group_ptr: np.ndarray, by_group: np.ndarray) -> tuple[int, np.ndarray]:
+    """The reference, over arrays: the live units taken out, their prices kept per request (_Prices)."""
+    take = np.flatnonzero(live)
+    group, node, took = unit_group[take], unit_node[take], frees[take]
+    prices = _Prices(node, took, cost[take], len(room))
+    chosen: list[int] = []
+    for req in reqs:
+        need = req > 0
+        now = feasible & (room[:, need] >= req[need]).all(axis=1)
+        if now.any():  # room free or being released: the tightest such node (evicting nothing)
+            fits = np.flatnonzero(now)
+            n = int(fits[np.argmin(room[fits, GPU])])
+        else:
+            found = prices.best(room, req)
+            if found is None:
+                return NO_ROOM, np.zeros(0, dtype=np.int64)
+            seg, last = found
+            n = int(node[last])
+            for j in range(int(prices.start[seg]), last + 1):
+                if not prices.live[j]:
+                    continue
+                v = int(group[j])
+                mine = np.flatnonzero(group == v)  # every unit of the group goes: a victim job is evicted whole
+                np.add.at(room, node[mine], took[mine])
+                prices.live[mine] = False
+                prices.changed(node[mine])
+                chosen.append(v)
+        room[n] -= req
+        prices.changed(np.array([n]))
+    return (FOUND, np.array(chosen, dtype=np.int64)) if chosen else (NONE_NEEDED, np.zeros(0, dtype=np.int64))
+
+
+def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray, node_ptr: np.ndarray,
+                unit_node: np.ndarray, unit_group: np.ndarray, frees: np.ndarray, cost: np.ndarray,
+                group_ptr: np.ndarray, by_group: np.ndarray) -> tuple[int, np.ndarray]:
+    """`scan` as plain loops (what numba compiles). A node's price for a request is kept until its room or units
+    change or another request asks (a gang's tasks mostly ask alike)."""
+    n_nodes, width = room.shape
+    chosen = np.empty(len(live), dtype=np.int64)
+    taken = 0
+    cum = np.zeros(width, dtype=np.int64)
+    # the live units, node by node: segment s is node seg_node[s], its units lu[seg_ptr[s]:seg_ptr[s + 1]]
+    lu = np.flatnonzero(live)
+    seg_node = np.empty(len(lu), dtype=np.int64)
+    seg_ptr = np.empty(len(lu) + 1, dtype=np.int64)
+    seg_of = np.full(n_nodes, -1, dtype=np.int64)
+    n_seg = 0
+    for i in range(len(lu)):
+        n = unit_node[lu[i]]
+        if n_seg == 0 or seg_node[n_seg - 1] != n:
+            seg_node[n_seg], seg_ptr[n_seg], seg_of[n] = n, i, n_seg
+            n_seg += 1
+    seg_ptr[n_seg] = len(lu)
+    price = np.full(n_seg, BIG, dtype=np.int64)
+    last = np.full(n_seg, -1, dtype=np.int64)
+    priced = np.zeros(width, dtype=np.int64)  # the request the prices are for
+    have_prices = False
+    stale = np.zeros(n_seg, dtype=np.bool_)
+    stale_list = np.empty(n_seg, dtype=np.int64)
+    n_stale = 0
+    every = np.arange(n_seg)
+    for t in range(reqs.shape[0]):
+        req = reqs[t]
+        best, best_gpu = -1, BIG
+        for n in range(n_nodes):
+            if not feasible[n]:
+                continue
+            ok = True
+            for k in range(width):
+                if req[k] > 0 and room[n, k] < req[k]:
+                    ok = False
+                    break
+            if ok and room[n, GPU] < best_gpu:
+                best, best_gpu = n, room[n, GPU]
+        if best < 0:
+            same = have_prices
+            for k in range(width):
+                if priced[k] != req[k]:
+                    same = False
+            todo = stale_list[:n_stale] if same else every
+            for sg in todo:
+                n = seg_node[sg]
+                price[sg], last[sg] = BIG, -1
+                spent = 0
+                for k in range(width):
+                    cum[k] = 0
+                for i in range(seg_ptr[sg], seg_ptr[sg + 1]):
+                    j = lu[i]
+                    if not live[j]:
+                        continue
+                    spent += cost[j]
+                    ok = True
+                    for k in range(width):
+                        cum[k] += frees[j, k]
+                        if req[k] > 0 and room[n, k] + cum[k] < req[k]:
+                            ok = False
+                    if ok:
+                        price[sg], last[sg] = spent, j
+                        break
+            for i in range(n_stale):
+                stale[stale_list[i]] = False
+            n_stale = 0
+            priced[:] = req
+            have_prices = True
+            best_price, best_seg = BIG, -1
+            for sg in range(n_seg):
+                if price[sg] < best_price:
+                    best_seg, best_price = sg, price[sg]
+            if best_seg >= 0:
+                best = seg_node[best_seg]
+            if best < 0:
+                return NO_ROOM, chosen[:0]
+            for i in range(seg_ptr[best_seg], seg_ptr[best_seg + 1]):
+                j = lu[i]
+                if j > last[best_seg]:
+                    break
+                if not live[j]:
+                    continue
+                v = unit_group[j]
+                for m in range(group_ptr[v], group_ptr[v + 1]):
+                    u = by_group[m]
+                    if live[u]:
+                        at = unit_node[u]
+                        for k in range(width):
+                            room[at, k] += frees[u, k]
+                        live[u] = False
+                        sa = seg_of[at]
+                        if sa >= 0 and not stale[sa]:
+                            stale[sa] = True
+                            stale_list[n_stale] = sa
+                            n_stale += 1
+                chosen[taken] = v
+                taken += 1
+        for k in range(width):
+            room[best, k] -= req[k]
+        sb = seg_of[best]
+        if sb >= 0 and not stale[sb]:
+            stale[sb] = True
+            stale_list[n_stale] = sb
+            n_stale += 1
+    return (FOUND if taken else NONE_NEEDED), chosen[:taken].copy()
+
+
+_compiled_scan: list[ScanFn] = []  # set by use_compiled()
+_when_used: list[bool] = []  # set by compile_when_used()
+
+
+def compile_when_used() -> None:
+    """For a long-lived process (`kai-opt run`, `kai-opt simulate`, the multi-cycle benchmarks): the first scan
+    compiles the loops (use_compiled) and every later one runs them. Importing numba and loading the compiled code
+    take about half a second, more than one cycle's scan saves below 10,000 nodes, so a one-shot solve keeps the
+    numpy form; and a process whose clusters never take the cheapest victims never loads numba."""
+    _when_used[:] = [True]
+
+
+def use_compiled() -> bool:
+    """Compile the loops (or load them from numba's cache) and use them from now on; False when numba is absent."""
+    if _compiled_scan:
+        return True
+    try:
+        import numba
+    except ImportError:
+        return False
+    jit: Any = numba.njit
+    try:
+        fn = jit(cache=True, nogil=True)(_scan_loops)
+    except RuntimeError:  # no writable cache location: compile in memory
+        fn = jit(nogil=True)(_scan_loops)
+    _compiled_scan.append(fn)
+    return True
+
+
+def scan(*args: Any) -> tuple[int, np.ndarray]:
+    """The scan (module docstring): the compiled loops once in use, else the numpy form."""
+    if _when_used and not _compiled_scan:
+        use_compiled()
+    return (_compiled_scan[0] if _compiled_scan else scan_numpy)(*args)
