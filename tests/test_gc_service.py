@@ -9,12 +9,14 @@ import pytest
 from builders import run_cli
 
 from kai_opt.gcpause import SERVICE_THRESHOLDS, tune_for_service
+from kai_opt.heuristics import victim_scan
 
 
 @pytest.fixture(autouse=True)
-def _restore_thresholds() -> Iterator[None]:
+def _restore_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
+    monkeypatch.setattr(victim_scan, "_when_used", [])  # `run` also asks for the compiled victim scan
     yield
     gc.set_threshold(*before)
 

@@ -91,6 +91,7 @@ def test_a_cycle_takes_the_same_plan_with_either_form(monkeypatch: pytest.Monkey
     fs = compute_fair_share(st)
     cfg = Config(engine=Engine.greedy, victim_search="cheapest")
     monkeypatch.setattr(vs, "_compiled_scan", [])
+    monkeypatch.setattr(vs, "_when_used", [])  # an earlier test may have run a long-lived command
     calls: list[int] = []
     numpy_form = vs.scan_numpy
     monkeypatch.setattr(vs, "scan_numpy", lambda *a: calls.append(1) or numpy_form(*a))
@@ -105,6 +106,7 @@ def test_a_cycle_takes_the_same_plan_with_either_form(monkeypatch: pytest.Monkey
 
 def test_scan_is_the_numpy_form_until_a_process_asks_for_the_compiled_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vs, "_compiled_scan", [])
+    monkeypatch.setattr(vs, "_when_used", [])  # an earlier test may have run a long-lived command
     calls: list[str] = []
     monkeypatch.setattr(vs, "scan_numpy", lambda *a: calls.append("numpy") or (vs.NONE_NEEDED, a[5][:0]))
     args = _instance(1, [], [[1] * WIDTH], [True], [], [[1, 0, 0, 0, 0]])
