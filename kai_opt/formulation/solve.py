@@ -11,6 +11,8 @@ import traceback
 from collections.abc import Callable
 from operator import attrgetter
 
+import numpy as np
+
 from kai_opt.checker import PlanViolation, check_plan
 from kai_opt.config import Config
 from kai_opt.fairshare import FairShare
@@ -18,7 +20,7 @@ from kai_opt.formulation.child import ChildResult, Send, Waiting, can_fork, run_
 from kai_opt.formulation.decode import DecodeError, decode
 from kai_opt.formulation.failures import last_line
 from kai_opt.formulation.hint import add_greedy_hint
-from kai_opt.formulation.model import build_model
+from kai_opt.formulation.model import Built, build_model
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.packing import less_fragmented
 from kai_opt.formulation.pattern_plan import MODEL_SHARE, pattern_plan
@@ -291,6 +293,7 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     built = build_model(sess, scope)
     phase(f"adding the hint ({len(built.model.proto.variables)} variables)")
     add_greedy_hint(built, scope, greedy, sess)
+    hinted = _hint_of(built)
     phase(f"solving ({len(built.model.proto.variables)} variables, {len(built.model.proto.constraints)} constraints)")
     info.build_s = time.perf_counter() - start
     pods = sum(len(s.pods) for s in scope.shapes) + sum(len(mv.pods) for mv in scope.movers)
@@ -323,6 +326,10 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     info.bound = result.bound if not math.isinf(result.bound) else None
     info.gap = (abs(result.bound - result.value_tier) / max(1.0, abs(result.value_tier))
                 if result.bound and not math.isinf(result.bound) else None)
+    if _is_the_hint(built, hinted, result.values):
+        notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
+        return _keep(greedy, info, start, f"greedy plan kept: the CP-SAT solution is its hint, the greedy plan's own "
+                     f"decisions ({result.status}; not decoded nor checked again)" + notes, "GREEDY_KEPT")
     phase("decoding")
     t = time.perf_counter()
     # the model's session is the cycle start with the greedy's replayed moves and its decisions outside the model
@@ -369,6 +376,28 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     greedy.solver = info
     greedy.engine = "cpsat"
     return greedy
+
+
+def _hint_of(built: Built) -> tuple[np.ndarray, np.ndarray]:
+    """The model's hint (variable indices, values), as the worker wrote it before solving."""
+    hint = built.model.proto.solution_hint
+    return np.array(hint.vars, dtype=np.int64), np.array(hint.values, dtype=np.int64)
+
+
+def _is_the_hint(built: Built, hinted: tuple[np.ndarray, np.ndarray], values: list[int]) -> bool:
+    """Whether a solution is the hint itself: every hinted variable at its hinted value, every other one fixed by
+    its domain. The hint is every decision of the starting plan (add_greedy_hint), a checked plan: decoding the
+    solution would give those decisions back, which score as that plan does, so the plan choice keeps it (a tie)."""
+    at, want = hinted
+    if not len(at) or len(values) != len(built.model.proto.variables):
+        return False
+    vals = np.asarray(values, dtype=np.int64)
+    if not np.array_equal(vals[at], want):
+        return False
+    free = np.ones(len(vals), dtype=bool)
+    free[at] = False
+    domains = built.model.proto.variables
+    return all(len(d := domains[int(i)].domain) == 2 and d[0] == d[1] for i in np.flatnonzero(free))
 
 
 def _starting_plan(state: ClusterState, fs: FairShare, config: Config, greedy: Plan,
