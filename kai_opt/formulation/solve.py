@@ -353,13 +353,19 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     except PlanViolation as exc:
         return _fail(greedy, start, "cpsat", "violation", f"the CP-SAT plan failed the checker: {exc.problems[0]}",
                      info)
+    return _chosen(state, fs, greedy, plan, info, result.status, scope.notes, start)
+
+
+def _chosen(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, info: SolverInfo, status: str,
+            scope_notes: list[str], start: float) -> Plan:
+    """The plan choice between the checked CP-SAT plan and the plan it started from (the cycle's one rule)."""
     ours, theirs = plan_score(state, fs, plan), plan_score(state, fs, greedy)
-    info.status = result.status
+    info.status = status
     info.wall_s = time.perf_counter() - start
     # chosen only when it beats the greedy plan on the primary objective, lexicographically: more priority-weighted
     # work placed, or as much for a smaller eviction cost; a tie keeps the greedy (KAI-compatible) plan
     better = _beats(ours, theirs)
-    notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
+    notes = f"; {'; '.join(scope_notes)}" if scope_notes else ""
     if better:
         info.note = f"CP-SAT plan chosen: value {ours[0]:g} vs greedy {theirs[0]:g}, eviction cost {ours[1]:g} " \
                     f"vs {theirs[1]:g}" + notes
@@ -367,11 +373,11 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
         plan.phases.update(greedy.phases)
         return plan
     if _ties(ours, theirs):
-        info.note = f"greedy plan kept: the CP-SAT plan is no better ({result.status})" + notes
+        info.note = f"greedy plan kept: the CP-SAT plan is no better ({status})" + notes
         info.status = "GREEDY_KEPT"
     else:
         info.note = f"greedy plan kept: the CP-SAT plan is worse (value {ours[0]:g} vs {theirs[0]:g}, eviction " \
-                    f"cost {ours[1]:g} vs {theirs[1]:g}; solver {result.status})" + notes
+                    f"cost {ours[1]:g} vs {theirs[1]:g}; solver {status})" + notes
         info.status = "FALLBACK_GREEDY"
     greedy.solver = info
     greedy.engine = "cpsat"
