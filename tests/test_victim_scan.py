@@ -159,3 +159,25 @@ def test_long_lived_commands_ask_for_the_compiled_scan(capsys: pytest.CaptureFix
     monkeypatch.setattr(vs, "_when_used", [])
     code, _out, err = run_cli(capsys, "solve", str(tmp_path / "missing.yaml"))
     assert code == 2 and vs._when_used == [], "a one-shot solve keeps the numpy form"
+
+
+@pytest.mark.parametrize("where", ["loading", "running"])
+def test_a_failing_compiled_form_leaves_the_numpy_form(where: str, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(vs, "_compiled_scan", [])
+    monkeypatch.setattr(vs, "_when_used", [True])
+
+    def fails(*_a: object) -> tuple[int, np.ndarray]:
+        raise RuntimeError("injected")
+
+    if where == "loading":
+        monkeypatch.setattr(vs, "use_compiled", fails)
+    else:
+        monkeypatch.setattr(vs, "use_compiled", lambda: vs._compiled_scan.append(fails) or True)
+    two = [0, 0, 2, 0, 0]
+    args = _instance(2, [(0, 0, 1, two), (1, 1, 2, two)], [[0] * WIDTH, [0] * WIDTH], [True, True], [True, True],
+                     [two])
+    with caplog.at_level("WARNING", logger="kai_opt.victim_scan"):
+        assert _run(vs.scan, args) == _run(vs.scan_numpy, args) == (vs.FOUND, [0])
+    assert f"failed {where}" in caplog.text
+    assert vs._compiled_scan == [] and vs._when_used == [], "not tried again"

@@ -16,6 +16,7 @@ task fits on room already free or being released) or NO_ROOM (some task finds no
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,8 @@ GPU = R_GPU  # the column compared to pick the tightest node with room
 BIG = np.int64(1) << 40
 
 ScanFn = Callable[..., tuple[int, np.ndarray]]
+
+log = logging.getLogger("kai_opt.victim_scan")
 
 
 class _Prices:
@@ -274,7 +277,23 @@ def use_compiled() -> bool:
 
 
 def scan(*args: Any) -> tuple[int, np.ndarray]:
-    """The scan (module docstring): the compiled loops once in use, else the numpy form."""
+    """The scan (module docstring): the compiled loops once in use, else the numpy form. The compiled form is an
+    accelerator: if loading or compiling it fails (numba compiles a signature at its first call, before the loops
+    change anything), the process logs why and keeps the numpy form; the cycle goes on."""
     if _when_used and not _compiled_scan:
-        use_compiled()
-    return (_compiled_scan[0] if _compiled_scan else scan_numpy)(*args)
+        try:
+            use_compiled()
+        except Exception:
+            _give_up("loading")
+    if _compiled_scan:
+        try:
+            return _compiled_scan[0](*args)
+        except Exception:
+            _give_up("running")
+    return scan_numpy(*args)
+
+
+def _give_up(what: str) -> None:
+    log.warning("the compiled victim scan failed %s; this process keeps the numpy form", what, exc_info=True)
+    _compiled_scan.clear()
+    _when_used.clear()
