@@ -327,9 +327,8 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     info.gap = (abs(result.bound - result.value_tier) / max(1.0, abs(result.value_tier))
                 if result.bound and not math.isinf(result.bound) else None)
     if _is_the_hint(built, hinted, result.values):
-        notes = f"; {'; '.join(scope.notes)}" if scope.notes else ""
         return _keep(greedy, info, start, f"greedy plan kept: the CP-SAT solution is its hint, the greedy plan's own "
-                     f"decisions ({result.status}; not decoded nor checked again)" + notes, "GREEDY_KEPT")
+                     f"decisions ({result.status}; not decoded nor checked again)" + _notes(scope.notes), "GREEDY_KEPT")
     phase("decoding")
     t = time.perf_counter()
     # the model's session is the cycle start with the greedy's replayed moves and its decisions outside the model
@@ -365,7 +364,7 @@ def _chosen(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, info: 
     # chosen only when it beats the greedy plan on the primary objective, lexicographically: more priority-weighted
     # work placed, or as much for a smaller eviction cost; a tie keeps the greedy (KAI-compatible) plan
     better = _beats(ours, theirs)
-    notes = f"; {'; '.join(scope_notes)}" if scope_notes else ""
+    notes = _notes(scope_notes)
     if better:
         info.note = f"CP-SAT plan chosen: value {ours[0]:g} vs greedy {theirs[0]:g}, eviction cost {ours[1]:g} " \
                     f"vs {theirs[1]:g}" + notes
@@ -382,6 +381,11 @@ def _chosen(state: ClusterState, fs: FairShare, greedy: Plan, plan: Plan, info: 
     greedy.solver = info
     greedy.engine = "cpsat"
     return greedy
+
+
+def _notes(scope_notes: list[str]) -> str:
+    """The scope's notes, as the end of a plan-choice note."""
+    return f"; {'; '.join(scope_notes)}" if scope_notes else ""
 
 
 def _hint_of(built: Built) -> tuple[np.ndarray, np.ndarray]:

@@ -110,8 +110,8 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     # which milli-GPU sums spread over shared devices overstate)
     reqs = np.column_stack([st.pod_req[tasks], st.pod_gpu_whole[tasks]]).astype(np.int64)
     reqs[reqs[:, -1] > 0, R_GPU] = 0
-    status, chosen = victim_scan.scan(reqs, feasible, room, live, index.node_ptr, units.node, units.group,
-                                      units.frees, units.cost, index.group_ptr, index.by_group)
+    status, chosen = victim_scan.scan(reqs, feasible, room, live, units.node, units.group, units.frees, units.cost,
+                                      index.group_ptr, index.by_group)
     if status == victim_scan.NO_ROOM:
         return np.zeros(0, dtype=np.int64)
     return chosen if status == victim_scan.FOUND else None
@@ -119,7 +119,6 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
 
 @dataclass(frozen=True)
 class _UnitIndex:
-    node_ptr: np.ndarray  # node n's units: node_ptr[n]:node_ptr[n + 1] (units are sorted by node)
     group_ptr: np.ndarray  # group v's units: by_group[group_ptr[v]:group_ptr[v + 1]]
     by_group: np.ndarray
 
@@ -128,8 +127,7 @@ def _unit_index(sess: Session, units: VictimUnits) -> _UnitIndex:
     def make() -> _UnitIndex:
         st = sess.state
         by_group = np.argsort(units.group, kind="stable")
-        return _UnitIndex(np.searchsorted(units.node, np.arange(len(st.node_names) + 1)).astype(np.int64),
-                          np.searchsorted(units.group[by_group], np.arange(st.n_groups + 1)).astype(np.int64),
+        return _UnitIndex(np.searchsorted(units.group[by_group], np.arange(st.n_groups + 1)).astype(np.int64),
                           by_group.astype(np.int64))
 
     return sess.static("victim_unit_index", make)

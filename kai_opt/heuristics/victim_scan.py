@@ -6,10 +6,10 @@ dozen per task that finds no room, each over the units of the nodes whose prices
 loops that numba compiles (the approved dependency for an inner loop aggregation cannot make fast enough) once a
 long-lived process asks for them (`compile_when_used()`); `scan` is whichever is in use.
 
-Inputs (units sorted by node, then cost; `node_ptr[n]:node_ptr[n + 1]` are node n's units; `by_group[group_ptr[v]:
-group_ptr[v + 1]]` are group v's units): `reqs` int64[T, C] the tasks' requests (C = the state's resources, then
-whole GPU devices), `feasible` bool[N], `room` int64[N, C] and `live` bool[U] the units that may go (both may be
-changed), `frees` int64[U, C] what a unit frees, `cost` int64[U] what evicting its group costs.
+Inputs (units sorted by node, then cost; `by_group[group_ptr[v]:group_ptr[v + 1]]` are group v's units): `reqs`
+int64[T, C] the tasks' requests (C = the state's resources, then whole GPU devices), `feasible` bool[N], `room`
+int64[N, C] and `live` bool[U] the units that may go (both may be changed), `unit_node`, `unit_group`, `frees`
+int64[U, C] what a unit frees, `cost` int64[U] what evicting its group costs.
 Returns (status, victim groups in the order taken): status FOUND (victims needed and found), NONE_NEEDED (every
 task fits on room already free or being released) or NO_ROOM (some task finds no such node: victims meaningless).
 """
@@ -25,7 +25,6 @@ import numpy as np
 from kai_opt.state.resources import R_GPU
 
 FOUND, NONE_NEEDED, NO_ROOM = 0, 1, 2
-GPU = R_GPU  # the column compared to pick the tightest node with room
 BIG = np.int64(1) << 40
 
 ScanFn = Callable[..., tuple[int, np.ndarray]]
@@ -102,7 +101,7 @@ class _Prices:
             stale |= segs
 
 
-def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray, node_ptr: np.ndarray,
+def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray,
                unit_node: np.ndarray, unit_group: np.ndarray, frees: np.ndarray, cost: np.ndarray,
                group_ptr: np.ndarray, by_group: np.ndarray) -> tuple[int, np.ndarray]:
     """The reference, over arrays: the live units taken out, their prices kept per request (_Prices)."""
@@ -115,7 +114,7 @@ def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: n
         now = feasible & (room[:, need] >= req[need]).all(axis=1)
         if now.any():  # room free or being released: the tightest such node (evicting nothing)
             fits = np.flatnonzero(now)
-            n = int(fits[np.argmin(room[fits, GPU])])
+            n = int(fits[np.argmin(room[fits, R_GPU])])
         else:
             found = prices.best(room, req)
             if found is None:
@@ -136,7 +135,7 @@ def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: n
     return (FOUND, np.array(chosen, dtype=np.int64)) if chosen else (NONE_NEEDED, np.zeros(0, dtype=np.int64))
 
 
-def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray, node_ptr: np.ndarray,
+def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray,
                 unit_node: np.ndarray, unit_group: np.ndarray, frees: np.ndarray, cost: np.ndarray,
                 group_ptr: np.ndarray, by_group: np.ndarray) -> tuple[int, np.ndarray]:
     """`scan` as plain loops (what numba compiles). A node's price for a request is kept until its room or units
@@ -176,8 +175,8 @@ def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: 
                 if req[k] > 0 and room[n, k] < req[k]:
                     ok = False
                     break
-            if ok and room[n, GPU] < best_gpu:
-                best, best_gpu = n, room[n, GPU]
+            if ok and room[n, R_GPU] < best_gpu:
+                best, best_gpu = n, room[n, R_GPU]
         if best < 0:
             same = have_prices
             for k in range(width):
