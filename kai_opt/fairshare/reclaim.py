@@ -110,6 +110,34 @@ def fits_strategy(fs: FairShare, ledger: QueueLedger, request: np.ndarray, recla
     return within_deserved and not le(victim_remaining, fs.deserved[victim_q])  # guarantee deserved quota
 
 
+def leveled_many(paths: np.ndarray, reclaimers: np.ndarray, victims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`leveled` pair by pair (reclaimer and victim queues, aligned arrays), over the queue path matrix
+    (`queue_paths`): (reclaimer sides, victim sides)."""
+    mine, theirs = paths[reclaimers], paths[victims]
+    both = (mine >= 0) & (theirs >= 0)
+    diff = (mine != theirs) & both
+    # the first divergence, else the last level both paths reach (where they agree)
+    at = np.where(diff.any(axis=1), np.argmax(diff, axis=1), both.sum(axis=1) - 1)
+    rows = np.arange(len(at))
+    return mine[rows, at], theirs[rows, at]
+
+
+def le_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`quantities.le` row by row (a, b: [k, R]): a <= b in every resource, -1 as +infinity on either side."""
+    unl_a, unl_b = a == UNLIMITED, b == UNLIMITED
+    return np.where(unl_a, unl_b, unl_b | (a <= b)).all(axis=1)
+
+
+def fits_strategy_many(fs: FairShare, ledger: QueueLedger, requests: np.ndarray, reclaimer_qs: np.ndarray,
+                       victim_qs: np.ndarray) -> np.ndarray:
+    """`fits_strategy` row by row (requests [k, R], one reclaimer and victim side per row), each victim side's
+    remaining amount its allocation now."""
+    held = ledger.allocated[victim_qs]
+    over = ~le_rows(held, fs.allocatable_share[victim_qs])
+    within_deserved = le_rows(ledger.allocated[reclaimer_qs] + requests, fs.deserved[reclaimer_qs])
+    return over | (within_deserved & ~le_rows(held, fs.deserved[victim_qs]))
+
+
 def reclaimable(
     fs: FairShare,
     ledger: QueueLedger,

@@ -520,8 +520,15 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
     # evicts only units the greedy evicted for the same rule (build_scope), so any subset of them leaves every
     # victim queue at least as high as the greedy's checks saw it; no aggregate constraint is needed here.
     # Reclaimer side: KAI's boundary rule against each sibling queue victims are taken from (reclaim_rows)
-    terms = QueueTerms(scale, alloc, qreqs, totals, evicted, unit_amounts, evicted_amount,
-                       lambda q, r: sum(int(v[r]) for _vi, v in evicted_q[q]))
+    most: dict[tuple[int, int], int] = {}
+
+    def evicted_most(q: int, r: int) -> int:
+        """The most evictions free under queue q on resource r (every unit evicted)."""
+        if (q, r) not in most:
+            most[(q, r)] = sum(int(v[r]) for _vi, v in evicted_q[q])
+        return most[(q, r)]
+
+    terms = QueueTerms(scale, alloc, qreqs, totals, evicted, unit_amounts, evicted_amount, evicted_most)
     rows = reclaim_rows(m, st, fs, sess.ledger, scope, terms, b.gang, b.evict_rec,
                         sess.cfg.reclaim_saturation_multiplier)
     b.reclaim_rows = rows

@@ -14,6 +14,7 @@ unlimited fair share on j's side, as in KAI.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from ortools.sat.python import cp_model
 
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import EPS as RATIO_EPS
-from kai_opt.fairshare.reclaim import leveled
+from kai_opt.fairshare.reclaim import leveled_many, queue_paths
 from kai_opt.fairshare.share import UNLIMITED, FairShare
 from kai_opt.formulation.exprs import Expr, lsum, wsum
 from kai_opt.formulation.scope import Scope
@@ -87,21 +88,27 @@ class RankedWork:
     def __init__(self, m: cp_model.CpModel, st: ClusterState, scope: Scope, terms: QueueTerms,
                  rows: ReclaimRows) -> None:
         self.m, self.st, self.scope, self.terms, self.rows = m, st, scope, terms, rows
-        self.per_group = [[(s, terms.qreqs[s], len(scope.shapes[s].pods)) for s in g.shapes] for g in scope.groups]
-        # (queue, r) -> (last sum variable, terms not in it yet, the most the sum can reach, groups scanned)
+        self.per_group = [[(s, terms.qreqs[s].tolist(), len(scope.shapes[s].pods)) for s in g.shapes]
+                          for g in scope.groups]
+        self.under: dict[int, list[int]] = defaultdict(list)  # queue -> the scope groups under it, in rank order
+        for i, g in enumerate(scope.groups):
+            for q in st.q_ancestors[g.queue]:
+                self.under[q].append(i)
+        # (queue, r) -> (last sum variable, terms not in it yet, the most the sum can reach, groups of
+        # under[queue] taken in)
         self.state: dict[tuple[int, int], tuple[cp_model.IntVar | None, list[tuple[int, int]], int, int]] = {}
 
     def advance(self, q: int, r: int, j: int) -> int:
         """Take in the groups ranked up to j; the most the sum can reach."""
         prev, pending, most, done = self.state.get((q, r), (None, [], 0, 0))
-        anc = self.st.q_ancestors
-        for i in range(done, j + 1):
-            if q in anc[self.scope.groups[i].queue]:
-                for sh, qr, k in self.per_group[i]:
-                    if int(qr[r]):
-                        pending.append((sh, int(qr[r])))
-                        most += int(qr[r]) * k
-        self.state[(q, r)] = (prev, pending, most, max(done, j + 1))
+        under = self.under.get(q, [])
+        while done < len(under) and under[done] <= j:
+            for sh, qr, k in self.per_group[under[done]]:
+                if int(qr[r]):
+                    pending.append((sh, int(qr[r])))
+                    most += int(qr[r]) * k
+            done += 1
+        self.state[(q, r)] = (prev, pending, most, done)
         return most
 
     def value(self, q: int, r: int, label: str) -> Expr:
@@ -162,7 +169,7 @@ def comparison(mult: float, f_sibling: float, f_mine: float, scale: float, bound
     scaled by `scale`, the fair shares not). n / d = mult * F_s / F_q exactly when its terms fit, else rounded
     down to the largest denominator that does (the row then errs, by less than 1 / d, on the side of allowing);
     None when not even n alone fits (the row is left out: it allows)."""
-    c = Fraction(mult) * Fraction(f_sibling) / Fraction(f_mine)
+    c = _ratio(mult, f_sibling, f_mine)
     if c.numerator * bound_mine + c.denominator * bound_sibling < LIMIT:
         n, d = c.numerator, c.denominator
     else:
@@ -172,8 +179,41 @@ def comparison(mult: float, f_sibling: float, f_mine: float, scale: float, bound
         n = math.floor(c * d)
         g = math.gcd(n, d) or 1
         n, d = n // g, d // g
-    margin = d * Fraction(RATIO_EPS) * Fraction(f_sibling) * Fraction(scale)  # n A_q - d A_s < -margin, integers
-    return n, d, -math.floor(margin) - 1
+    tol = _tolerance(f_sibling, scale)  # n A_q - d A_s < -d * tol, integers (tol >= 0: floor by //)
+    return n, d, -((d * tol.numerator) // tol.denominator) - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _ratio(mult: float, f_sibling: float, f_mine: float) -> Fraction:
+    """mult * F_s / F_q exactly (the floats' own values)."""
+    return Fraction(mult) * Fraction(f_sibling) / Fraction(f_mine)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tolerance(f_sibling: float, scale: float) -> Fraction:
+    """The greedy's tolerance on ratios, on the sibling's side of a scaled comparison row (times the row's d)."""
+    return Fraction(RATIO_EPS) * Fraction(f_sibling) * Fraction(scale)
+
+
+def _reclaim_pairs(st: ClusterState, ledger: QueueLedger,
+                   scope: Scope) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(victim unit, reclaimer, reclaimer side, sibling side) of every reclaim eviction a victim unit allows whose
+    queue paths diverge (`leveled`), in victim order, then its beneficiaries' order."""
+    units: list[int] = []
+    reclaimers: list[int] = []
+    for vi, v in enumerate(scope.victims):
+        rf = v.reason_for
+        js = [j for j in v.beneficiaries if rf[j] == "reclaim"]
+        reclaimers.extend(js)
+        units.extend([vi] * len(js))
+    vis, bens = np.array(units, dtype=np.int64), np.array(reclaimers, dtype=np.int64)
+    if not len(vis):
+        return vis, bens, bens.copy(), bens.copy()
+    queues = np.array([g.queue for g in scope.groups], dtype=np.int64)
+    victim_q = st.pg_queue[np.array([v.group for v in scope.victims], dtype=np.int64)].astype(np.int64)
+    qs, ss = leveled_many(queue_paths(ledger.ancestors), queues[bens], victim_q[vis])
+    keep = qs != ss
+    return vis[keep], bens[keep], qs[keep].astype(np.int64), ss[keep].astype(np.int64)
 
 
 def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: QueueLedger, scope: Scope,
@@ -188,24 +228,35 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: Q
         u = m.new_bool_var(f"reclaims[{st.pg_keys[groups[j].group]}]")
         m.add(u <= gang[j])
         rows.uses[j] = u
-    sides: dict[tuple[int, int], int] = {}  # (group, sibling queue) -> the group's queue side q
-    freed: dict[tuple[int, int], np.ndarray] = {}  # (group, sibling queue) -> resources its units free
-    for vi, v in enumerate(victims):
-        lits = []
-        vq = int(st.pg_queue[v.group])
-        for j in (j for j in v.beneficiaries if v.reason_for[j] == "reclaim"):
-            q, s = leveled(ledger, groups[j].queue, vq)
-            if q == s:
-                continue
-            key = (j, s)
-            if key not in rows.takes:
-                t = m.new_bool_var(f"takes[{st.pg_keys[groups[j].group]},{st.q_names[s]}]")
-                m.add(t <= rows.uses[j])
-                rows.takes[key], sides[key], freed[key] = t, q, np.zeros(3, dtype=bool)
-            freed[key] |= terms.unit_amounts[vi] > 0
-            rows.take_of[(vi, j)] = s
-            lits.append(rows.takes[key])
-        m.add(evict_rec[vi] <= lsum(lits))
+    # every (victim unit, reclaimer) pair a reclaim eviction allows whose queue paths diverge, with both sides
+    vis, js, qs, ss = _reclaim_pairs(st, ledger, scope)
+    keys = js * max(1, st.n_queues) + ss
+    uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")  # (group, sibling queue) keys in the order the pairs meet them
+    kid = np.empty(len(uniq), dtype=np.int64)
+    kid[by_first] = np.arange(len(uniq))
+    pair_key = kid[inverse.reshape(-1)]  # each pair's key, numbered by first appearance
+    at = first[by_first]
+    key_j, key_s, key_q, key_unit = js[at].tolist(), ss[at].tolist(), qs[at].tolist(), vis[at].tolist()
+    starts = np.searchsorted(vis, np.arange(len(victims) + 1)).tolist()
+    pair_keys = pair_key.tolist()
+    take_vars: list[cp_model.IntVar] = []
+    for vi in range(len(victims)):  # a key's variable where its first pair is met, then the unit's row
+        while len(take_vars) < len(key_j) and key_unit[len(take_vars)] == vi:
+            k = len(take_vars)
+            t = m.new_bool_var(f"takes[{st.pg_keys[groups[key_j[k]].group]},{st.q_names[key_s[k]]}]")
+            m.add(t <= rows.uses[key_j[k]])
+            take_vars.append(t)
+        m.add(evict_rec[vi] <= lsum([take_vars[k] for k in pair_keys[starts[vi]:starts[vi + 1]]]))
+    key_pairs = list(zip(key_j, key_s, strict=True))
+    rows.takes = dict(zip(key_pairs, take_vars, strict=True))
+    sides = dict(zip(key_pairs, key_q, strict=True))  # (group, sibling queue) -> the group's queue side q
+    rows.take_of = dict(zip(zip(vis.tolist(), js.tolist(), strict=True), ss.tolist(), strict=True))
+    frees = np.array(terms.unit_amounts, dtype=float).reshape(len(victims), -1) > 0 if victims \
+        else np.zeros((0, 3), dtype=bool)
+    freed_by_key = np.zeros((len(key_pairs), frees.shape[1]), dtype=bool)
+    np.logical_or.at(freed_by_key, pair_key, frees[vis])
+    freed = dict(zip(key_pairs, freed_by_key, strict=True))  # (group, sibling queue) -> resources its units free
     wanted = {(x, scope.turn[j]) for (j, s), q in sides.items() for x in (q, s)}
     late = late_work(st, scope, wanted, terms.scale)
     work, dated = RankedWork(m, st, scope, terms, rows), DatedEvictions(m, st, scope, terms, rows)

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from kai_opt.config import Config
-from kai_opt.fairshare.reclaim import can_reclaim, fits_strategy, leveled
+from kai_opt.fairshare.reclaim import can_reclaim, fits_strategy_many, leveled_many
 from kai_opt.heuristics.actions import Actions
+from kai_opt.heuristics.cheapest_victims import queue_paths
 from kai_opt.heuristics.session import ACTIVE, Session
 from kai_opt.heuristics.tasks import group_shape, pending_mask
 from kai_opt.heuristics.victims import protected_by_min_runtime
@@ -564,7 +565,17 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
         reclaimers[i] = sess.cfg.actions.on("reclaim") and can_reclaim(fs, sess.ledger, gs.queue, requests[i],
                                                                   preemptible=gs.preemptible)
     out: list[Victim] = []
-    rule: dict[tuple[int, int], bool] = {}  # (scope group, victim queue) -> reclaim allowed at cycle start
+    g_group = np.array([gs.group for gs in groups], dtype=np.int64)
+    g_queue = np.array([gs.queue for gs in groups], dtype=np.int64)
+    g_priority = np.array([gs.priority for gs in groups], dtype=np.int64)
+    g_request = np.array([requests[i] for i in range(len(groups))], dtype=float).reshape(len(groups), -1)
+    may_reclaim = np.array([reclaimers[i] for i in range(len(groups))], dtype=bool)
+    preempt_on = sess.cfg.actions.on("preempt")
+    paths = queue_paths(sess)
+    # per victim queue, which scope groups the reclaim rule allows at cycle start: compared where the two queue
+    # paths diverge (KAI's leveled queues), the victim side must be above its allocatable share, or above deserved
+    # while the reclaimer side stays within its own (MaintainFairShare / GuaranteeDeservedQuota)
+    rule: dict[int, np.ndarray] = {}
     bound_now = (sess.status == PodStatus.BOUND) & (st.pod_pg >= 0)
     wanted = {int(st.pod_pg[p]) for p in candidates if bound_now[p]}
     running_groups = sorted(set(st.pod_pg[bound_now].tolist()) & wanted)
@@ -572,32 +583,22 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
         if not st.pg_preemptible[v]:
             continue
         vq = int(st.pg_queue[v])
-        bens: dict[int, str] = {}
-        protected: dict[str, bool] = {}
-
-        def is_protected(reason: str, v: int = v, protected: dict[str, bool] = protected) -> bool:
-            if reason not in protected:
-                protected[reason] = protected_by_min_runtime(sess, v, reason)
-            return protected[reason]
-
-        for i, gs in enumerate(groups):
-            if gs.group == v:
-                continue
-            if gs.queue == vq:
-                if (sess.cfg.actions.on("preempt") and gs.priority > int(st.pg_priority[v])
-                        and not is_protected("preempt")):
-                    bens[i] = "preempt"
-            elif reclaimers[i] and not is_protected("reclaim"):
-                # compared where the two queue paths diverge (KAI's leveled queues): the victim side must be above
-                # its allocatable share, or above deserved while the reclaimer side stays within its own
-                # (MaintainFairShare / GuaranteeDeservedQuota), checked at cycle start; the same for every victim
-                # of one queue (memoised)
-                key = (i, vq)
-                if key not in rule:
-                    rq, wq = leveled(sess.ledger, gs.queue, vq)
-                    rule[key] = fits_strategy(fs, sess.ledger, requests[i], rq, wq, sess.ledger.allocated[wq])
-                if rule[key]:
-                    bens[i] = "reclaim"
+        others = g_group != v
+        same = others & (g_queue == vq)
+        preempt = same & (g_priority > int(st.pg_priority[v])) if preempt_on else np.zeros(len(groups), dtype=bool)
+        if preempt.any() and protected_by_min_runtime(sess, v, "preempt"):
+            preempt[:] = False
+        reclaim = others & (g_queue != vq) & may_reclaim
+        if reclaim.any():
+            if protected_by_min_runtime(sess, v, "reclaim"):
+                reclaim[:] = False
+            else:
+                allowed = rule.get(vq)
+                if allowed is None:
+                    rq, wq = leveled_many(paths, g_queue, np.full(len(g_queue), vq))
+                    allowed = rule[vq] = fits_strategy_many(fs, sess.ledger, g_request, rq, wq)
+                reclaim &= allowed
+        bens = {i: "preempt" if preempt[i] else "reclaim" for i in np.flatnonzero(preempt | reclaim).tolist()}
         if not bens and v not in chosen:
             continue
         pods = st.group_pods(v)
