@@ -1,7 +1,7 @@
 """Session.place_many and evict_each (the bulk paths the CP-SAT window uses to apply the greedy plan's decisions
 outside the model) leave the session exactly as place() / evict_many() called pod by pod: resources, devices, queue
-ledger (float sums equal to the bit), statuses and placements; place_many's log holds one op per run of binds, and a
-rollback over either restores the session it started from exactly."""
+ledger (float sums equal to the bit), statuses and placements; place_many's log holds one op, whose pipelined pods
+claimed what each claims placed alone, and a rollback over either restores the session it started from exactly."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from builders import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
+from test_session_ops import _devices_for
 
 from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
@@ -47,12 +48,16 @@ def _both(state) -> tuple[tuple, tuple, int]:
         one.place(p, n, devices, pipelined=pipelined)
     start = bulk.checkpoint()
     bulk.place_many(items)
-    runs = sum(1 for i, it in enumerate(items) if not it[3] and (i == 0 or items[i - 1][3]))
-    kinds = [op[0] for op in _log(bulk)]
-    assert kinds.count("place_run") == runs
-    assert kinds.count("place") == sum(1 for it in items if it[3])  # pipelined pods one by one
-    piped = {it[0] for it in items if it[3]}
-    assert [op for op in _log(bulk) if op[0] == "place"] == [op for op in _log(one) if op[1] in piped]
+    assert [op[0] for op in _log(bulk)] == (["place_run"] if items else [])  # one op for every item
+    if any(it[3] for it in items):  # each pipelined pod claimed the releasing room it claims placed alone
+        run = bulk.log[-1]
+        alone = {op.pod: op for op in one.log}
+        dev_at = np.r_[0, np.cumsum([len(it[2]) for it in items])]
+        for i, (p, _n, devices, pipelined) in enumerate(items):
+            claimed = alone[p].claimed.tolist() if pipelined else [0] * len(run.claimed[i])
+            assert run.claimed[i].tolist() == claimed
+            claimed_dev = list(alone[p].dev_claimed) if pipelined else [0] * len(devices)
+            assert run.dev_claimed[dev_at[i]:dev_at[i + 1]].tolist() == claimed_dev
     view = _view(bulk)
     bulk.rollback(start)
     assert _view(bulk) == _view(fresh)  # the runs undo exactly
@@ -96,3 +101,33 @@ def test_evict_each_equals_evict_many_pod_by_pod(objs: list, rnd: random.Random)
     assert (bulk.caches.touched, bulk.caches.version) == (one.caches.touched, one.caches.version)
     bulk.rollback(start)
     assert _view(bulk) == _view(fresh)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(objs=clusters(max_nodes=6, max_jobs=12), rnd=st.randoms(use_true_random=False))
+def test_place_many_pipelined_pods_share_releasing_room_in_order(objs: list, rnd: random.Random) -> None:
+    """Several pipelined pods onto the nodes (and devices) where evicted pods release room: each claims what the
+    ones before it left, as place() called pod by pod; binds between them claim nothing."""
+    state = build_state(snapshot(objs))
+    fs = compute_fair_share(state)
+    bound = np.flatnonzero(state.pod_status == PodStatus.BOUND).tolist()
+    pending = np.flatnonzero(state.pod_status == PodStatus.PENDING).tolist()
+    if not bound or not pending:
+        return
+    gone = rnd.sample(bound, rnd.randint(1, len(bound)))
+    nodes = sorted({int(state.pod_node[p]) for p in gone})
+    one, bulk = Session(state, fs, GREEDY), Session(state, fs, GREEDY)
+    for sess in (one, bulk):
+        sess.evict_many(gone, "reclaim", -1)
+    items = []
+    for p in rnd.sample(pending, rnd.randint(1, len(pending))):
+        n = rnd.choice(nodes)
+        items.append((p, n, _devices_for(bulk, p, n), rnd.random() < 0.8))
+    for p, n, devices, pipelined in items:
+        one.place(p, n, devices, pipelined=pipelined)
+    start = bulk.checkpoint()
+    fresh = _view(bulk)
+    bulk.place_many(items)
+    assert _view(bulk) == _view(one)
+    bulk.rollback(start)
+    assert _view(bulk) == fresh

@@ -295,14 +295,17 @@ class UnevictMany(_ManyPods, Op):
 
 
 class AllocateRun(_ManyPods, Op):
-    """A run of binds made at once (Session.place_many): per pod, in order."""
+    """A run of placements made at once (Session.place_many): per pod, in order; pipelined ones (`piped`) also
+    claim releasing room (`claimed` per pod, `dev_claimed` per entry of `run_devices`), as `Allocate` records."""
 
-    __slots__ = ("amounts", "dev_amounts", "flags", "nodes", "pods", "prev_statuses", "queue_amounts", "run_devices")
+    __slots__ = ("amounts", "claimed", "dev_amounts", "dev_claimed", "dev_piped", "flags", "nodes", "piped", "pods",
+                 "prev_statuses", "queue_amounts", "run_devices")
     kind = "place_run"
 
     def __init__(self, pods: np.ndarray, nodes: np.ndarray, amounts: np.ndarray, run_devices: np.ndarray,
                  dev_amounts: np.ndarray, queue_amounts: np.ndarray, flags: np.ndarray,
-                 prev_statuses: np.ndarray) -> None:
+                 prev_statuses: np.ndarray, piped: np.ndarray | None = None, claimed: np.ndarray | None = None,
+                 dev_claimed: np.ndarray | None = None, dev_piped: np.ndarray | None = None) -> None:
         self.pods = pods
         self.nodes = nodes
         self.amounts = amounts  # node resources taken
@@ -311,6 +314,10 @@ class AllocateRun(_ManyPods, Op):
         self.queue_amounts = queue_amounts
         self.flags = flags  # non-preemptible, per pod
         self.prev_statuses = prev_statuses
+        self.piped = piped  # pipelined, per pod (None: every pod bound)
+        self.claimed = claimed  # releasing resources each pod claimed (pipelined ones; 0 for the others)
+        self.dev_claimed = dev_claimed  # releasing milli-GPU claimed on each of `run_devices`
+        self.dev_piped = dev_piped  # each of `run_devices` is a pipelined pod's
 
     def undo(self, sess: Session) -> None:
         sess._apply_run(self, -1)
@@ -576,59 +583,77 @@ class Session:
         self.caches.touch(n)
 
     def place_many(self, items: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
-        """place() for each (pod, node, devices, pipelined), in order: runs of binds in one vectorised step (the
-        same ops in the log, the ledger's float sums added in op order), pipelined pods one by one (they claim
-        releasing room in turn)."""
-        i = 0
-        while i < len(items):
-            if items[i][3]:
-                p, n, devices, _ = items[i]
-                self.place(p, n, devices, pipelined=True)
-                i += 1
-                continue
-            j = i
-            while j < len(items) and not items[j][3]:
-                j += 1
-            self._bind_run(items[i:j])
-            i = j
-
-    def _bind_run(self, run: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
-        """Bind a run of pending pods at once: one AllocateRun op in the log (undone as a whole), the resources,
-        devices and queue ledger updated in one vectorised step each, the ledger's float sums in pod order."""
+        """place() for each (pod, node, devices, pipelined), in order, as one AllocateRun op (undone as a whole):
+        the same state and queue ledger float sums as one place() per item. The resources, devices and queue
+        ledger are updated in one vectorised step each (the ledger's sums in item order); a pipelined pod claims
+        the releasing room left on its node and devices after the pipelined items before it."""
+        if not items:
+            return
         st = self.state
-        pods = np.fromiter((it[0] for it in run), dtype=np.int64, count=len(run))
-        nodes = np.fromiter((it[1] for it in run), dtype=np.int64, count=len(run))
+        k = len(items)
+        pods = np.fromiter((it[0] for it in items), dtype=np.int64, count=k)
+        nodes = np.fromiter((it[1] for it in items), dtype=np.int64, count=k)
+        piped = np.fromiter((it[3] for it in items), dtype=bool, count=k)
         amounts = st.pod_req[pods].copy()
-        per_dev = np.zeros(len(run), dtype=np.int64)
-        counts = np.fromiter((len(it[2]) for it in run), dtype=np.int64, count=len(run))
-        for k in np.nonzero((st.pod_gpu_mem[pods] > 0) | (counts > 0))[0].tolist():
-            p, n = int(pods[k]), int(nodes[k])
+        per_dev = np.zeros(k, dtype=np.int64)
+        counts = np.fromiter((len(it[2]) for it in items), dtype=np.int64, count=k)
+        for i in np.nonzero((st.pod_gpu_mem[pods] > 0) | (counts > 0))[0].tolist():
+            p, n = int(pods[i]), int(nodes[i])
             if st.pod_gpu_mem[p]:
-                amounts[k, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
-            if counts[k]:
-                per_dev[k] = self.gpu_per_device(p, n)
-        devs = np.fromiter((d for it in run for d in it[2]), dtype=np.int64, count=int(counts.sum()))
+                amounts[i, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
+            if counts[i]:
+                per_dev[i] = self.gpu_per_device(p, n)
+        devs = np.fromiter((d for it in items for d in it[2]), dtype=np.int64, count=int(counts.sum()))
+        dev_amounts = np.repeat(per_dev, counts)
+        claimed = np.zeros_like(amounts)
+        dev_claimed = np.zeros(len(devs), dtype=np.int64)
+        if piped.any():  # releasing room, claimed in item order (what is left after the claims before)
+            rel: dict[int, np.ndarray] = {}
+            dev_rel: dict[int, int] = {}
+            dev_at = np.r_[0, np.cumsum(counts)].tolist()
+            for i in np.flatnonzero(piped).tolist():
+                n = int(nodes[i])
+                left = rel.get(n)
+                if left is None:
+                    left = rel[n] = self._rel[n].copy()
+                claimed[i] = np.minimum(amounts[i], left)
+                left -= claimed[i]
+                for j in range(dev_at[i], dev_at[i + 1]):
+                    d = int(devs[j])
+                    have = dev_rel.get(d, int(self._dev_rel[d]))
+                    dev_claimed[j] = min(int(per_dev[i]), have)
+                    dev_rel[d] = have - int(dev_claimed[j])
         qas = self.queue_request(pods, nodes)
         groups = st.pod_pg[pods]
         np_flags = (groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)] if st.n_groups \
-            else np.zeros(len(run), dtype=bool)  # is_preemptible: a pod without a group is preemptible
+            else np.zeros(k, dtype=bool)  # is_preemptible: a pod without a group is preemptible
         prevs = self._status[pods].copy()
-        op = AllocateRun(pods, nodes, amounts, devs, np.repeat(per_dev, counts), qas, np_flags, prevs)
+        any_piped = bool(piped.any())
+        op = AllocateRun(pods, nodes, amounts, devs, dev_amounts, qas, np_flags, prevs,
+                         *((piped, claimed, dev_claimed, np.repeat(piped, counts)) if any_piped else ()))
         self._apply_run(op, 1)
-        self._status[pods] = PodStatus.ALLOCATED
+        self._status[pods] = np.where(piped, PodStatus.PIPELINED, PodStatus.ALLOCATED)
         self._node[pods] = nodes
         starts = st.dev_start[nodes].tolist()
-        for (p, n, devices, _), base in zip(run, starts, strict=True):
+        for (p, n, devices, pipelined), base in zip(items, starts, strict=True):
             self.devices[p] = devices
-            self.placements[p] = Placement(p, n, tuple(d - base for d in devices), False)
+            self.placements[p] = Placement(p, n, tuple(d - base for d in devices), pipelined)
         self._log(op)
         self.caches.touch_many(nodes.tolist())
 
     def _apply_run(self, run: AllocateRun, sign: int) -> None:
-        """sign +1: a run of binds takes its resources, devices and queue amounts; -1: gives them back."""
+        """sign +1: a run of placements takes its resources, devices, queue amounts and (pipelined pods) the
+        releasing room they claimed; -1: gives them back."""
         np.add.at(self._held, run.nodes, sign * run.amounts)
         if len(run.run_devices):
             np.add.at(self._dev_held, run.run_devices, sign * run.dev_amounts)
+        if run.piped is not None:
+            assert run.claimed is not None and run.dev_claimed is not None and run.dev_piped is not None
+            np.add.at(self._rel, run.nodes, -sign * run.claimed)
+            if len(run.run_devices):
+                np.add.at(self._dev_rel, run.run_devices, -sign * run.dev_claimed)
+                on = run.dev_piped
+                np.add.at(self._dev_piped, run.run_devices[on], sign * run.dev_amounts[on])
         queues = self.queue_of_pod[run.pods]
         ok = queues >= 0
         if ok.any():
