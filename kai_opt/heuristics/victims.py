@@ -778,11 +778,13 @@ class _PendingOrder:
         dirty: set[int] = set()
         for q in (*changed, *moved):
             dirty.update(ancestors[q])
-        for q, items in prev.items.items():
-            if q not in dirty:
-                self.items[q] = items
-                self.keys[q] = prev.keys.setdefault(q, [])
-                self._child_at[q] = prev._child_at.setdefault(q, {})
+        for q in prev.items.keys() - prev.keys.keys():  # (every queue with items gets its keys' list, shared)
+            prev.keys[q] = []
+        self.items, self.keys, self._child_at = prev.items.copy(), prev.keys.copy(), prev._child_at.copy()
+        for q in dirty:
+            self.items.pop(q, None)
+            self.keys.pop(q, None)
+            self._child_at.pop(q, None)
 
     def starved_until(self, q: int, g: int) -> bool:
         """Whether queue q (holding job g) is not over its fair share and within deserved with each job at its
