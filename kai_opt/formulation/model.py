@@ -30,6 +30,7 @@ from kai_opt.formulation.exprs import Expr, lsum, wsum
 from kai_opt.formulation.objective import Objective
 from kai_opt.formulation.reclaim_rows import QueueTerms, ReclaimRows, reclaim_rows
 from kai_opt.formulation.scope import Mover, Scope, Victim
+from kai_opt.heuristics.cheapest_victims import queue_paths
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_GPU, ClusterState
 
@@ -529,7 +530,7 @@ def _queue_constraints(sess: Session, b: Built, scope: Scope, totals: dict[int, 
         return most[(q, r)]
 
     terms = QueueTerms(scale, alloc, qreqs, totals, evicted, unit_amounts, evicted_amount, evicted_most)
-    rows = reclaim_rows(m, st, fs, sess.ledger, scope, terms, b.gang, b.evict_rec,
+    rows = reclaim_rows(m, st, fs, queue_paths(sess), scope, terms, b.gang, b.evict_rec,
                         sess.cfg.reclaim_saturation_multiplier)
     b.reclaim_rows = rows
     b.reclaims = rows.uses

@@ -24,13 +24,12 @@ from fractions import Fraction
 import numpy as np
 from ortools.sat.python import cp_model
 
-from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import EPS as RATIO_EPS
-from kai_opt.fairshare.reclaim import leveled_many, queue_paths
+from kai_opt.fairshare.reclaim import leveled_many
 from kai_opt.fairshare.share import UNLIMITED, FairShare
 from kai_opt.formulation.exprs import Expr, lsum, wsum
 from kai_opt.formulation.scope import Scope
-from kai_opt.state import ClusterState
+from kai_opt.state import QR, ClusterState
 
 EPS = 1e-6
 LIMIT = 2**60  # |coefficient| x bound of a comparison row's terms: kept inside CP-SAT's int64 arithmetic
@@ -195,7 +194,7 @@ def _tolerance(f_sibling: float, scale: float) -> Fraction:
     return Fraction(RATIO_EPS) * Fraction(f_sibling) * Fraction(scale)
 
 
-def _reclaim_pairs(st: ClusterState, ledger: QueueLedger,
+def _reclaim_pairs(st: ClusterState, paths: np.ndarray,
                    scope: Scope) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(victim unit, reclaimer, reclaimer side, sibling side) of every reclaim eviction a victim unit allows whose
     queue paths diverge (`leveled`), in victim order, then its beneficiaries' order."""
@@ -211,16 +210,17 @@ def _reclaim_pairs(st: ClusterState, ledger: QueueLedger,
         return vis, bens, bens.copy(), bens.copy()
     queues = np.array([g.queue for g in scope.groups], dtype=np.int64)
     victim_q = st.pg_queue[np.array([v.group for v in scope.victims], dtype=np.int64)].astype(np.int64)
-    qs, ss = leveled_many(queue_paths(ledger.ancestors), queues[bens], victim_q[vis])
+    qs, ss = leveled_many(paths, queues[bens], victim_q[vis])
     keep = qs != ss
     return vis[keep], bens[keep], qs[keep].astype(np.int64), ss[keep].astype(np.int64)
 
 
-def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: QueueLedger, scope: Scope,
+def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, paths: np.ndarray, scope: Scope,
                  terms: QueueTerms, gang: list[cp_model.IntVar], evict_rec: list[cp_model.IntVar],
                  mult: float) -> ReclaimRows:
     """Reclaim evictions only for a placed reclaimer that takes them, and its queue side within KAI's boundary
-    rule against each sibling it takes from (the module docstring)."""
+    rule against each sibling it takes from (the module docstring). `paths`: the queue path matrix
+    (fairshare.reclaim.queue_paths)."""
     groups, victims = scope.groups, scope.victims
     rows = ReclaimRows()
     rec_groups = sorted({j for v in victims for j in v.beneficiaries if v.reason_for[j] == "reclaim"})
@@ -229,7 +229,7 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: Q
         m.add(u <= gang[j])
         rows.uses[j] = u
     # every (victim unit, reclaimer) pair a reclaim eviction allows whose queue paths diverge, with both sides
-    vis, js, qs, ss = _reclaim_pairs(st, ledger, scope)
+    vis, js, qs, ss = _reclaim_pairs(st, paths, scope)
     keys = js * max(1, st.n_queues) + ss
     uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     by_first = np.argsort(first, kind="stable")  # (group, sibling queue) keys in the order the pairs meet them
@@ -252,8 +252,7 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, ledger: Q
     rows.takes = dict(zip(key_pairs, take_vars, strict=True))
     sides = dict(zip(key_pairs, key_q, strict=True))  # (group, sibling queue) -> the group's queue side q
     rows.take_of = dict(zip(zip(vis.tolist(), js.tolist(), strict=True), ss.tolist(), strict=True))
-    frees = np.array(terms.unit_amounts, dtype=float).reshape(len(victims), -1) > 0 if victims \
-        else np.zeros((0, 3), dtype=bool)
+    frees = np.array(terms.unit_amounts, dtype=float).reshape(len(victims), len(QR)) > 0
     freed_by_key = np.zeros((len(key_pairs), frees.shape[1]), dtype=bool)
     np.logical_or.at(freed_by_key, pair_key, frees[vis])
     freed = dict(zip(key_pairs, freed_by_key, strict=True))  # (group, sibling queue) -> resources its units free

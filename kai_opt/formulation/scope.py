@@ -559,17 +559,15 @@ def _victims(sess: Session, groups: list[GroupScope], candidates: set[int],
     st, fs = sess.state, sess.fs
     if not groups:
         return []
-    reclaimers: dict[int, bool] = {}
-    requests = {i: _min_request(sess, gs) for i, gs in enumerate(groups)}
-    for i, gs in enumerate(groups):
-        reclaimers[i] = sess.cfg.actions.on("reclaim") and can_reclaim(fs, sess.ledger, gs.queue, requests[i],
-                                                                  preemptible=gs.preemptible)
+    requests = [_min_request(sess, gs) for gs in groups]
+    reclaim_on = sess.cfg.actions.on("reclaim")
+    may_reclaim = np.array([reclaim_on and can_reclaim(fs, sess.ledger, gs.queue, req, preemptible=gs.preemptible)
+                            for gs, req in zip(groups, requests, strict=True)], dtype=bool)
     out: list[Victim] = []
     g_group = np.array([gs.group for gs in groups], dtype=np.int64)
     g_queue = np.array([gs.queue for gs in groups], dtype=np.int64)
     g_priority = np.array([gs.priority for gs in groups], dtype=np.int64)
-    g_request = np.array([requests[i] for i in range(len(groups))], dtype=float).reshape(len(groups), -1)
-    may_reclaim = np.array([reclaimers[i] for i in range(len(groups))], dtype=bool)
+    g_request = np.array(requests, dtype=float)
     preempt_on = sess.cfg.actions.on("preempt")
     paths = queue_paths(sess)
     # per victim queue, which scope groups the reclaim rule allows at cycle start: compared where the two queue

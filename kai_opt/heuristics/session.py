@@ -607,7 +607,8 @@ class Session:
         dev_amounts = np.repeat(per_dev, counts)
         claimed = np.zeros_like(amounts)
         dev_claimed = np.zeros(len(devs), dtype=np.int64)
-        if piped.any():  # releasing room, claimed in item order (what is left after the claims before)
+        any_piped = bool(piped.any())
+        if any_piped:  # releasing room, claimed in item order (what is left after the claims before)
             rel: dict[int, np.ndarray] = {}
             dev_rel: dict[int, int] = {}
             dev_at = np.r_[0, np.cumsum(counts)].tolist()
@@ -628,7 +629,6 @@ class Session:
         np_flags = (groups >= 0) & ~st.pg_preemptible.astype(bool)[np.maximum(groups, 0)] if st.n_groups \
             else np.zeros(k, dtype=bool)  # is_preemptible: a pod without a group is preemptible
         prevs = self._status[pods].copy()
-        any_piped = bool(piped.any())
         op = AllocateRun(pods, nodes, amounts, devs, dev_amounts, qas, np_flags, prevs,
                          *((piped, claimed, dev_claimed, np.repeat(piped, counts)) if any_piped else ()))
         self._apply_run(op, 1)
