@@ -216,8 +216,13 @@ def main() -> int:
             gap = f"{statistics.median(gaps):.2%}" if gaps else "n/a"
             print(f"{'':>6} the model decided {decided} of {len(st_list)} cycles ({chosen} with its own plan, "
                   f"{decided - chosen} keeping the equal greedy plan); gap to its bound p50 {gap}")
-            for note, k in Counter(r.get("notes", [])).most_common(3):
+            notes = r.get("notes", [])
+            for note, k in Counter(notes).most_common(3):
                 print(f"{'':>6} {k} x: {note[:300]}")
+            # every fallback's note (the most common ones above are usually the decided cycles')
+            for i, (x, note) in enumerate(zip(st_list, notes, strict=True)):
+                if x == "FALLBACK_GREEDY":
+                    print(f"{'':>6} cycle {i} FALLBACK_GREEDY: {note[:300]}")
             ok &= decided >= CPSAT_DECIDED * len(st_list) and r["tree_pss_mb"] <= CPSAT_MB
         if n >= TARGET_NODES:
             measured = True

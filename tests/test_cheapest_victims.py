@@ -5,6 +5,7 @@ follows the plan's decisions in their order (the victims differ from KAI's searc
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kai_opt.actions import ACTION_BY_NAME
 from kai_opt.checker import check_plan
@@ -74,3 +75,44 @@ def test_auto_is_kais_search_below_its_size_and_the_cheapest_victims_from_it() -
     assert kai != cheapest, "the instance tells the two searches apart"
     assert decisions(Config(engine=Engine.greedy)) == kai  # 1,000 nodes: below the default size
     assert decisions(Config(engine=Engine.greedy, victim_search_auto_nodes=1000)) == cheapest
+
+
+
+def test_a_search_places_once_on_the_state_it_found_when_victims_come_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scenarios whose victims all come back (their jobs go first) leave the session as the search found it: the
+    placement that failed there is not tried again on that same state within the search (it is deterministic)."""
+    import kai_opt.heuristics.actions.base as base
+    from kai_opt.heuristics import cheapest_victims as cv
+    from kai_opt.heuristics.gang import GangPlacer
+
+    st = build_state(as_snapshot(scale(1000, 10_000, 1000, 0)))
+    fs = compute_fair_share(st)
+    cfg = Config(engine=Engine.greedy, victim_search="cheapest")
+    import itertools
+
+    numbers = itertools.count(1)
+    searches: list[int] = []  # the running search's number (empty: outside a search)
+    failed: dict[tuple[int, int, bytes, bytes], int] = {}  # (search, group, statuses, ledger) -> failed placements
+    place, solve = GangPlacer.place, cv.solve_cheapest
+
+    def counted_place(self: GangPlacer, g: int, tasks: list[int], **kw: object) -> object:
+        out = place(self, g, tasks, **kw)  # type: ignore[arg-type]
+        if searches and not out.ok:
+            key = (searches[-1], g, self.sess.status.tobytes(), self.sess.ledger.allocated.tobytes())
+            failed[key] = failed.get(key, 0) + 1
+        return out
+
+    def counted_solve(*a: object, **kw: object) -> object:
+        searches.append(next(numbers))
+        try:
+            return solve(*a, **kw)  # type: ignore[arg-type]
+        finally:
+            searches.pop()
+
+    monkeypatch.setattr(GangPlacer, "place", counted_place)
+    monkeypatch.setattr(base, "solve_cheapest", counted_solve)
+    plan = greedy_plan(st, fs, cfg)
+    check_plan(st, plan, fs, cfg)
+    assert failed, "the instance has searches whose placement fails"
+    again = [g for (_, g, _, _), n in failed.items() if n > 1]
+    assert not again, f"placed again on a state that failed in the same search: groups {sorted(set(again))[:5]}"

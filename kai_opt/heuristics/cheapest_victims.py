@@ -146,6 +146,9 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
     pool = np.asarray(candidates, dtype=np.int64)
     limited = {a for a in sess.ledger.ancestors[int(sess.state.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     why = "no victims the rules admit make room for every pod"
+    # a scenario whose victims all come back leaves the session as this search found it, where placing is
+    # deterministic: once that failed, it fails again
+    failed_unchanged = False
     for _ in range(max(1, sess.cfg.max_victim_scenarios)):
         few = cheapest_victims(sess, tasks, pool, feasible, victim_ok)
         if few is not None and not len(few):
@@ -159,8 +162,10 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
             sess.evict_many([p for c in chunks for p in c], reason, g)
             back = _victims_ahead(sess, g, chunks, order) if order is not None else set()
             victims = [p for i, c in enumerate(chunks) if i not in back for p in c]
-        attempt = gang.place(g, tasks, allow_pipeline=True)
-        if not attempt.ok:
+        unchanged = len(chunks) == len(back)
+        attempt = None if unchanged and failed_unchanged else gang.place(g, tasks, allow_pipeline=True)
+        if attempt is None or not attempt.ok:
+            failed_unchanged |= unchanged
             sess.rollback(cp)
             why = "the pods do not fit once the cheapest victims go"
             if not back:

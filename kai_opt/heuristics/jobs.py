@@ -25,7 +25,7 @@ class JobQueue:
         self.order = sess.static("queue_order", lambda: QueueOrder(sess.fs, sess.ledger, st.q_names, st.q_creation,
                                                                    st.q_priority))
         self.leaf: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
-        self.count = np.zeros(st.n_queues, dtype=np.int64)  # jobs in each queue's subtree
+        self.count = [0] * st.n_queues  # jobs in each queue's subtree
         self._request: dict[int, np.ndarray] = {}
         self.tops = sess.static("top_queues", lambda: [q for q in range(st.n_queues) if st.q_parent[q] < 0])
         self._choice: dict[int, int] = {}  # queue (-1: the top level) -> its child that goes first
@@ -67,6 +67,8 @@ class JobQueue:
     def _sync(self) -> None:
         """Queues whose allocation changed since the last pop (placements, evictions) dirty their parents' choice."""
         now = self.sess.ledger.allocated
+        if np.array_equal(now, self._seen):  # (most pops: nothing placed or evicted since the last)
+            return
         changed = np.flatnonzero(np.any(now != self._seen, axis=1))
         if len(changed):
             self._seen = now.copy()
@@ -91,7 +93,8 @@ class JobQueue:
         q = self._choice.get(parent)
         if q is None or parent in self._dirty:
             kids = self.tops if parent < 0 else self.sess.state.q_children[parent]
-            q = self._best([c for c in kids if self.count[c] > 0])
+            count = self.count
+            q = self._best([c for c in kids if count[c] > 0])
             self._choice[parent] = q
             self._dirty.discard(parent)
         return q
@@ -121,7 +124,8 @@ class JobQueue:
         return k
 
     def pop(self) -> int | None:
-        if not self.tops or self.count[self.tops].sum() == 0:
+        count = self.count
+        if not any(count[t] for t in self.tops):
             return None
         self._sync()
         q = self._best_child(-1)
@@ -129,7 +133,7 @@ class JobQueue:
             q = self._best_child(q)
         _, g = self.leaf[q].pop(0)
         for a in self.sess.ledger.ancestors[q]:
-            self.count[a] -= 1
+            count[a] -= 1
         self._dirty_above(q)
         return g
 
