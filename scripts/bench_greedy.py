@@ -104,9 +104,9 @@ def _state(args: argparse.Namespace, n: int) -> Any:
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
+    from kai_opt.compiled import compile_when_used
     from kai_opt.config import Config
     from kai_opt.engine import run_cycle
-    from kai_opt.heuristics.victim_scan import compile_when_used
 
     compile_when_used()  # cycles of a long-lived process, as `kai-opt run` runs them (its first cycle compiles)
 

@@ -175,10 +175,10 @@ def main() -> int:
     ap.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = ap.parse_args()
 
+    from kai_opt.compiled import compile_when_used
     from kai_opt.config import Config
     from kai_opt.engine import run_cycle
     from kai_opt.gcpause import gc_paused
-    from kai_opt.heuristics.victim_scan import compile_when_used
     from kai_opt.k8s import cache as cache_mod
     from kai_opt.k8s import grouper
     from kai_opt.state import build_state

@@ -8,15 +8,15 @@ from collections.abc import Iterator
 import pytest
 from builders import run_cli
 
+from kai_opt import compiled
 from kai_opt.gcpause import SERVICE_THRESHOLDS, tune_for_service
-from kai_opt.heuristics import victim_scan
 
 
 @pytest.fixture(autouse=True)
 def _restore_thresholds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
-    monkeypatch.setattr(victim_scan, "_when_used", [])  # `run` also asks for the compiled victim scan
+    monkeypatch.setattr(compiled, "_when_used", [])  # `run` also asks for the compiled inner loops
     yield
     gc.set_threshold(*before)
 

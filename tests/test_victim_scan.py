@@ -12,6 +12,8 @@ from builders import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from kai_opt import compiled
+from kai_opt.compiled import Kernel
 from kai_opt.config import Config, Engine
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.heuristics import victim_scan as vs
@@ -75,24 +77,23 @@ def test_loops_agree_with_the_numpy_reference(args: tuple[np.ndarray, ...]) -> N
 @settings(max_examples=200, deadline=None)
 @given(instances())
 def test_compiled_scan_agrees_with_the_numpy_reference(args: tuple[np.ndarray, ...]) -> None:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(vs, "_compiled_scan", [])
-        assert vs.use_compiled(), "numba is a dependency"
-        assert _run(vs._compiled_scan[0], args) == _run(vs.scan_numpy, args)
+    kernel = Kernel("victim scan", vs._scan_loops, vs.scan_numpy)
+    assert kernel.use_compiled(), "numba is a dependency"
+    assert _run(kernel.compiled[0], args) == _run(vs.scan_numpy, args)
 
 
 def test_a_cycle_takes_the_same_plan_with_either_form(monkeypatch: pytest.MonkeyPatch) -> None:
     st = build_state(as_snapshot(scale(300, 3000, 300, 1)))
     fs = compute_fair_share(st)
     cfg = Config(engine=Engine.greedy, victim_search="cheapest")
-    monkeypatch.setattr(vs, "_compiled_scan", [])
-    monkeypatch.setattr(vs, "_when_used", [])  # an earlier test may have run a long-lived command
     calls: list[int] = []
     numpy_form = vs.scan_numpy
-    monkeypatch.setattr(vs, "scan_numpy", lambda *a: calls.append(1) or numpy_form(*a))
+    monkeypatch.setattr(vs, "SCAN", Kernel("victim scan", vs._scan_loops,
+                                           lambda *a: calls.append(1) or numpy_form(*a)))
+    monkeypatch.setattr(compiled, "_when_used", [])  # an earlier test may have run a long-lived command
     by_numpy = greedy_plan(st, fs, cfg)
     assert calls and by_numpy.evictions, "the instance evicts through the cheapest victims"
-    assert vs.use_compiled()
+    assert vs.SCAN.use_compiled()
     n_calls = len(calls)
     by_loops = greedy_plan(st, fs, cfg)
     assert len(calls) == n_calls
@@ -100,14 +101,14 @@ def test_a_cycle_takes_the_same_plan_with_either_form(monkeypatch: pytest.Monkey
 
 
 def test_scan_is_the_numpy_form_until_a_process_asks_for_the_compiled_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vs, "_compiled_scan", [])
-    monkeypatch.setattr(vs, "_when_used", [])  # an earlier test may have run a long-lived command
     calls: list[str] = []
-    monkeypatch.setattr(vs, "scan_numpy", lambda *a: calls.append("numpy") or (vs.NONE_NEEDED, a[4][:0]))
+    monkeypatch.setattr(vs, "SCAN", Kernel("victim scan", vs._scan_loops,
+                                           lambda *a: calls.append("numpy") or (vs.NONE_NEEDED, a[4][:0])))
+    monkeypatch.setattr(compiled, "_when_used", [])  # an earlier test may have run a long-lived command
     args = _instance(1, [], [[1] * WIDTH], [True], [], [[1, 0, 0, 0, 0]])
     vs.scan(*args)
     assert calls == ["numpy"]
-    assert vs.use_compiled()
+    assert vs.SCAN.use_compiled()
     status, chosen = vs.scan(*args)
     assert (status, chosen.tolist()) == (vs.NONE_NEEDED, [])
     assert calls == ["numpy"], "the compiled loops answer once in use"
@@ -143,36 +144,37 @@ def test_decisions(fn: vs.ScanFn) -> None:
 
 def test_long_lived_commands_ask_for_the_compiled_scan(capsys: pytest.CaptureFixture[str], tmp_path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vs, "_when_used", [])
+    monkeypatch.setattr(compiled, "_when_used", [])
     thresholds = gc.get_threshold()
     try:
         code, _out, err = run_cli(capsys, "run", "--config", str(tmp_path / "missing.yaml"), "--no-leader-elect")
     finally:
         gc.set_threshold(*thresholds)  # `run` tunes the collector too
     assert code == 2 and "missing.yaml" in err  # stopped at the config, after asking
-    assert vs._when_used == [True]
-    monkeypatch.setattr(vs, "_when_used", [])
+    assert compiled._when_used == [True]
+    monkeypatch.setattr(compiled, "_when_used", [])
     code, _out, err = run_cli(capsys, "solve", str(tmp_path / "missing.yaml"))
-    assert code == 2 and vs._when_used == [], "a one-shot solve keeps the numpy form"
+    assert code == 2 and compiled._when_used == [], "a one-shot solve keeps the numpy form"
 
 
 @pytest.mark.parametrize("where", ["loading", "running"])
 def test_a_failing_compiled_form_leaves_the_numpy_form(where: str, monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(vs, "_compiled_scan", [])
-    monkeypatch.setattr(vs, "_when_used", [True])
+    monkeypatch.setattr(vs, "SCAN", Kernel("victim scan", vs._scan_loops, vs.scan_numpy))
+    monkeypatch.setattr(compiled, "_when_used", [True])
 
     def fails(*_a: object) -> tuple[int, np.ndarray]:
         raise RuntimeError("injected")
 
     if where == "loading":
-        monkeypatch.setattr(vs, "use_compiled", fails)
+        monkeypatch.setattr(vs.SCAN, "use_compiled", fails)
     else:
-        monkeypatch.setattr(vs, "use_compiled", lambda: vs._compiled_scan.append(fails) or True)
+        monkeypatch.setattr(vs.SCAN, "use_compiled", lambda: vs.SCAN.compiled.append(fails) or True)
     two = [0, 0, 2, 0, 0]
     args = _instance(2, [(0, 0, 1, two), (1, 1, 2, two)], [[0] * WIDTH, [0] * WIDTH], [True, True], [True, True],
                      [two])
-    with caplog.at_level("WARNING", logger="kai_opt.victim_scan"):
+    with caplog.at_level("WARNING", logger="kai_opt.compiled"):
         assert _run(vs.scan, args) == _run(vs.scan_numpy, args) == (vs.FOUND, [0])
     assert f"failed {where}" in caplog.text
-    assert vs._compiled_scan == [] and vs._when_used == [], "not tried again"
+    assert vs.SCAN.compiled == [] and vs.SCAN.failed, "not tried again"
+    assert compiled._when_used == [True], "other kernels still compile"

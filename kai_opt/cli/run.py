@@ -60,14 +60,14 @@ def run(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Schedule the cluster's pods (schedulerName in config scheduler_names) every schedule_period_s."""
-    from kai_opt.heuristics.victim_scan import compile_when_used
+    from kai_opt.compiled import compile_when_used
     from kai_opt.k8s.client import make_api_client
     from kai_opt.k8s.leader import default_identity, default_namespace
     from kai_opt.k8s.runner import Runner, SchedulerMetrics
 
     setup_logging(log_level)
     tune_for_service()
-    compile_when_used()  # a long-lived process: the cheapest victims' scan compiled at its first use
+    compile_when_used()  # a long-lived process: the inner loops (kai_opt.compiled) compiled at their first use
     cfg = load_config(config)
     rt = cfg.runtime
     ident = identity or (f"{os.environ['POD_NAME']}_{default_identity().rsplit('_', 1)[-1]}"

@@ -59,8 +59,8 @@ def simulate(
     if plot is not None:
         pyplot()  # matplotlib (the bench extra) is there, before the simulation
     cfg = load_config(config)
-    if cycles > 1:  # a long-lived run: the cheapest victims' scan compiled at its first use
-        from kai_opt.heuristics.victim_scan import compile_when_used
+    if cycles > 1:  # a long-lived run: the inner loops (kai_opt.compiled) compiled at their first use
+        from kai_opt.compiled import compile_when_used
 
         compile_when_used()
     past = load_usage_file(usage) if usage is not None else None

@@ -4,7 +4,7 @@ the node where evicting the fewest GPUs of eligible victim units makes room, and
 Two forms that take the same decisions (tests/test_victim_scan.py): `scan_numpy`, array operations per task (a few
 dozen per task that finds no room, each over the units of the nodes whose prices changed), and `_scan_loops`, plain
 loops that numba compiles (the approved dependency for an inner loop aggregation cannot make fast enough) once a
-long-lived process asks for them (`compile_when_used()`); `scan` is whichever is in use.
+long-lived process asks for them (`kai_opt.compiled.compile_when_used()`); `scan` is whichever is in use.
 
 Inputs (units sorted by node, then cost; `by_group[group_ptr[v]:group_ptr[v + 1]]` are group v's units): `reqs`
 int64[T, C] the tasks' requests (C = the state's resources, then whole GPU devices), `feasible` bool[N], `room`
@@ -16,12 +16,12 @@ task fits on room already free or being released) or NO_ROOM (some task finds no
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from kai_opt.compiled import Kernel
 from kai_opt.state.resources import R_GPU
 
 FOUND, NONE_NEEDED, NO_ROOM = 0, 1, 2
@@ -29,7 +29,6 @@ BIG = np.int64(1) << 40
 
 ScanFn = Callable[..., tuple[int, np.ndarray]]
 
-log = logging.getLogger("kai_opt.victim_scan")
 
 
 class _Prices:
@@ -246,53 +245,11 @@ def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: 
     return (FOUND if taken else NONE_NEEDED), chosen[:taken].copy()
 
 
-_compiled_scan: list[ScanFn] = []  # set by use_compiled()
-_when_used: list[bool] = []  # set by compile_when_used()
-
-
-def compile_when_used() -> None:
-    """For a long-lived process (`kai-opt run`, `kai-opt simulate`, the multi-cycle benchmarks): the first scan
-    compiles the loops (use_compiled) and every later one runs them. Importing numba and loading the compiled code
-    take about half a second, more than one cycle's scan saves below 10,000 nodes, so a one-shot solve keeps the
-    numpy form; and a process whose clusters never take the cheapest victims never loads numba."""
-    _when_used[:] = [True]
-
-
-def use_compiled() -> bool:
-    """Compile the loops (or load them from numba's cache) and use them from now on; False when numba is absent."""
-    if _compiled_scan:
-        return True
-    try:
-        import numba
-    except ImportError:
-        return False
-    jit: Any = numba.njit
-    try:
-        fn = jit(cache=True, nogil=True)(_scan_loops)
-    except RuntimeError:  # no writable cache location: compile in memory
-        fn = jit(nogil=True)(_scan_loops)
-    _compiled_scan.append(fn)
-    return True
+SCAN = Kernel("victim scan", _scan_loops, scan_numpy)
 
 
 def scan(*args: Any) -> tuple[int, np.ndarray]:
-    """The scan (module docstring): the compiled loops once in use, else the numpy form. The compiled form is an
-    accelerator: if loading or compiling it fails (numba compiles a signature at its first call, before the loops
-    change anything), the process logs why and keeps the numpy form; the cycle goes on."""
-    if _when_used and not _compiled_scan:
-        try:
-            use_compiled()
-        except Exception:
-            _give_up("loading")
-    if _compiled_scan:
-        try:
-            return _compiled_scan[0](*args)
-        except Exception:
-            _give_up("running")
-    return scan_numpy(*args)
-
-
-def _give_up(what: str) -> None:
-    log.warning("the compiled victim scan failed %s; this process keeps the numpy form", what, exc_info=True)
-    _compiled_scan.clear()
-    _when_used.clear()
+    """The scan (module docstring): the compiled loops once a long-lived process asked for them
+    (kai_opt.compiled), else the numpy form."""
+    out: tuple[int, np.ndarray] = SCAN(*args)
+    return out

@@ -16,6 +16,7 @@ import numpy as np
 
 from kai_opt.api import Pod, PodGroup
 from kai_opt.api.priorityclass import NON_PREEMPTIBLE_PRIORITY as NON_PREEMPTIBLE
+from kai_opt.state.id_match import slots as id_slots
 from kai_opt.state.resources import BASE_RESOURCES
 from kai_opt.units import GPU_RESOURCE, gpu_milli_from_fraction
 
@@ -75,13 +76,7 @@ class RowCache:
     def columns(self, objs: Sequence[Any]) -> dict[str, np.ndarray]:
         n = len(objs)
         ids = np.fromiter(map(id, objs), dtype=np.int64, count=n)
-        slots = np.full(n, -1, dtype=np.int64)
-        if len(self._ids) and n:  # the known objects' rows, matched by identity (sorted ids, no dict)
-            order = np.argsort(self._ids, kind="stable")
-            known = self._ids[order]
-            at = np.minimum(np.searchsorted(known, ids), len(known) - 1)
-            hit = known[at] == ids
-            slots[hit] = order[at[hit]]
+        slots = id_slots(self._ids, ids)  # the known objects' rows, matched by identity
         new = np.flatnonzero(slots < 0)
         cols = self._cols
         if len(new) or not cols:
