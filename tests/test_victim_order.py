@@ -243,3 +243,24 @@ def test_victim_pods_read_from_a_few_groups_equal_the_whole_sessions(objs: list,
         pods = np.concatenate([st_.group_pods(g) for g in gs] + [np.zeros(0, dtype=np.int64)]).astype(np.int64)
         assert np.array_equal(_victim_mask_of(sess, pods, st_.pod_pg[pods]), victim_pods(sess)[pods])
         _step(sess, rnd, open_cps)
+
+
+@SETTINGS
+@given(clusters(max_nodes=8, max_jobs=12))
+def test_one_jobs_order_is_its_pods_above_the_minimum_last_first_then_its_core(objs: list) -> None:
+    """A victim order over one job (most searches over the cheapest victims) walks no queue tree: its victim pods
+    in task order, those above its minimum one at a time from the last, then the core whole (nothing was placed
+    in this session, so the core may go); the same chunks as that job's in an order over every job."""
+    sess = _session(objs)
+    st = sess.state
+    mask = victim_pods(sess)
+    every = np.flatnonzero(active_group_mask(sess))
+    together: dict[int, list[list[int]]] = {}
+    for g, c in _chunk_order(sess, every):
+        together.setdefault(g, []).append(list(c))
+    for g in every.tolist():
+        pods = [p for p in st.pg_pods[st.pg_pod_start[g]:st.pg_pod_start[g + 1]].tolist() if mask[p]]
+        m = int(st.pg_min_member[g])
+        expected = [[p] for p in reversed(pods[m:])] + ([pods[:m]] if pods[:m] else [])
+        assert [list(c) for _, c in _chunk_order(sess, np.array([g]))] == expected, g
+        assert together.get(g, []) == expected, g

@@ -248,8 +248,29 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         n = left.get(g, int(left_all[g])) + int(newly[g])
         return 0 if n > m else (1 if n == m else 2)
 
-    # the first heap of every leaf queue, from one sort: (elasticity, rank) is the job key
+    def take(g: int) -> list[int] | None:
+        """g's next chunk; None while its core stays (victim pods up to the minimum, while the group has pods
+        placed or moved)."""
+        pods = bound_pods(g)
+        if len(pods) > int(min_member[g]):
+            chunk = [pods.pop()]  # a victim pod above the minimum
+        elif newly[g] == 0:
+            chunk = list(pods)
+            pods.clear()
+        else:
+            return None
+        left[g] = len(pods)
+        return chunk
+
     gs = gs[left_all[gs] > 0]
+    if len(gs) == 1:  # one victim job (most searches over the cheapest victims): no queue order to walk
+        g = int(gs[0])
+        while (chunk := take(g)) is not None:
+            yield g, chunk
+            if not remaining[g]:
+                return
+        return
+    # the first heap of every leaf queue, from one sort: (elasticity, rank) is the job key
     n_all = left_all[gs] + newly[gs]
     mm = min_member[gs]
     el = np.where(n_all > mm, 0, np.where(n_all == mm, 1, 2))
@@ -263,19 +284,13 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
         if g is None:
             return
         q = int(st.pg_queue[g])
-        pods = bound_pods(g)
-        if len(pods) > int(min_member[g]):
-            chunk = [pods.pop()]  # a victim pod above the minimum
-        elif newly[g] == 0:
-            chunk = list(pods)
-            pods.clear()
-        else:
+        chunk = take(g)
+        if chunk is None:
             tree.refresh(q)
-            continue  # its core (victim pods up to the minimum) stays while the group has pods placed or moved
-        left[g] = len(pods)
+            continue
         yield g, chunk
         tree.release(q, sess.queue_request(chunk, sess.node[np.array(chunk)]).sum(axis=0))
-        if pods:
+        if remaining[g]:
             tree.push_job(q, (elastic(g), int(rank[g])), g)
         tree.refresh(q)
 
