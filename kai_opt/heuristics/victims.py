@@ -264,10 +264,10 @@ def _chunk_order(sess: Session, groups: list[int] | np.ndarray) -> Iterator[tupl
 
     gs = gs[left_all[gs] > 0]
     if len(gs) == 1:  # one victim job (most searches over the cheapest victims): no queue order to walk
-        g = int(gs[0])
-        while (chunk := take(g)) is not None:
-            yield g, chunk
-            if not remaining[g]:
+        one = int(gs[0])
+        while (chunk := take(one)) is not None:
+            yield one, chunk
+            if not remaining[one]:
                 return
         return
     # the first heap of every leaf queue, from one sort: (elasticity, rank) is the job key
