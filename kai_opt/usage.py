@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kai_opt.state import ClusterState, PodStatus
+from kai_opt.state.segments import add_rows
 
 
 @dataclass
@@ -52,13 +53,13 @@ def queue_usage(state: ClusterState) -> QueueUsage:
         idx = np.nonzero(mask)[0]
         if len(idx):
             req = state.pod_queue_request(idx, state.pod_node[idx])
-            np.add.at(target, pq[idx], req)
+            add_rows(target, pq[idx], req)
     idx = np.nonzero(holding & (pq >= 0))[0]
     if len(idx):
         nonpre = ~state.pg_preemptible[pg[idx]]
         idx = idx[nonpre]
         if len(idx):
-            np.add.at(own_np, pq[idx], state.pod_queue_request(idx, state.pod_node[idx]))
+            add_rows(own_np, pq[idx], state.pod_queue_request(idx, state.pod_node[idx]))
     alloc = subtree_sum(state, own_alloc)
     pend = subtree_sum(state, own_pend)
     return QueueUsage(allocated=alloc, allocated_np=subtree_sum(state, own_np), pending=pend,

@@ -21,6 +21,7 @@ from kai_opt.state.gpu import ExplicitDevices, assign_devices
 from kai_opt.state.gpu_memory import gpu_memory_warnings
 from kai_opt.state.pod_rows import FLAT, LEN, GroupRows, PodRows, take_rows
 from kai_opt.state.resources import QR_COLUMN, QR_DIVISOR, R_CPU, R_GPU, R_MEM, R_PODS, resource_axis
+from kai_opt.state.segments import add_rows
 
 DEFAULT_QUEUE = "default-queue"
 NAN = float("nan")
@@ -659,13 +660,13 @@ def _node_usage(pods: list[Pod], nodes: _Nodes, a: _PodArrays, node_names: list[
     node_pipe = np.zeros((N, R), dtype=np.int64)
     if len(holders):
         occupying = holders[~pipelined[holders]]
-        np.add.at(node_used, pod_node[occupying], pod_req[occupying])
+        add_rows(node_used, pod_node[occupying], pod_req[occupying])
         rel = holders[releasing[holders]]
         if len(rel):
-            np.add.at(node_rel, pod_node[rel], pod_req[rel])
+            add_rows(node_rel, pod_node[rel], pod_req[rel])
         piped = holders[pipelined[holders]]
         if len(piped):
-            np.add.at(node_pipe, pod_node[piped], pod_req[piped])
+            add_rows(node_pipe, pod_node[piped], pod_req[piped])
 
     dev_used, dev_rel, dev_pipe, pod_dev_start, pod_dev, dev_warn = assign_devices(
         dev_start=nodes.dev_start, node_gpu_mem_mib=nodes.gpu_mem, holders=holders, pod_node=pod_node,
