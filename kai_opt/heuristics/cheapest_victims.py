@@ -31,6 +31,7 @@ from kai_opt.heuristics.victims import (
     victim_chunk_order,
 )
 from kai_opt.state import R_GPU, PodStatus
+from kai_opt.state.segments import add_rows
 
 VictimFilter = Callable[[np.ndarray], np.ndarray | None]  # victim groups -> which may go now (None: all)
 
@@ -62,7 +63,7 @@ def _victim_units(sess: Session) -> VictimUnits:
     keys, pod_unit = np.unique(groups * len(st.node_names) + nodes, return_inverse=True)
     group, node = keys // len(st.node_names), keys % len(st.node_names)
     frees = np.zeros((len(keys), st.pod_req.shape[1] + 1), dtype=np.int64)
-    np.add.at(frees[:, :-1], pod_unit, st.pod_req[pods])
+    add_rows(frees[:, :-1], pod_unit, st.pod_req[pods])
     frees[:, -1] = np.bincount(pod_unit, weights=st.pod_gpu_whole[pods], minlength=len(keys)).astype(np.int64)
     cost = cost_of[group]
     order = np.lexsort((group, cost, node))
