@@ -30,7 +30,6 @@ BIG = np.int64(1) << 40
 ScanFn = Callable[..., tuple[int, np.ndarray]]
 
 
-
 class _Prices:
     """Per node holding live units, the cheapest way to make room for one request there: the units taken in node
     order (cheapest first) up to the first with which room + what they free covers the request, and the GPUs that
