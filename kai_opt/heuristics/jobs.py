@@ -67,9 +67,10 @@ class JobQueue:
     def _sync(self) -> None:
         """Queues whose allocation changed since the last pop (placements, evictions) dirty their parents' choice."""
         now = self.sess.ledger.allocated
-        if np.array_equal(now, self._seen):  # (most pops: nothing placed or evicted since the last)
+        diff = now != self._seen
+        if not diff.any():  # (most pops: nothing placed or evicted since the last)
             return
-        changed = np.flatnonzero(np.any(now != self._seen, axis=1))
+        changed = np.flatnonzero(diff.any(axis=1))
         if len(changed):
             self._seen = now.copy()
             for q in changed.tolist():
