@@ -42,25 +42,22 @@ def queue_usage(state: ClusterState) -> QueueUsage:
     Q = state.n_queues
     pq = pod_queue(state)
     holding = state.pod_status == PodStatus.BOUND
-    schedulable_group = np.array([p is None for p in state.pg_problem], dtype=bool)
+    schedulable_group = np.fromiter((p is None for p in state.pg_problem), dtype=bool, count=len(state.pg_problem))
     pg = state.pod_pg
     waiting = (state.pod_status == PodStatus.PENDING) & (pg >= 0)
     waiting[waiting] = schedulable_group[pg[waiting]]
-    own_alloc = np.zeros((Q, 3))
-    own_np = np.zeros((Q, 3))
-    own_pend = np.zeros((Q, 3))
-    for mask, target in ((holding & (pq >= 0), own_alloc), (waiting & (pq >= 0), own_pend)):
-        idx = np.nonzero(mask)[0]
-        if len(idx):
-            req = state.pod_queue_request(idx, state.pod_node[idx])
-            add_rows(target, pq[idx], req)
+    # each queue's own allocated, non-preemptible and pending sums side by side, summed up the tree at once
+    own = np.zeros((Q, 9))
     idx = np.nonzero(holding & (pq >= 0))[0]
     if len(idx):
+        req = state.pod_queue_request(idx, state.pod_node[idx])
+        add_rows(own[:, 0:3], pq[idx], req)
         nonpre = ~state.pg_preemptible[pg[idx]]
-        idx = idx[nonpre]
-        if len(idx):
-            add_rows(own_np, pq[idx], state.pod_queue_request(idx, state.pod_node[idx]))
-    alloc = subtree_sum(state, own_alloc)
-    pend = subtree_sum(state, own_pend)
-    return QueueUsage(allocated=alloc, allocated_np=subtree_sum(state, own_np), pending=pend,
-                      requested=alloc + pend)
+        if nonpre.any():
+            add_rows(own[:, 3:6], pq[idx[nonpre]], req[nonpre])
+    idx = np.nonzero(waiting & (pq >= 0))[0]
+    if len(idx):
+        add_rows(own[:, 6:9], pq[idx], state.pod_queue_request(idx, state.pod_node[idx]))
+    tree = subtree_sum(state, own)
+    alloc, pend = tree[:, 0:3].copy(), tree[:, 6:9].copy()
+    return QueueUsage(allocated=alloc, allocated_np=tree[:, 3:6].copy(), pending=pend, requested=alloc + pend)

@@ -9,6 +9,7 @@ over-quota division of its sibling set, weighed by kValue.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -105,12 +106,35 @@ def divide_tree(
     top: list[int] = []
     for q in range(Q):
         (children[int(parent[q])] if parent[q] >= 0 else top).append(q)
+    k_eff = 0.0 if usage is None else k_value
+    # an untraced division is read from the divisions memo when one with the same inputs was made by this call or
+    # the last (an in-cluster cycle divides the same way again in most sibling sets: only some queues' requests
+    # and the amounts above them change)
+    known, made = (None, None) if trace or recorder is not None else _DIVISIONS.begin(names)
+    kids = {-1: np.asarray(top, dtype=np.int64)}
     for r in range(total.shape[0]):
+        # per queue, everything the division of its sibling set reads of it (names aside: the memo is per names)
+        rows = np.column_stack([np.arange(Q, dtype=np.float64), deserved[:, r], limit[:, r], weight[:, r],
+                                priority.astype(np.float64), creation, requested[:, r],
+                                np.zeros(Q) if usage is None else usage[:, r]]) if known is not None else None
         pending: list[tuple[float, list[int], int]] = [(float(total[r]), top, -1)]
         while pending:
             amount, siblings, parent_q = pending.pop()
             if not siblings:
                 continue
+            if known is not None and made is not None and rows is not None:
+                at = kids.get(parent_q)
+                if at is None:
+                    at = kids[parent_q] = np.asarray(siblings, dtype=np.int64)
+                key = (amount, k_eff, rows[at].tobytes())
+                got = made.get(key)
+                if got is None:
+                    got = known.get(key)
+                if got is not None:
+                    made[key] = got
+                    fair[at, r] = got
+                    pending.extend(zip(got.tolist(), map(children.__getitem__, siblings), siblings, strict=True))
+                    continue
             shares = [QueueShare(index=q, name=names[q], deserved=float(deserved[q, r]), limit=float(limit[q, r]),
                                  weight=float(weight[q, r]), priority=int(priority[q]),
                                  creation=float(creation[q]), request=float(requested[q, r]),
@@ -124,7 +148,37 @@ def divide_tree(
                 if steps is not None:
                     steps[s.index][r] = s.steps
                 pending.append((s.fair_share, children[s.index], s.index))
+            if made is not None and rows is not None:
+                made[(amount, k_eff, rows[kids[parent_q]].tobytes())] = np.array([s.fair_share for s in shares])
     return fair, steps
+
+
+class _Divisions:
+    """The untraced sibling divisions of the last divide_tree call and of the current one, by their inputs: the
+    amount, kValue and each sibling's index, deserved, limit, weight, priority, creation, request and past usage
+    (a division reads nothing else but the queue names, which key the memo as a whole). Two generations: what
+    the last call divided is found again, anything older is dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: tuple[str, ...] = ()
+        self._last: dict[tuple[float, float, bytes], np.ndarray] = {}
+        self._now: dict[tuple[float, float, bytes], np.ndarray] = {}
+
+    def begin(self, names: list[str]) -> tuple[dict[tuple[float, float, bytes], np.ndarray],
+                                               dict[tuple[float, float, bytes], np.ndarray]]:
+        """(what the last call made, where this call puts what it makes), both for these names; a call with
+        other names starts afresh (a concurrent call keeps the dicts it was given: every entry is right for its
+        names)."""
+        key = tuple(names)
+        with self._lock:
+            if key != self._names:
+                self._names, self._now = key, {}
+            self._last, self._now = self._now, {}
+            return self._last, self._now
+
+
+_DIVISIONS = _Divisions()
 
 
 def compute_fair_share(state: ClusterState, *, trace: bool = False, total: np.ndarray | None = None,
