@@ -190,3 +190,62 @@ def test_a_podgroup_without_a_known_class_takes_its_pods_priority(groups: list) 
             assert bool(st.pg_preemptible[g]) == (preemptibility == "preemptible")
         else:
             assert bool(st.pg_preemptible[g]) == (st.pg_priority[g] < build_mod.NON_PREEMPTIBLE_PRIORITY)
+
+
+def test_the_snapshot_lists_objects_in_the_stores_order_when_a_model_goes_and_comes_back() -> None:
+    """A pod whose model goes away (rejected) and comes back keeps its place in the store: the snapshot lists
+    the pods as a cache loaded afresh with the store's objects does (the models dict's own order then differs)."""
+    c = _load(families.gangs(20, 0))
+    pods = next(s for (_av, kind), s in c._stores.items() if kind == "Pod")
+    c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    key = sorted(pods.items)[3]
+    pod = pods.items[key]
+    containers = copy.deepcopy(pod["spec"]["containers"])
+    bad = copy.deepcopy(containers)
+    bad[0].setdefault("resources", {}).setdefault("requests", {})["cpu"] = "not-a-quantity"
+    c._apply(pods.res, "MODIFIED", _bump(pod, spec__containers=bad))
+    snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    assert key not in [p.key for p in snap.pods]
+    c._apply(pods.res, "MODIFIED", _bump(pods.items[key], spec__containers=containers))
+    snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    fresh = ClusterCache(api=None, kinds=cache_mod.SCHEDULING_KINDS)  # type: ignore[arg-type]
+    for (_av, _kind), s in c._stores.items():
+        for o in s.items.values():
+            fresh._apply(s.res, "ADDED", o)
+    want = fresh.snapshot(scheduler_names=NAMES, now=1.8e9)
+    assert key in [p.key for p in snap.pods]
+    assert [p.key for p in snap.pods] == [p.key for p in want.pods]
+    assert [g.key for g in snap.podgroups] == [g.key for g in want.podgroups]
+
+
+def test_the_views_keep_the_stores_order_as_pods_come_and_go() -> None:
+    """Several pods added between two looks go into the view in the store's order (so the snapshot reads the
+    models in order instead of looking each key up), deleted ones leave it, changed ones keep their place."""
+    c = _load(families.gangs(20, 1))
+    pods = next(s for (_av, kind), s in c._stores.items() if kind == "Pod")
+    view_key = next(k for k in c._stores if k[1] == "Pod")
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        c.snapshot(scheduler_names=NAMES, now=1.8e9)
+        assert list(c._views[view_key].model) == list(pods.items)
+        _mutate(c, rng, step)
+        for i, k in enumerate(sorted(pods.items)[:5]):  # five new pending pods at once
+            new = copy.deepcopy(pods.items[k])
+            new["metadata"].update(name=f"extra-{step}-{i}", uid=f"extra-{step}-{i}", resourceVersion="1")
+            new["spec"].pop("nodeName", None)
+            new["status"] = {"phase": "Pending"}
+            c._apply(pods.res, "ADDED", new)
+    snap = c.snapshot(scheduler_names=NAMES, now=1.8e9)
+    assert list(c._views[view_key].model) == list(pods.items)
+    assert [p.key for p in snap.pods] == list(pods.items)
+
+
+def test_changed_keys_are_read_with_the_new_ones_in_the_stores_order() -> None:
+    """Keys with a model keep their place whatever their order; new keys go in in the store's order, so the
+    models dict needs no reordering after a look that adds several."""
+    keys = [f"k{i}" for i in range(10)]
+    models = {k: object() for k in keys[:6]}
+    unread = {"k8", "k2", "k6", "k9", "k7"}
+    order = cache_mod._read_order(unread, models, keys)
+    assert order[0] == "k2" and order[1:] == ["k6", "k7", "k8", "k9"]
+    assert cache_mod._read_order({"k1", "k9"}, models, keys)[-1] == "k9"

@@ -725,15 +725,20 @@ class ClusterCache:
             buckets: dict[str, list[Any]] = {kind: [] for kind in KINDS}
             total = 0
             for kind, view, keys in looks:
-                for key in view.unread:
+                for key in _read_order(view.unread, view.model, keys):
                     raw = view.raw.get(key)
                     if raw is not None:
                         view.read(key, *read_raw(raw, strict=False, memo=self._memo, source="cluster"))
                 view.unread = set()
                 total += len(keys)
                 models = view.model
-                if len(models) == len(keys):  # (every key has its model: the common case)
-                    buckets[kind].extend(map(models.__getitem__, keys))
+                if len(models) == len(keys) and list(models) != keys:  # a key's model went away and came back,
+                    # or a key was deleted and added again between looks: the models put in the store's order
+                    ordered = {k: m for k in keys if (m := models.get(k)) is not None}
+                    if len(ordered) == len(keys):
+                        models = view.model = ordered
+                if len(models) == len(keys):  # (every key has its model, in the store's order: the common case)
+                    buckets[kind].extend(models.values())
                 else:
                     buckets[kind].extend(m for m in map(models.get, keys) if m is not None)
                 if view.issues:
@@ -753,6 +758,26 @@ class ClusterCache:
 
 
 _Looks = list[tuple[str, "_View", list[str]]]  # (kind, its view, the store's keys in order)
+
+
+def _read_order(unread: set[str], models: dict[str, Any], keys: list[str]) -> list[str]:
+    """The order to read a look's changed keys in, so that the view's models dict keeps the store's order (the
+    snapshot then lists each kind's models without looking up every key): keys that have a model first (a
+    replaced model keeps its place), then the new ones in the store's order (`keys`), found from its end, where
+    the store adds them."""
+    new = {k for k in unread if k not in models}
+    if len(new) <= 1:
+        return [k for k in unread if k in models] + list(new)
+    found: list[str] = []
+    for k in reversed(keys):
+        if k in new:
+            found.append(k)
+            if len(found) == len(new):
+                break
+    found.reverse()
+    if len(found) < len(new):  # (not among the store's keys: read all the same)
+        found += sorted(new.difference(found))
+    return [k for k in unread if k in models] + found
 
 
 def _links(looks: _Looks) -> Links | None:
