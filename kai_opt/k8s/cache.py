@@ -667,36 +667,39 @@ class ClusterCache:
               hold: Collection[str]) -> _Looks:
         """Each scheduling kind's view brought up to date, with the store's keys in order. Only what may have
         changed is made again: objects written since the last look, pods whose assumption, release, hold or
-        group of this cycle changed, releasing pods (their deletion stamp is now), claims a bind holds."""
+        group of this cycle changed, releasing pods (their deletion stamp is now), claims a bind holds. What to
+        make again, and those keys' objects, are taken under the lock (no copy of a whole store); the views are
+        brought up to date after it."""
         with self._lock:
             self._expire()
-            bound = dict(self._bound)
-            releasing = set(self._releasing)
+            ctx = _PodContext(set(scheduler_names), self.reservation_app, dict(self._bound), set(self._releasing),
+                              groups, set(hold), _now_rfc3339())
+            held = {(a.namespace, claim): (alloc, a.name, uid) for uid, a in ctx.bound.items()
+                    for claim, alloc in a.claims}
             kinds = {(r.api_version, r.kind) for r in SCHEDULING_KINDS}
-            looks = []
+            work = []
             for k, st in self._stores.items():
-                if k in kinds:
-                    changed = st.take_changed("snapshot")
-                    looks.append((k, st.items, dict(st.items), set(st.items) if changed is None else changed))
-        ctx = _PodContext(set(scheduler_names), self.reservation_app, bound, releasing, groups, set(hold),
-                          _now_rfc3339())
-        held = {(a.namespace, claim): (alloc, a.name, uid) for uid, a in bound.items() for claim, alloc in a.claims}
+                if k not in kinds:
+                    continue
+                changed = st.take_changed("snapshot")
+                kind, items = k[1], st.items
+                view = self._views.get(k)
+                if view is None:
+                    view = self._views[k] = _View(kind)
+                if view.src is not items or (kind == "Pod" and view.for_ != (ctx.ours, ctx.reservation_app)):
+                    view.reset(items, (ctx.ours, ctx.reservation_app))
+                    changed = None
+                if changed is None:
+                    changed = set(items)
+                if kind == "Pod":
+                    changed |= view.pods_touched(ctx)
+                elif kind == "ResourceClaim" and (held or view.held):
+                    changed = changed | view.held | {f"{ns}/{name}" for ns, name in held}
+                    view.held = {f"{ns}/{name}" for ns, name in held}
+                work.append((kind, view, list(items), {key: items.get(key) for key in changed}))
         out = []
-        for k, src, items, changed in looks:
-            kind = k[1]
-            view = self._views.get(k)
-            if view is None:
-                view = self._views[k] = _View(kind)
-            if view.src is not src or (kind == "Pod" and view.for_ != (ctx.ours, ctx.reservation_app)):
-                view.reset(src, (ctx.ours, ctx.reservation_app))
-                changed = set(items)
-            if kind == "Pod":
-                changed |= view.pods_touched(ctx)
-            elif kind == "ResourceClaim" and (held or view.held):
-                changed = changed | view.held | {f"{ns}/{name}" for ns, name in held}
-                view.held = {f"{ns}/{name}" for ns, name in held}
-            for key in changed:
-                obj = items.get(key)
+        for kind, view, keys, objs in work:
+            for key, obj in objs.items():
                 if obj is None:
                     view.drop(key)
                 elif kind == "Pod":
@@ -708,7 +711,7 @@ class ClusterCache:
                     view.put(key, (_held_claim(obj, held) if kind == "ResourceClaim" and held else None) or raw)
             if kind == "Pod":
                 view.last = ctx
-            out.append((kind, view, list(items)))
+            out.append((kind, view, keys))
         return out
 
     def snapshot(self, *, scheduler_names: tuple[str, ...], now: float | None = None,
