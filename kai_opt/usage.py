@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -42,7 +44,8 @@ def queue_usage(state: ClusterState) -> QueueUsage:
     Q = state.n_queues
     pq = pod_queue(state)
     holding = state.pod_status == PodStatus.BOUND
-    schedulable_group = np.fromiter((p is None for p in state.pg_problem), dtype=bool, count=len(state.pg_problem))
+    schedulable_group = np.fromiter(map(operator.is_, state.pg_problem, repeat(None)), dtype=bool,
+                                    count=len(state.pg_problem))
     pg = state.pod_pg
     waiting = (state.pod_status == PodStatus.PENDING) & (pg >= 0)
     waiting[waiting] = schedulable_group[pg[waiting]]
