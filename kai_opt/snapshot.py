@@ -217,10 +217,12 @@ class Snapshot:
         for g in links.groups_naming(unknown_queues) if unknown_queues else ():
             self.warnings.append(Issue("PodGroup", g.key, "QueueDoesNotExist",
                                        f"queue {g.queue!r} does not exist; the podgroup is not scheduled"))
-        group_keys = links.group_keys
-        named = set(links.pod_groups)  # (set operations: no loop in Python over every pod's group)
-        named.discard(None)
-        unknown_groups = cast(set[str], named).difference(group_keys)
+        if links.unknown_groups is not None:
+            unknown_groups = links.unknown_groups()
+        else:
+            named = set(links.pod_groups)  # (set operations: no loop in Python over every pod's group)
+            named.discard(None)
+            unknown_groups = cast(set[str], named).difference(links.group_keys)
         for p in links.pods_naming(unknown_groups) if unknown_groups else ():
             if self.is_ours(p) and p.node_name is None and not p.finished:
                 self.warnings.append(Issue("Pod", p.key, "PodGroupDoesNotExist",
@@ -308,6 +310,8 @@ class Links:
     groups_naming: Callable[[set[str]], list[PodGroup]]  # the PodGroups naming one of these queues, in order
     constrained: Callable[[], list[PodGroup]]  # PodGroups with a topology constraint or subgroups, in order
     any_pod_claims: bool | None = None  # whether some pod has resource claims (None: not known, look)
+    # the group keys pods name that no PodGroup has, kept by the caller (None: from pod_groups and group_keys)
+    unknown_groups: Callable[[], set[str]] | None = None
 
     @staticmethod
     def of(snap: Snapshot) -> Links:

@@ -192,6 +192,7 @@ class ClusterCache:
         self._memo: dict[tuple[str, ...], Any] = {}  # parsed models of unchanged objects (snapshot thread only)
         # what the last snapshot made of each store's objects (snapshot thread only)
         self._views: dict[tuple[str, str], _View] = {}
+        self._missing_groups = _MissingGroups()
         for res in kinds:
             self.add_kind(res.api_version, res.kind, res.plural, res.namespaced)
 
@@ -749,7 +750,7 @@ class ClusterCache:
                         issue = view.issues.get(key)
                         if issue is not None:
                             (snap.warnings if issue.reason == "UnsupportedAPIVersion" else snap.rejected).append(issue)
-            snap.fill(buckets, strict=False, unique=True, links=_links(looks))
+            snap.fill(buckets, strict=False, unique=True, links=_links(looks, self._missing_groups))
         snap = filter_snapshot(snap, shard)
         if len(self._memo) > 2 * total:  # forget objects that changed or went away
             with self._lock:
@@ -783,7 +784,7 @@ def _read_order(unread: set[str], models: dict[str, Any], keys: list[str]) -> li
     return [k for k in unread if k in models] + found
 
 
-def _links(looks: _Looks) -> Links | None:
+def _links(looks: _Looks, missing: _MissingGroups) -> Links | None:
     """The cross-object checks' inputs from the Pod and PodGroup views (None: a kind is not watched)."""
     by_kind = {kind: (view, keys) for kind, view, keys in looks}
     if "Pod" not in by_kind or "PodGroup" not in by_kind:
@@ -799,8 +800,31 @@ def _links(looks: _Looks) -> Links | None:
     def constrained() -> list[Any]:
         return [gv.model[k] for k in group_keys if k in gv.constrained] if gv.constrained else []
 
+    unknown = missing.update(pv, gv)
     return Links(pv.counts[0].keys(), gv.counts[0].keys(), gv.counts[1].keys(), pods_naming, groups_naming,
-                 constrained, bool(pv.claiming))
+                 constrained, bool(pv.claiming), lambda: set(unknown))
+
+
+class _MissingGroups:
+    """The group keys pods name that no PodGroup has (the snapshot's PodGroupDoesNotExist check), kept up to date
+    from the keys whose counts the Pod and PodGroup views changed since the last update: a look costs what changed,
+    not a pass over every pod's group and every PodGroup."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] | None = None
+
+    def update(self, pv: _View, gv: _View) -> set[str]:
+        pods_moved, groups_moved = pv.take_moved(), gv.take_moved()
+        named, present = pv.counts[0], gv.counts[0]
+        if self.keys is None or pods_moved is None or groups_moved is None:  # (a view started again)
+            self.keys = {k for k in named if k is not None and k not in present}
+        else:
+            for k in pods_moved | groups_moved:
+                if k is not None and k in named and k not in present:
+                    self.keys.add(k)
+                else:
+                    self.keys.discard(k)
+        return self.keys
 
 
 @dataclass
@@ -836,6 +860,7 @@ class _View:
         # counts of each value, and the keys of constrained PodGroups
         self.facts: dict[str, tuple[Any, ...]] = {}
         self.counts: tuple[Counter[Any], ...] = (Counter(), Counter())
+        self.moved: set[Any] | None = None  # the values of counts[0] changed since take_moved (None: all, anew)
         self.constrained: set[str] = set()
         self.claiming: set[str] = set()  # pods: the keys of pods with resource claims
         # pods: (pod, key, uid, annotated, bound, plain, RawObject as it is) by key; the keys by uid; the keys
@@ -874,6 +899,8 @@ class _View:
                 self.facts[key] = facts
                 for c, v in zip(self.counts, facts, strict=False):
                     c[v] += 1
+                if self.moved is not None:
+                    self.moved.add(facts[0])
                 if self.kind == "PodGroup" and is_constrained(model):
                     self.constrained.add(key)
                 elif self.kind == "Pod" and model.resource_claims:
@@ -891,8 +918,15 @@ class _View:
                 c[v] -= 1
                 if not c[v]:
                     del c[v]
+            if self.moved is not None:
+                self.moved.add(facts[0])
         self.constrained.discard(key)
         self.claiming.discard(key)
+
+    def take_moved(self) -> set[Any] | None:
+        """The values of counts[0] changed since the last take (None: the view started again since: all)."""
+        out, self.moved = self.moved, set()
+        return out
 
     def pods_touched(self, ctx: _PodContext) -> set[str]:
         """Keys of pods whose snapshot object may differ from the last look's for reasons outside the pod."""
