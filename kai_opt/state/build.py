@@ -147,10 +147,10 @@ def _kept_pods(snapshot: Snapshot, ours_names: set[str], node_index: dict[str, i
         if at is not None:
             status[i], node[i] = PodStatus.PIPELINED, at
     keep = (on_node & (node >= 0)) | waiting
+    if keep.all():  # (every pod is kept: the common case in a running cluster)
+        return _Kept(list(every), status, node, ours, c), resource_axis(names)
     kept = np.flatnonzero(keep)
     pods = list(compress(every, keep.tolist()))
-    if len(kept) == len(every):  # (every pod is kept)
-        return _Kept(pods, status, node, ours, c), resource_axis(names)
     return _Kept(pods, status[kept], node[kept], ours[kept], take_rows(c, kept)), resource_axis(names)
 
 
