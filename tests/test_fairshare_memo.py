@@ -77,6 +77,11 @@ def test_memo_is_read_and_repeats_nothing(monkeypatch: object) -> None:
     calls.clear()
     again = _divide(t, fresh=False)
     assert calls == [] and again.tobytes() == first.tobytes()
+    calls.clear()
+    fair, _ = divide_tree(np.array([t["total"]]), t["parent"], t["deserved"], t["limit"], t["weight"], t["priority"],
+                          t["creation"], t["names"], t["requested"], memo=False)
+    assert len(calls) == 4 and fair.tobytes() == first.tobytes()  # memo off: every division made afresh
+    calls.clear()
     t5 = dict(t, requested=req + np.array([[0.0], [1.0], [0.0], [0.0], [0.0], [1.0], [0.0], [0.0]]))
     changed = _divide(t5, fresh=False)
     assert len(calls) == 2  # the top level and queue 1's children: queue 0 keeps its share, so its sets hit

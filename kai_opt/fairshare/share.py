@@ -96,9 +96,12 @@ def divide_tree(
     trace: bool = False,
     recorder: DivisionRecorder | None = None,
     watch: set[int] | None = None,
+    memo: bool = True,
 ) -> tuple[np.ndarray, list[list[list[str]]] | None]:
     """Fair share of every queue: top-level queues divide `total`, children divide their parent's share.
-    With a `recorder`, the sibling sets holding a queue of `watch` (all when None) are traced and reported."""
+    With a `recorder`, the sibling sets holding a queue of `watch` (all when None) are traced and reported.
+    `memo` False: every division made afresh, none read from or left in the divisions memo (what a benchmark of
+    the division itself times)."""
     Q = len(names)
     fair = np.zeros((Q, total.shape[0]))
     steps: list[list[list[str]]] | None = [[[] for _ in range(total.shape[0])] for _ in range(Q)] if trace else None
@@ -110,7 +113,7 @@ def divide_tree(
     # an untraced division is read from the divisions memo when one with the same inputs was made by this call or
     # the last (an in-cluster cycle divides the same way again in most sibling sets: only some queues' requests
     # and the amounts above them change)
-    known, made = (None, None) if trace or recorder is not None else _DIVISIONS.begin(names)
+    known, made = (None, None) if trace or recorder is not None or not memo else _DIVISIONS.begin(names)
     kids = {-1: np.asarray(top, dtype=np.int64)}
     for r in range(total.shape[0]):
         # per queue, everything the division of its sibling set reads of it (names aside: the memo is per names)
