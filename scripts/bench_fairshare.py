@@ -59,19 +59,18 @@ def main() -> None:
     args = ap.parse_args()
     t = tree(tuple(int(x) for x in args.fanout.split(",")))
     total = np.array([80_000.0, 80_000.0 * 64_000, 80_000.0 * 512e9])
-    times, again = [], []
-    for _ in range(args.repeat):  # every division made afresh (memo off), then the same tree again with the memo,
-        # whose second call reads every division from it (an in-cluster cycle whose requests did not change)
+
+    def timed(memo: bool) -> float:
         start = time.perf_counter()
         divide_tree(total, t["parent"], t["deserved"], t["limit"], t["weight"], t["priority"], t["creation"],
-                    t["names"], t["requested"], memo=False)
-        times.append(time.perf_counter() - start)
-        for kept in (again, again):
-            start = time.perf_counter()
-            divide_tree(total, t["parent"], t["deserved"], t["limit"], t["weight"], t["priority"], t["creation"],
-                        t["names"], t["requested"])
-            kept.append(time.perf_counter() - start)
-        del again[-2]  # (the first call with the memo filled it)
+                    t["names"], t["requested"], memo=memo)
+        return time.perf_counter() - start
+
+    times, again = [], []
+    for _ in range(args.repeat):
+        times.append(timed(memo=False))  # every division made afresh
+        timed(memo=True)  # fills the divisions memo
+        again.append(timed(memo=True))  # every division read from it (a cycle whose requests did not change)
     print(f"queues={len(t['names'])} levels={t['levels']} resources=3 "
           f"best={min(times):.3f}s median={statistics.median(times):.3f}s; "
           f"again from the divisions memo: median={statistics.median(again):.3f}s")

@@ -125,6 +125,7 @@ def divide_tree(
             amount, siblings, parent_q = pending.pop()
             if not siblings:
                 continue
+            key = None
             if known is not None and made is not None and rows is not None:
                 at = kids.get(parent_q)
                 if at is None:
@@ -151,8 +152,8 @@ def divide_tree(
                 if steps is not None:
                     steps[s.index][r] = s.steps
                 pending.append((s.fair_share, children[s.index], s.index))
-            if made is not None and rows is not None:
-                made[(amount, k_eff, rows[kids[parent_q]].tobytes())] = np.array([s.fair_share for s in shares])
+            if key is not None and made is not None:
+                made[key] = np.array([s.fair_share for s in shares])
     return fair, steps
 
 

@@ -769,9 +769,10 @@ def _read_order(unread: set[str], models: dict[str, Any], keys: list[str]) -> li
     snapshot then lists each kind's models without looking up every key): keys that have a model first (a
     replaced model keeps its place), then the new ones in the store's order (`keys`), found from its end, where
     the store adds them."""
-    new = {k for k in unread if k not in models}
+    known = [k for k in unread if k in models]
+    new = unread.difference(known)
     if len(new) <= 1:
-        return [k for k in unread if k in models] + list(new)
+        return known + list(new)
     found: list[str] = []
     for k in reversed(keys):
         if k in new:
@@ -781,7 +782,7 @@ def _read_order(unread: set[str], models: dict[str, Any], keys: list[str]) -> li
     found.reverse()
     if len(found) < len(new):  # (not among the store's keys: read all the same)
         found += sorted(new.difference(found))
-    return [k for k in unread if k in models] + found
+    return known + found
 
 
 def _links(looks: _Looks, missing: _MissingGroups) -> Links | None:
