@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from strategies import clusters
 from test_session_ops import _session, _step
 
+from kai_opt.config import Config
 from kai_opt.heuristics.cheapest_victims import _unit_counts, victim_units
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.heuristics.status_watch import group_active_counts
-from kai_opt.heuristics.victims import _PendingJobs, _PendingOrder
+from kai_opt.heuristics.victims import _PendingJobs, _PendingOrder, protected_by_min_runtime, protected_mask
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -89,4 +90,23 @@ def test_pending_orders_taking_over_sequences_equal_fresh_ones(objs: list, rnd: 
                 if po.count[q]:
                     po.item(q, rnd.randrange(po.count[q]))
             assert _sequences(po, queues) == _sequences(_fresh_order(sess), queues)
+        _step(sess, rnd, open_cps)
+
+
+@SETTINGS
+@given(clusters(max_nodes=6, max_jobs=10), st.randoms(use_true_random=False), st.integers(0, 40))
+def test_protected_mask_kept_up_to_date_equals_each_group_judged(objs: list, rnd: random.Random,
+                                                                 n_ops: int) -> None:
+    """protected_mask, judged again only for the groups of pods whose status changed, equals
+    protected_by_min_runtime of every group (pods started 1, 60 or 600 minutes ago; min runtimes of 30 minutes,
+    so evicting a group's oldest pod can protect it)."""
+    sess = _session(objs)
+    sess = Session(sess.state, sess.fs, Config.model_validate({"reclaim_min_runtime_s": 1800,
+                                                               "preempt_min_runtime_s": 1800}))
+    open_cps: list[tuple[int, tuple]] = []
+    for _ in range(n_ops + 1):
+        if rnd.random() < 0.6:
+            for kind in ("reclaim", "preempt"):
+                want = [protected_by_min_runtime(sess, g, kind) for g in range(sess.state.n_groups)]
+                assert protected_mask(sess, kind).tolist() == want
         _step(sess, rnd, open_cps)

@@ -3,6 +3,9 @@ order, and a session rolled back is in the same state (same state_id, the queue 
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 from builders import node, pod, podgroup, queue, snapshot, state
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +17,14 @@ from kai_opt.config import Config, Engine
 from kai_opt.engine import run_cycle
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.heuristics.session import Session
-from kai_opt.heuristics.victims import _chunk_order, _victim_mask_of, active_group_mask, victim_chunk_order, victim_pods
+from kai_opt.heuristics.victims import (
+    _chunk_order,
+    _victim_mask_of,
+    _victim_rank,
+    active_group_mask,
+    victim_chunk_order,
+    victim_pods,
+)
 from kai_opt.state import PodStatus, build_state
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,3 +274,19 @@ def test_one_jobs_order_is_its_pods_above_the_minimum_last_first_then_its_core(o
         expected = [[p] for p in reversed(pods[m:])] + ([pods[:m]] if pods[:m] else [])
         assert [list(c) for _, c in _chunk_order(sess, np.array([g]))] == expected, g
         assert together.get(g, []) == expected, g
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 2), st.sampled_from([0.0, 5.0, 7.5, math.nan, math.inf, -0.0]),
+                          st.sampled_from(["a/x", "a/y", "b/x", "a/xx", "é/z", "A/x"])), max_size=30))
+def test_victim_rank_orders_by_priority_then_newer_then_key_then_index(rows: list) -> None:
+    """The victim rank (array sort) equals sorting the groups by (priority, newer first with an unknown creation
+    as 0, key, index)."""
+    prio = np.array([r[0] for r in rows], dtype=np.int64)
+    created = np.array([r[1] for r in rows], dtype=float)
+    keys = [r[2] for r in rows]
+    sess = SimpleNamespace(state=SimpleNamespace(n_groups=len(rows), pg_priority=prio, pg_creation=created,
+                                                 pg_keys=keys))
+    made = np.nan_to_num(created, nan=0.0).tolist()
+    want = sorted(range(len(rows)), key=lambda g: (int(prio[g]), -made[g], keys[g], g))
+    assert np.argsort(_victim_rank(sess)).tolist() == want  # type: ignore[arg-type]

@@ -63,7 +63,8 @@ def protected_by_min_runtime(sess: Session, g: int, kind: str) -> bool:
 def protected_mask(sess: Session, kind: str) -> np.ndarray:
     """protected_by_min_runtime for every group at once (bool[G], read-only: shared while the session's state
     stays the same)."""
-    return sess.memo(("protected_mask", kind), lambda: _read_only(_protected_mask(sess, kind)))
+    watch = sess.static(f"protection_{kind}", lambda: _Protection(sess, kind))
+    return sess.memo(("protected_mask", kind), lambda: _read_only(watch.mask(sess)))
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -71,31 +72,59 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _protected_mask(sess: Session, kind: str) -> np.ndarray:
-    st = sess.state
-    per_queue = st.q_preempt_min_runtime if kind == "preempt" else st.q_reclaim_min_runtime
-    default = sess.cfg.preempt_min_runtime_s if kind == "preempt" else sess.cfg.reclaim_min_runtime_s
-    q = st.pg_queue
-    limits = np.full(st.n_groups, float(default))
-    if len(per_queue):
-        own = per_queue[np.maximum(q, 0)]
-        has = (q >= 0) & ~np.isnan(own)
-        limits[has] = own[has]
-    out = np.zeros(st.n_groups, dtype=bool)
-    check = limits > 0
-    if not check.any():
-        return out
-    starts = st.pod_start[st.pg_pods]
-    starts = np.where(IS_ACTIVE[sess.status[st.pg_pods]] & ~np.isnan(starts), starts, np.inf)
-    counts = np.diff(st.pg_pod_start)
-    first = np.full(st.n_groups, np.inf)
-    nonempty = counts > 0
-    if nonempty.any():
-        first[nonempty] = np.minimum.reduceat(starts, st.pg_pod_start[:-1][nonempty])
-    since_first = np.where(np.isinf(first), np.inf, st.now - first)  # no start known: runs forever
-    runtime = np.where(np.isnan(st.pg_last_start), since_first, st.now - st.pg_last_start)
-    out[check] = runtime[check] < limits[check]
-    return out
+class _Protection:
+    """protected_by_min_runtime per group, kept up to date from the pods whose status changed (StatusWatch): a
+    group's runtime reads its last start, else the first start of its active pods, so only the groups of changed
+    pods are judged again (one per session and kind)."""
+
+    def __init__(self, sess: Session, kind: str) -> None:
+        st = sess.state
+        per_queue = st.q_preempt_min_runtime if kind == "preempt" else st.q_reclaim_min_runtime
+        default = sess.cfg.preempt_min_runtime_s if kind == "preempt" else sess.cfg.reclaim_min_runtime_s
+        q = st.pg_queue
+        limits = np.full(st.n_groups, float(default))
+        if len(per_queue):
+            own = per_queue[np.maximum(q, 0)]
+            has = (q >= 0) & ~np.isnan(own)
+            limits[has] = own[has]
+        self.limits = limits
+        self.check = limits > 0
+        self.out = np.zeros(st.n_groups, dtype=bool)
+        # groups whose runtime reads their pods' starts (no last start), and only while they are checked
+        self.by_pods = self.check & np.isnan(st.pg_last_start)
+        self.watch: StatusWatch | None = None
+        if self.check.any():
+            self.watch = StatusWatch(sess.status)
+            self._judge(sess, np.flatnonzero(self.check))
+
+    def mask(self, sess: Session) -> np.ndarray:
+        """A copy of the mask in the session's current state."""
+        if self.watch is not None:
+            pods, _ = self.watch.changed(sess.status)
+            if len(pods):
+                groups = np.unique(sess.state.pod_pg[pods])
+                groups = groups[groups >= 0]
+                self._judge(sess, groups[self.by_pods[groups]])
+        return self.out.copy()
+
+    def _judge(self, sess: Session, groups: np.ndarray) -> None:
+        """out[groups] as the session stands (groups: checked ones)."""
+        if not len(groups):
+            return
+        st = sess.state
+        counts = np.diff(st.pg_pod_start)[groups]
+        slots, at = concat_ranges(st.pg_pod_start[groups], counts)
+        pods = st.pg_pods[slots]
+        starts = st.pod_start[pods]
+        starts = np.where(IS_ACTIVE[sess.status[pods]] & ~np.isnan(starts), starts, np.inf)
+        first = np.full(len(groups), np.inf)
+        nonempty = counts > 0
+        if nonempty.any():
+            first[nonempty] = np.minimum.reduceat(starts, at[nonempty])
+        since_first = np.where(np.isinf(first), np.inf, st.now - first)  # no start known: runs forever
+        last = st.pg_last_start[groups]
+        runtime = np.where(np.isnan(last), since_first, st.now - last)
+        self.out[groups] = runtime < self.limits[groups]
 
 
 def victim_rank(sess: Session) -> np.ndarray:
@@ -106,11 +135,13 @@ def victim_rank(sess: Session) -> np.ndarray:
 
 def _victim_rank(sess: Session) -> np.ndarray:
     st = sess.state
-    created = np.nan_to_num(st.pg_creation, nan=0.0).tolist()
-    prio = st.pg_priority.tolist()
-    order = sorted(range(st.n_groups), key=lambda g: (prio[g], -created[g], st.pg_keys[g], g))
     rank = np.empty(st.n_groups, dtype=np.int64)
-    rank[np.array(order, dtype=np.int64)] = np.arange(st.n_groups)
+    if not st.n_groups:
+        return rank
+    created = np.nan_to_num(st.pg_creation, nan=0.0)
+    # (priority, -created, key, index): lexsort is stable, so equal keys keep index order
+    order = np.lexsort((np.array(st.pg_keys, dtype=str), -created, st.pg_priority))
+    rank[order] = np.arange(st.n_groups)
     return rank
 
 
