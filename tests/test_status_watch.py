@@ -13,7 +13,7 @@ from strategies import clusters
 from test_session_ops import _session, _step
 
 from kai_opt.config import Config
-from kai_opt.heuristics.cheapest_victims import _unit_counts, victim_units
+from kai_opt.heuristics.cheapest_victims import _Room, _room_rows, _unit_counts, victim_units
 from kai_opt.heuristics.jobs import JobQueue
 from kai_opt.heuristics.session import IS_ACTIVE, Session
 from kai_opt.heuristics.status_watch import group_active_counts
@@ -109,4 +109,18 @@ def test_protected_mask_kept_up_to_date_equals_each_group_judged(objs: list, rnd
             for kind in ("reclaim", "preempt"):
                 want = [protected_by_min_runtime(sess, g, kind) for g in range(sess.state.n_groups)]
                 assert protected_mask(sess, kind).tolist() == want
+        _step(sess, rnd, open_cps)
+
+
+@SETTINGS
+@given(clusters(max_nodes=6, max_jobs=10), st.randoms(use_true_random=False), st.integers(0, 40))
+def test_room_after_releases_kept_up_to_date_equals_made_again(objs: list, rnd: random.Random, n_ops: int) -> None:
+    """The cheapest search's room per node, refreshed for the nodes the session touched since the last read, equals
+    the room made from every node, however many steps (operations, rollbacks, commits) lie between reads."""
+    sess = _session(objs)
+    room = _Room(sess)
+    open_cps: list[tuple[int, tuple]] = []
+    for _ in range(n_ops + 1):
+        if rnd.random() < 0.6:
+            assert np.array_equal(room.now(sess), _room_rows(sess, slice(None)))
         _step(sess, rnd, open_cps)

@@ -19,7 +19,7 @@ import numpy as np
 from kai_opt.fairshare.reclaim import queue_paths as reclaim_paths
 from kai_opt.heuristics import victim_scan
 from kai_opt.heuristics.gang import GangPlacer
-from kai_opt.heuristics.session import Session, _read_only
+from kai_opt.heuristics.session import Session
 from kai_opt.heuristics.status_watch import ActiveCounts
 from kai_opt.heuristics.victims import (
     Outcome,
@@ -105,8 +105,7 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
     wanted[candidates] = True if allowed is None else allowed
     live = alive & wanted[units.group] & feasible[units.node]
-    room = sess.memo("room_after_releases", lambda: _read_only(np.column_stack(
-        [sess.alloc - sess.held, sess.whole_future]).astype(np.int64))).copy()  # once releases finish
+    room = sess.static("room_after_releases", lambda: _Room(sess)).now(sess).copy()  # once releases finish
     # what a task needs: its resources, GPUs counted as whole devices for a whole-GPU task (it needs idle devices,
     # which milli-GPU sums spread over shared devices overstate)
     reqs = np.column_stack([st.pod_req[tasks], st.pod_gpu_whole[tasks]]).astype(np.int64)
@@ -116,6 +115,32 @@ def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, fe
     if status == victim_scan.NO_ROOM:
         return np.zeros(0, dtype=np.int64)
     return chosen if status == victim_scan.FOUND else None
+
+
+class _Room:
+    """Per node, its room once releases finish (allocatable less held, then its whole free devices), kept up to
+    date from the nodes the session touched since the last read (every change of a node's resources, an undo's
+    too, logs it in `caches.touched`) instead of made again per session state (one per session)."""
+
+    def __init__(self, sess: Session) -> None:
+        self.seen = len(sess.caches.touched)
+        self.rows = _room_rows(sess, slice(None))
+
+    def now(self, sess: Session) -> np.ndarray:
+        """The rows as the session stands (shared: callers copy before changing them)."""
+        touched = sess.caches.touched
+        if len(touched) != self.seen:
+            if len(touched) < self.seen or len(touched) - self.seen > len(self.rows) // 4:
+                self.rows = _room_rows(sess, slice(None))  # (a reset log, or most nodes: made whole)
+            else:
+                nodes = sess.caches.touched_since(self.seen)
+                self.rows[nodes] = _room_rows(sess, nodes)
+            self.seen = len(touched)
+        return self.rows
+
+
+def _room_rows(sess: Session, nodes: np.ndarray | slice) -> np.ndarray:
+    return np.column_stack([sess.alloc[nodes] - sess.held[nodes], sess.whole_future[nodes]]).astype(np.int64)
 
 
 @dataclass(frozen=True)
