@@ -96,7 +96,11 @@ def main() -> int:
         try:
             sides = []
             for spec in (args.base, args.new):
-                tree, is_wt = cmp._side(spec, Path(d))
+                try:
+                    tree, is_wt = cmp._side(spec, Path(d))
+                except subprocess.CalledProcessError:
+                    print(f"bench_pair: {spec!r} is neither a directory nor a git revision", file=sys.stderr)
+                    return 2
                 if is_wt:
                     made.append(tree)
                 sides.append(tree)
