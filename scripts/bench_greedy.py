@@ -89,11 +89,16 @@ class _TreeMemory:
         return max(self.peak, _tree_pss_mb(os.getpid()))
 
 
+def state_path(cache_dir: str, n: int, seed: int) -> Path:
+    """Where the scale instance's built state is cached (scripts/bench_pair.py reads it too)."""
+    return Path(cache_dir) / f"kai-opt-greedy-{n}-{10 * n}-{n}-{seed}.pkl"
+
+
 def _state(args: argparse.Namespace, n: int) -> Any:
     from kai_opt.state import build_state
     from models.generators import as_snapshot, scale
 
-    path = Path(args.cache_dir) / f"kai-opt-greedy-{n}-{10 * n}-{n}-{args.seed}.pkl"
+    path = state_path(args.cache_dir, n, args.seed)
     if path.exists():
         with path.open("rb") as f:
             return pickle.load(f)

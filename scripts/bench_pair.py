@@ -9,8 +9,8 @@ phases. Printed: per round the cycles of each side, then each side's medians and
 median over the rounds' cycle pairs) of the whole cycle and of each phase.
 
 A side is a git revision (checked out into a temporary worktree, removed afterwards) or a directory holding a source
-tree ("." for this working tree), as in compare_plans.py. With the greedy engine (the default here) each side uses
-one core; the cpsat engine's solver and forked workers would take the other side's core.
+tree ("." for this working tree), as in compare_plans.py (its `trees`). With the greedy engine (the default here)
+each side uses one core; the cpsat engine's solver and forked workers would take the other side's core.
 
   scripts/bench_pair.py 125b2fb .                      # 10,000 nodes, 4 rounds x 2 cycles
   scripts/bench_pair.py HEAD~1 HEAD --nodes 1000 --rounds 6 --cycles 3
@@ -24,7 +24,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -87,33 +86,17 @@ def main() -> int:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     greedy = _script("bench_greedy")
-    greedy._state(args, args.nodes)  # built and cached once when missing
-    path = Path(args.cache_dir) / f"kai-opt-greedy-{args.nodes}-{10 * args.nodes}-{args.nodes}-{args.seed}.pkl"
-    cmp = _script("compare_plans")
+    path = greedy.state_path(args.cache_dir, args.nodes, args.seed)
     runs: list[list[dict[str, float]]] = [[], []]
-    with tempfile.TemporaryDirectory(prefix="kai-opt-pair-") as d:
-        made: list[Path] = []
-        try:
-            sides = []
-            for spec in (args.base, args.new):
-                try:
-                    tree, is_wt = cmp._side(spec, Path(d))
-                except subprocess.CalledProcessError:
-                    print(f"bench_pair: {spec!r} is neither a directory nor a git revision", file=sys.stderr)
-                    return 2
-                if is_wt:
-                    made.append(tree)
-                sides.append(tree)
-            for r in range(args.rounds):
-                got = _round(sides, path, args.engine, args.cycles)
-                for side, rows in enumerate(got):
-                    runs[side] += rows
-                times = [" ".join(f"{x['cycle']:.3f}" for x in rows) for rows in got]
-                print(f"round {r + 1}: {args.base} {times[0]}  {args.new} {times[1]}", flush=True)
-        finally:
-            for wt in made:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False,
-                               capture_output=True)
+    with _script("compare_plans").trees((args.base, args.new), "bench_pair") as sides:
+        if not path.exists():  # built and cached once (the children load it)
+            greedy._state(args, args.nodes)
+        for r in range(args.rounds):
+            got = _round(sides, path, args.engine, args.cycles)
+            for side, rows in enumerate(got):
+                runs[side] += rows
+            times = [" ".join(f"{x['cycle']:.3f}" for x in rows) for rows in got]
+            print(f"round {r + 1}: {args.base} {times[0]}  {args.new} {times[1]}", flush=True)
     keys = list(runs[0][0])
     print(f"{args.nodes} nodes, engine {args.engine}, {args.rounds} rounds x {args.cycles} cycles, run together")
     print(f"{'':10s}" + "".join(f"{k[:9]:>10s}" for k in keys))

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +91,33 @@ def _run(tree: Path, names: list[str]) -> dict[str, Any]:
     return json.loads(res.stdout)
 
 
-def _side(spec: str, tmp: Path) -> tuple[Path, bool]:
-    path = Path(spec)
-    if path.is_dir():
-        return path.resolve(), False
-    wt = tmp / f"wt-{spec.replace('/', '_')}"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), spec], check=True,
-                   capture_output=True)
-    return wt, True
+@contextmanager
+def trees(specs: Sequence[str], prog: str) -> Iterator[list[Path]]:
+    """The source tree of each side: a directory as it is, a git revision checked out into a temporary worktree
+    (removed on exit). A side that is neither: one line on stderr naming it (`prog`: the script), exit 2."""
+    with tempfile.TemporaryDirectory(prefix="kai-opt-cmp-") as d:
+        made: list[Path] = []
+        try:
+            sides = []
+            for spec in specs:
+                path = Path(spec)
+                if path.is_dir():
+                    sides.append(path.resolve())
+                    continue
+                wt = Path(d) / f"wt-{spec.replace('/', '_')}"
+                try:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), spec],
+                                   check=True, capture_output=True)
+                except subprocess.CalledProcessError:
+                    print(f"{prog}: {spec!r} is neither a directory nor a git revision", file=sys.stderr)
+                    raise SystemExit(2) from None
+                made.append(wt)
+                sides.append(wt)
+            yield sides
+        finally:
+            for wt in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False,
+                               capture_output=True)
 
 
 def main() -> int:
@@ -113,21 +134,8 @@ def main() -> int:
     names = _instances(sizes, not args.no_families)
     if args.placement:
         os.environ["KAI_OPT_CMP_PLACEMENT"] = args.placement
-    with tempfile.TemporaryDirectory(prefix="kai-opt-cmp-") as d:
-        tmp = Path(d)
-        made: list[Path] = []
-        try:
-            sides = []
-            for spec in (args.base, args.new):
-                tree, is_wt = _side(spec, tmp)
-                if is_wt:
-                    made.append(tree)
-                sides.append(tree)
-            a, b = _run(sides[0], names), _run(sides[1], names)
-        finally:
-            for wt in made:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False,
-                               capture_output=True)
+    with trees((args.base, args.new), "compare_plans") as sides:
+        a, b = _run(sides[0], names), _run(sides[1], names)
     diffs = 0
     for name in names:
         ra, rb = a[name], b[name]
