@@ -272,7 +272,10 @@ class Placer(NodeFilter):
         if last_mask is not mask or last_pipe_ok != allow_pipeline or shape is None or shape != self._shape(p) \
                 or last_topo is not self.topology_score:
             return None
-        now_ok, future_ok = self.fit(p, np.array([n], dtype=np.int64))
+        one = np.array([n], dtype=np.int64)
+        if not len(self._prefilter(p, one)):  # (most misses: n is full now; the prefilter says so cheaply)
+            return None
+        now_ok, future_ok = self.fit(p, one)
         same_way = (not now_ok[0] and future_ok[0]) if was_pipelined else now_ok[0]
         if not same_way:
             return None
@@ -391,7 +394,7 @@ class _Ranked:
     positions judged since. Every position outside `top` ranked below all of `top` then, so while one position of
     `top` is unchanged, the best is the better of the first such and the changed positions."""
 
-    __slots__ = ("changed", "keys", "nodes", "now", "rank", "seen", "top", "topology")
+    __slots__ = ("changed", "changed_at", "keys", "nodes", "now", "rank", "seen", "top", "topology")
 
     def __init__(self, nodes: np.ndarray, topology: np.ndarray | None, seen: int) -> None:
         self.nodes, self.topology, self.seen = nodes, topology, seen
@@ -401,6 +404,7 @@ class _Ranked:
                            np.zeros(len(nodes)), np.zeros(len(nodes)))
         self.top: np.ndarray | None = None  # (None: not ranked since the keys were made)
         self.changed = np.zeros(len(nodes), dtype=bool)
+        self.changed_at: list[int] = []  # the positions set in `changed` (a list: a few between reads)
         self.rank: tuple[np.ndarray, np.ndarray] | None = None  # (the name rank given to best, it at self.nodes)
 
     def judged(self, at: np.ndarray | None) -> None:
@@ -408,7 +412,9 @@ class _Ranked:
         if at is None:
             self.top = None  # (ranked anew)
         elif self.top is not None:
-            self.changed[at] = True
+            fresh = at[~self.changed[at]]
+            self.changed[fresh] = True
+            self.changed_at.extend(fresh.tolist())
 
     def best(self, name_rank: np.ndarray) -> tuple[int, bool] | None:
         """The best node by the kept keys, and whether it fits now; None: no node may take the pod."""
@@ -425,11 +431,12 @@ class _Ranked:
         top = self.top
         if top is not None:
             kept = top[~self.changed[top]]
-            changed = np.flatnonzero(self.changed)
-            if len(kept) and len(changed) <= CHANGED_MAX:
-                return lex_best(self.keys, np.concatenate([kept[:1], changed]), rank)
+            changed = self.changed_at
+            if len(kept) and len(changed) <= CHANGED_MAX:  # (lex_best's pick does not depend on the order)
+                return lex_best(self.keys, np.array([int(kept[0]), *changed], dtype=np.int64), rank)
         self.top = lex_top(self.keys, rank, TOP_KEEP)
-        self.changed[:] = False
+        self.changed[self.changed_at] = False
+        self.changed_at.clear()
         return int(self.top[0])
 
 

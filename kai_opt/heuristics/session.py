@@ -34,6 +34,7 @@ IS_ACTIVE = np.zeros(16, dtype=bool)  # status -> in ACTIVE (a table lookup inst
 IS_ACTIVE[list(ACTIVE)] = True
 DEV = 1000  # milli-GPU per device
 T = TypeVar("T")
+FEW_TOUCHED = 256  # touched_since: up to this many entries, a Python set sorts them faster than np.unique
 MEMO_STATES = 4  # states whose memo() results are kept (a search returns to the state it started from)
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
@@ -83,8 +84,11 @@ class SessionCaches:
         self.version += 1
 
     def touched_since(self, seen: int) -> np.ndarray:
-        """The distinct nodes logged after the first `seen` entries of `touched`."""
-        return np.unique(np.asarray(self.touched[seen:], dtype=np.int64))
+        """The distinct nodes logged after the first `seen` entries of `touched`, ascending."""
+        tail = self.touched[seen:]
+        if len(tail) <= FEW_TOUCHED:  # (most calls: the nodes of one placement or two)
+            return np.array(sorted(set(tail)), dtype=np.int64)
+        return np.unique(np.asarray(tail, dtype=np.int64))
 
     def memo(self, state_id: int, key: object, make: Callable[[], T]) -> T:
         memo = self._memo.get(state_id)

@@ -133,6 +133,8 @@ def tasks_to_allocate(sess: Session, g: int, shape: GroupShape | None = None, *,
             return []
     if not chosen:
         chosen = [int(pending_all[0])]
+    if not shape.leaves:  # (most groups) taken from pending_all alone: already in task order
+        return chosen
     order = {int(p): i for i, p in enumerate(shape.pods.tolist())}
     return sorted(chosen, key=order.__getitem__)
 
