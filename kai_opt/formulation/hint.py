@@ -103,6 +103,16 @@ def _reclaim_rule_hint(built: Built, scope: Scope, hint: dict[int, int]) -> None
         _set(hint, var, int(_value(hint, expr) <= cap))
 
 
+def hinted_value(model: cp_model.CpModel, expr: Any) -> int | None:
+    """A linear expression's value under the model's hint as it stands; None when one of its variables is not
+    hinted."""
+    sol = model.proto.solution_hint
+    try:
+        return _value(dict(zip(sol.vars, sol.values, strict=True)), expr)
+    except KeyError:
+        return None
+
+
 def _value(hint: dict[int, int], expr: Any) -> int:
     """A linear expression's value under the hint (its variables hinted already)."""
     if isinstance(expr, int):

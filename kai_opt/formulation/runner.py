@@ -2,8 +2,10 @@
 fork, pipe and watchdog are kai_opt.formulation.child's).
 
 The worker solves lexicographically: first the most work placed (tier 1), then, with tier 1 held at its best
-(less an optional tolerance), the fewest and cheapest evictions and the best packing (tiers 2 and 3). It sends
-back the status, bounds and every variable's value; if it overruns, the parent kills it and the caller falls back.
+(less an optional tolerance), the fewest and cheapest evictions and the best packing (tiers 2 and 3). When tier 1
+is proved at the starting plan's own value, only a lower eviction cost could make the plan choice take the model's
+plan: that is searched first, and a proof that there is none ends the solve (settled). It sends back the status,
+bounds and every variable's value; if it overruns, the parent kills it and the caller falls back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ortools.sat.python import cp_model
 
 from kai_opt.config import Solver
 from kai_opt.formulation.child import Send, run_in_child
+from kai_opt.formulation.hint import hinted_value
 from kai_opt.formulation.model import Built
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -34,6 +37,7 @@ class SolveResult:
     note: str = ""
     failure: str | None = None  # the worker failed (kai_opt.plan.FAILURE_KINDS: exception, crash); the note says
     # how. With values: the tier-1 solution it sent before
+    settled: bool = False  # proved that no solution is a plan the choice would take over the one hinted (_settled)
 
 
 PRESOLVE_MIN_S = 0.4  # and solves shorter than this (wall time, times how much slower than its CPU time the
@@ -45,8 +49,9 @@ PRESOLVE_MAX_VARS = 50_000  # larger models skip presolve (it can take longer th
 
 def _params(solver: cp_model.CpSolver, cfg: Solver, seconds: float, n_vars: int = 0, slowdown: float = 1.0) -> None:
     p = solver.parameters
-    if n_vars > PRESOLVE_MAX_VARS or (seconds < PRESOLVE_MIN_S * slowdown and not cfg.deterministic):
-        p.cp_model_presolve = False
+    # (set either way: one solver object runs every tier, and _settled turns presolve on for its proof)
+    p.cp_model_presolve = not (n_vars > PRESOLVE_MAX_VARS
+                               or (seconds < PRESOLVE_MIN_S * slowdown and not cfg.deterministic))
     p.random_seed = cfg.seed
     # no probing and one presolve pass: presolve must not stand between the model and its complete hint
     p.cp_model_probing_level = 0
@@ -68,6 +73,8 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report: Send 
     tiers 2-3 overrun)."""
     start = time.perf_counter()
     m = built.model
+    # the starting plan's (the hint's) tiers 1 and 2, before any solve replaces the hint
+    hinted = (hinted_value(m, built.value), hinted_value(m, built.eviction_cost))
     solver = cp_model.CpSolver()
     tier1_share = 0.85  # tier 1 (work placed) is the objective that decides; tiers 2-3 polish
     moves = sum(built.move) if built.move else 0
@@ -102,16 +109,28 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report: Send 
     # tier 2 and 3 with tier 1 held
     tol = cfg.objective.lexicographic_tolerance
     m.add(built.value >= int(v1 * (1 - tol)))
+
+    def tier1(note: str, settled: bool = False) -> SolveResult:
+        return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start, note, settled=settled)
+
+    left = seconds - spent()
+    if left <= 0.02:
+        return tier1("no time left for tiers 2-3")
+    if report is not None:
+        report(tier1("tiers 2-3 did not finish in time"))
+    if status1 == cp_model.OPTIMAL and tol == 0 and None not in hinted and v1 == hinted[0]:
+        proof = _settled(solver, built, cfg, int(hinted[1] or 0), first, left * PROOF_SHARE, slowdown)
+        det_used += solver.response_proto.deterministic_time
+        if proof is None:
+            return tier1("no plan of the model can be chosen: it places no more than the starting plan (tier 1 "
+                         "proved at its value) and evicts no less (its least eviction cost proved)", settled=True)
+        first = proof or first  # (a solution evicting less than the starting plan: tiers 2-3 start from it)
+        left = seconds - spent()
+        if left <= 0.02:
+            return tier1("no time left for tiers 2-3")
     w = cfg.objective
     m.maximize(built.packing * w.packing_weight - built.eviction_cost * max(1, w.eviction_weight // 1000))
     _hint_all(m, first)
-    left = seconds - spent()
-    if left <= 0.02:
-        return SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
-                           "no time left for tiers 2-3")
-    if report is not None:
-        report(SolveResult(STATUS[status1], first, v1, bound1, v1, time.perf_counter() - start,
-                           "tiers 2-3 did not finish in time"))
     _params(solver, cfg, left, len(m.proto.variables), slowdown)
     status2 = solver.solve(m)
     if status2 not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -119,6 +138,31 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report: Send 
                            "tiers 2-3 found nothing better")
     final = "OPTIMAL" if (status1 == cp_model.OPTIMAL and status2 == cp_model.OPTIMAL) else "FEASIBLE"
     return SolveResult(final, list(solver.response_proto.solution), v1, bound1, v1, time.perf_counter() - start)
+
+
+PROOF_SHARE = 0.8  # of the time left after tier 1: the proof that no plan of the model can be chosen (_settled;
+# what the choice weighs there is the eviction cost alone: tiers 2-3 only polish the packing of a plan it finds)
+
+
+def _settled(solver: cp_model.CpSolver, built: Built, cfg: Solver, hinted_cost: int, first: list[int],
+             seconds: float, slowdown: float) -> list[int] | None:
+    """With tier 1 proved at the starting plan's value (held), the plan choice (solve.plan_score) takes the
+    model's plan only if it evicts less: the least eviction cost, searched alone. None when it is proved no less
+    than the starting plan's (the model's answer would only tie: tiers 2-3 and the decode are skipped); else the
+    best solution found (below the starting plan's cost: a start for tiers 2-3), or [] when none is."""
+    m = built.model
+    m.minimize(built.eviction_cost)
+    _hint_all(m, first)
+    _params(solver, cfg, seconds, len(m.proto.variables), slowdown)
+    if len(m.proto.variables) <= PRESOLVE_MAX_VARS:
+        solver.parameters.cp_model_presolve = True  # a proof, not a first solution: presolve is what bounds it
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return []
+    if solver.best_objective_bound >= hinted_cost:
+        return None
+    found = list(solver.response_proto.solution)
+    return found if solver.objective_value < hinted_cost else []
 
 
 def _most_moves(built: Built) -> int:

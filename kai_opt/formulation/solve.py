@@ -347,6 +347,9 @@ def _cpsat_plan(state: ClusterState, fs: FairShare, config: Config, *, greedy: P
     info.bound = result.bound if not math.isinf(result.bound) else None
     info.gap = (abs(result.bound - result.value_tier) / max(1.0, abs(result.value_tier))
                 if result.bound and not math.isinf(result.bound) else None)
+    if result.settled:
+        return _keep(greedy, info, start, f"greedy plan kept: {result.note} ({result.status}; not decoded)"
+                     + _notes(scope.notes), "GREEDY_KEPT")
     if _is_the_hint(built, hinted, result.values):
         return _keep(greedy, info, start, f"greedy plan kept: the CP-SAT solution is its hint, the greedy plan's own "
                      f"decisions ({result.status}; not decoded nor checked again)" + _notes(scope.notes), "GREEDY_KEPT")
