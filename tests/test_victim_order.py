@@ -290,3 +290,18 @@ def test_victim_rank_orders_by_priority_then_newer_then_key_then_index(rows: lis
     made = np.nan_to_num(created, nan=0.0).tolist()
     want = sorted(range(len(rows)), key=lambda g: (int(prio[g]), -made[g], keys[g], g))
     assert np.argsort(_victim_rank(sess)).tolist() == want  # type: ignore[arg-type]
+
+
+def test_a_leaf_and_a_department_tied_at_their_level_both_give_victims() -> None:
+    # a top-level leaf queue and a department (a parent queue) holding the same: their level keys tie, so the
+    # order compares what is below them, a job for the leaf and a child queue for the department (a comparison
+    # of a job key with a queue key raised TypeError before; hypothesis found it in test_nodefilter)
+    objs = [node("n0", gpus=2, cpu="8"), queue("dept", gpu=(-1, 1, -1)), queue("q0", parent="dept"),
+            queue("extra", gpu=(-1, 1, -1)), podgroup("a", "q0"), podgroup("b", "extra"),
+            pod("a-0", group="a", cpu="2", node_name="n0"), pod("b-0", group="b", cpu="2", node_name="n0")]
+    sess = _session(objs)
+    st = sess.state
+    groups = [st.pg_index["default/a"], st.pg_index["default/b"]]
+    order = list(_chunk_order(sess, np.array(groups, dtype=np.int64)))
+    assert sorted(g for g, _ in order) == sorted(groups)  # each job's one pod, once
+    assert all(len(chunk) == 1 for _, chunk in order)

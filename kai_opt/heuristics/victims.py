@@ -387,6 +387,9 @@ def queue_job_order(qs: np.ndarray, el: np.ndarray, rk: np.ndarray) -> np.ndarra
     return by_rank[np.argsort(key, kind="stable")]
 
 
+LEAF, PARENT = 0, 1  # _VictimTree._best's tag: what the key below a queue is the key of
+
+
 class _VictimTree:
     """The victim order's queue tree: per leaf queue a heap of its jobs, per parent a heap of its children keyed
     by (the child's level key, the best key below it), so the next victim is found by walking down from the top
@@ -457,15 +460,18 @@ class _VictimTree:
             heapq.heapify(top)
 
     def _best(self, q: int) -> tuple[Any, ...] | None:
+        """The best key below q: (LEAF, its best job's key) or (PARENT, its best child's entry key), so siblings
+        tied at their level key compare what is below them alike (jobs with jobs, queues with queues; a leaf
+        before a parent queue)."""
         if q in self.leaves:
             if q in self.slices:
-                return self.first[q]
+                return (LEAF, self.first[q])
             h = self.jobs[q]
-            return h[0][0] if h else None
+            return (LEAF, h[0][0]) if h else None
         kids = self.children.get(q, [])
         while kids and kids[0][1] != self.version.get(kids[0][2]):
             heapq.heappop(kids)
-        return kids[0][0] if kids else None
+        return (PARENT, kids[0][0]) if kids else None
 
     def refresh(self, q: int) -> None:
         """Re-key q and its ancestors in their parents' heaps (after q's jobs or allocation changed)."""
