@@ -110,9 +110,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
     if at_start:  # the FGD-scored greedy plan, computed beside on the other core
         from kai_opt.formulation.second_hint import SecondHint
 
-        second = SecondHint.start(state, fs, config, actions)
-        if second is not None:  # (a thread)
-            second.watch(t0, config.solver.time_budget_s)
+        second = SecondHint.start_watched(state, fs, config, actions, t0)
 
     def after(action: str, sess: Session) -> None:
         """Once allocate ran in a long cycle whose plan may be beaten, the FGD-scored greedy plan is forked to be
@@ -132,9 +130,7 @@ def _run_cycle(state: ClusterState, config: Config, *, engine: Engine | None,
             if not may_be_beaten(state, fs, config, sess):
                 return
             if not at_start:
-                second = SecondHint.start(state, fs, config, actions)
-                if second is not None:  # (a thread)
-                    second.watch(t0, config.solver.time_budget_s)
+                second = SecondHint.start_watched(state, fs, config, actions, t0)
             with second.paused() if second is not None else nullcontext():
                 worker = prepare_worker(state, fs, config, actions, second)
         except Exception:  # (an optional stage: cpsat_plan forks the worker itself when the model runs)

@@ -182,6 +182,22 @@ def test_the_watch_leaves_a_hint_alone_once_the_cycle_ended_in_time() -> None:
     hint.close()
 
 
+def test_nothing_is_forked_once_the_watch_would_stop_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cycle whose allocate alone ran past budget / (SLOWDOWN - 1) forks no hint only to stop it at once
+    import time
+
+    started: list[int] = []
+    monkeypatch.setattr(second_hint.SecondHint, "start", classmethod(lambda cls, *a: started.append(1) or None))
+    config = parse_config({"engine": "cpsat", "solver": {**WALL, "time_budget_s": 1}})
+    st = _state()
+    now = time.perf_counter()
+    limit = 1 / (second_hint.SLOWDOWN - 1.0)
+    assert second_hint.SecondHint.start_watched(st, None, config, None, now - limit - 0.01) is None
+    assert not started
+    second_hint.SecondHint.start_watched(st, None, config, None, now)
+    assert started == [1]
+
+
 def test_the_watch_keeps_a_hint_that_is_ready_in_time() -> None:
     import time
 

@@ -107,6 +107,19 @@ class SecondHint:
             failed.failure = ("exception", f"the FGD-scored second hint could not start: {exc}")
             return failed
 
+    @classmethod
+    def start_watched(cls, state: ClusterState, fs: FairShare, config: Config, actions: tuple[str, ...] | None,
+                      cycle_start: float) -> SecondHint | None:
+        """`start`, then `watch` from `cycle_start`; nothing is forked once the watch's moment has passed (the
+        KAI-scored cycle already ran too long for the plan to pass keep_going: it would be stopped at once)."""
+        budget = config.solver.time_budget_s
+        if time.perf_counter() >= cycle_start + budget / (SLOWDOWN - 1.0):
+            return None
+        second = cls.start(state, fs, config, actions)
+        if second is not None:  # (a thread)
+            second.watch(cycle_start, budget)
+        return second
+
     def watch(self, cycle_start: float, budget_s: float) -> None:
         """Apply keep_going's rule while the KAI-scored cycle still runs: once that cycle has run longer than
         budget / (SLOWDOWN - 1) (from `cycle_start`, a time.perf_counter() value) its end cannot pass the rule, so
