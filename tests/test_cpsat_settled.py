@@ -88,3 +88,19 @@ def test_a_settled_answer_keeps_the_starting_plan_undecoded(state: ClusterState,
     assert "no plan of the model can be chosen" in (plan.solver.note or "")
     assert plan.solver.decode_s == 0
     assert (plan.placements, plan.evictions, plan.pending) == decisions
+
+
+def test_a_starting_plan_that_evicts_nothing_settles_without_a_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    solves: list[int] = []
+    real = cp_model.CpSolver.solve
+    monkeypatch.setattr(cp_model.CpSolver, "solve", lambda self, *a, **k: solves.append(1) or real(self, *a, **k))
+    m = cp_model.CpModel()
+    x, y = m.new_bool_var("x"), m.new_bool_var("y")
+    m.add(x + y <= 1)  # one pod worth 10, room for one: nothing to evict for it
+    built = Built(model=m)
+    built.value, built.eviction_cost, built.packing = 10 * x + 10 * y, 5 * y, 0 * x
+    m.add_hint(x, 1)
+    m.add_hint(y, 0)
+    result = _solve(built)
+    assert result.settled and result.value_tier == 10
+    assert len(solves) == 1  # tier 1 only

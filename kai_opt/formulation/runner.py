@@ -150,6 +150,8 @@ def _settled(solver: cp_model.CpSolver, built: Built, cfg: Solver, hinted_cost: 
     model's plan only if it evicts less: the least eviction cost, searched alone. None when it is proved no less
     than the starting plan's (the model's answer would only tie: tiers 2-3 and the decode are skipped); else the
     best solution found (below the starting plan's cost: a start for tiers 2-3), or [] when none is."""
+    if hinted_cost <= 0:  # (every eviction and move costs more than nothing: none can evict less)
+        return None
     m = built.model
     m.minimize(built.eviction_cost)
     _hint_all(m, first)

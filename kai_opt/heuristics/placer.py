@@ -404,7 +404,7 @@ class _Ranked:
                            np.zeros(len(nodes)), np.zeros(len(nodes)))
         self.top: np.ndarray | None = None  # (None: not ranked since the keys were made)
         self.changed = np.zeros(len(nodes), dtype=bool)
-        self.changed_at: list[int] = []  # the positions set in `changed` (a list: a few between reads)
+        self.changed_at: list[int] = []  # the positions set in `changed`, listed: a read scans no mask
         self.rank: tuple[np.ndarray, np.ndarray] | None = None  # (the name rank given to best, it at self.nodes)
 
     def judged(self, at: np.ndarray | None) -> None:
