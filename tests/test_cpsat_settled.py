@@ -15,7 +15,7 @@ from kai_opt.config import parse_config
 from kai_opt.engine import greedy_plan
 from kai_opt.fairshare import compute_fair_share
 from kai_opt.formulation import runner, solve
-from kai_opt.formulation.hint import hinted_value
+from kai_opt.formulation.hint import hinted_values
 from kai_opt.formulation.model import Built
 from kai_opt.formulation.runner import SolveResult
 from kai_opt.state import ClusterState
@@ -64,8 +64,7 @@ def test_a_model_that_places_more_is_not_asked() -> None:
 
 def test_an_incomplete_hint_proves_nothing() -> None:
     built, v = _model({"x": 1, "a": 1})  # b not hinted: the starting plan's eviction cost is unknown
-    assert hinted_value(built.model, built.eviction_cost) is None
-    assert hinted_value(built.model, built.value) == 10
+    assert hinted_values(built.model, built.value, built.eviction_cost) == [10, None]
     result = _solve(built)
     assert not result.settled and result.values[v["b"].index] == 0
 

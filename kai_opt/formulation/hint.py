@@ -103,14 +103,17 @@ def _reclaim_rule_hint(built: Built, scope: Scope, hint: dict[int, int]) -> None
         _set(hint, var, int(_value(hint, expr) <= cap))
 
 
-def hinted_value(model: cp_model.CpModel, expr: Any) -> int | None:
-    """A linear expression's value under the model's hint as it stands; None when one of its variables is not
-    hinted."""
+def hinted_values(model: cp_model.CpModel, *exprs: Any) -> list[int | None]:
+    """Linear expressions' values under the model's hint as it stands; None for one with a variable not hinted."""
     sol = model.proto.solution_hint
-    try:
-        return _value(dict(zip(sol.vars, sol.values, strict=True)), expr)
-    except KeyError:
-        return None
+    hint = dict(zip(sol.vars, sol.values, strict=True))
+    out: list[int | None] = []
+    for expr in exprs:
+        try:
+            out.append(_value(hint, expr))
+        except KeyError:
+            out.append(None)
+    return out
 
 
 def _value(hint: dict[int, int], expr: Any) -> int:

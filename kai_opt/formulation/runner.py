@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 
 from kai_opt.config import Solver
 from kai_opt.formulation.child import Send, run_in_child
-from kai_opt.formulation.hint import hinted_value
+from kai_opt.formulation.hint import hinted_values
 from kai_opt.formulation.model import Built
 
 STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -74,7 +74,7 @@ def solve_lexicographic(built: Built, cfg: Solver, seconds: float, report: Send 
     start = time.perf_counter()
     m = built.model
     # the starting plan's (the hint's) tiers 1 and 2, before any solve replaces the hint
-    hinted = (hinted_value(m, built.value), hinted_value(m, built.eviction_cost))
+    hinted = hinted_values(m, built.value, built.eviction_cost)
     solver = cp_model.CpSolver()
     tier1_share = 0.85  # tier 1 (work placed) is the objective that decides; tiers 2-3 polish
     moves = sum(built.move) if built.move else 0

@@ -128,14 +128,12 @@ class _Room:
 
     def now(self, sess: Session) -> np.ndarray:
         """The rows as the session stands (shared: callers copy before changing them)."""
-        touched = sess.caches.touched
-        if len(touched) != self.seen:
-            if len(touched) < self.seen or len(touched) - self.seen > len(self.rows) // 4:
-                self.rows = _room_rows(sess, slice(None))  # (a reset log, or most nodes: made whole)
-            else:
-                nodes = sess.caches.touched_since(self.seen)
-                self.rows[nodes] = _room_rows(sess, nodes)
-            self.seen = len(touched)
+        nodes = sess.caches.changed_since(self.seen, len(self.rows))
+        if nodes is None:
+            self.rows = _room_rows(sess, slice(None))  # (many changes: made whole)
+        elif len(nodes):
+            self.rows[nodes] = _room_rows(sess, nodes)
+        self.seen = len(sess.caches.touched)
         return self.rows
 
 

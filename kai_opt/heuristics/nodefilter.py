@@ -154,15 +154,15 @@ class NodeFilter:
         if (frac or mem) and ndev > 1:
             return None
         key = (st.pod_req[p].tobytes(), int(st.pod_gpu_whole[p]), frac, mem, ndev)
-        touched = self.sess.caches.touched
+        caches = self.sess.caches
         memo = self._fit_memo.pop(key, None)
-        if memo is None or len(touched) - memo.seen > self.n // 4:  # (many changes: redone whole)
+        nodes = None if memo is None else caches.changed_since(memo.seen, self.n)
+        if memo is None or nodes is None:  # (new, or many changes: made whole)
             now, future = self._fit(p, self._all_nodes)
-            memo = _FitMemo(len(touched), now, future)
+            memo = _FitMemo(len(caches.touched), now, future)
             while len(self._fit_memo) >= FIT_MEMO_SHAPES:
                 del self._fit_memo[next(iter(self._fit_memo))]
-        elif len(touched) > memo.seen:
-            nodes = self.sess.caches.touched_since(memo.seen)
+        elif len(nodes):
             if memo.rows is None:
                 memo.now[nodes], memo.future[nodes] = self._fit(p, nodes)
             else:
@@ -170,7 +170,7 @@ class NodeFilter:
                 memo.now[nodes], memo.future[nodes] = self._fit(p, nodes, fresh)
                 for (_, row), (_, part) in zip(memo.rows, fresh.rows, strict=True):
                     row[nodes] = part
-            memo.seen = len(touched)
+            memo.seen = len(caches.touched)
         self._fit_memo[key] = memo
         return memo
 

@@ -334,21 +334,22 @@ class Placer(NodeFilter):
         key = self.rank_key(p, allow_pipeline)
         if key is None:
             return None
-        touched = self.sess.caches.touched
+        caches = self.sess.caches
         kept = self._ranked.pop(key, None)
-        if kept is None or kept.topology is not self.topology_score or len(touched) - kept.seen > self.n // 4:
+        changed = None if kept is None or kept.topology is not self.topology_score \
+            else caches.changed_since(kept.seen, self.n)
+        if kept is None or changed is None:  # (new, another topology score, or many changes: made whole)
             nodes = np.flatnonzero(self.static_mask(int(self.sess.state.pod_sig[p])))
             if len(nodes) < RANK_MIN:
                 return None
-            kept = _Ranked(nodes, self.topology_score, len(touched))
+            kept = _Ranked(nodes, self.topology_score, len(caches.touched))
             self._judge(p, kept, None, allow_pipeline)
             while len(self._ranked) >= RANK_SHAPES:
                 del self._ranked[next(iter(self._ranked))]
-        elif len(touched) > kept.seen:
-            changed = self.sess.caches.touched_since(kept.seen)
+        elif len(changed):
             at = np.minimum(np.searchsorted(kept.nodes, changed), len(kept.nodes) - 1)
             self._judge(p, kept, at[kept.nodes[at] == changed], allow_pipeline)
-            kept.seen = len(touched)
+            kept.seen = len(caches.touched)
         self._ranked[key] = kept
         return kept
 

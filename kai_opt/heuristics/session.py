@@ -83,6 +83,15 @@ class SessionCaches:
     def bump(self) -> None:
         self.version += 1
 
+    def changed_since(self, seen: int, n_nodes: int) -> np.ndarray | None:
+        """For a reader that kept rows per node as of `seen` entries of `touched`: the nodes to make again
+        (touched_since; empty when none), or None when more than a quarter of `n_nodes` entries were logged since
+        (all rows made again at once cost less than so many one by one)."""
+        logged = len(self.touched) - seen
+        if logged == 0:
+            return _EMPTY
+        return None if logged > n_nodes // 4 else self.touched_since(seen)
+
     def touched_since(self, seen: int) -> np.ndarray:
         """The distinct nodes logged after the first `seen` entries of `touched`, ascending."""
         tail = self.touched[seen:]
