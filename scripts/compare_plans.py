@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Compare the greedy engine's plans of two source trees: binds, pipelines, evictions, pending reasons (details
-included), instance by instance. For changes meant to leave plans byte-identical (speed-ups).
+"""Compare the greedy (or, --engine cpsat, the CP-SAT) engine's plans of two source trees: binds, pipelines,
+evictions, pending reasons (details included), instance by instance. For changes meant to leave plans
+byte-identical (speed-ups). The cpu column is the comparing process's own (with cpsat, not the forked solver's).
 
 A side is a git revision (checked out into a temporary worktree, removed afterwards) or a directory holding a
 source tree ("." for this working tree). Each side runs in its own child process with that tree first on
@@ -14,6 +15,7 @@ sizes, --no-scale to leave it out) and every kai_opt.bench.instances family x se
   scripts/compare_plans.py 8cac8d3 /tmp/mytree --no-scale
   scripts/compare_plans.py 0d997a7 . --scale 10000 --no-families   # the 10,000-node digest only
   scripts/compare_plans.py HEAD . --placement fgd   # the greedy engine with FGD scoring (placement gpu/cpu fgd)
+  scripts/compare_plans.py HEAD . --engine cpsat    # the CP-SAT engine, deterministic solver (model changes)
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def child(names: list[str]) -> None:
     from models.generators import FAMILIES, as_snapshot, scale
 
     placement = os.environ.get("KAI_OPT_CMP_PLACEMENT")
-    config = Config.model_validate({"placement": {"gpu": placement, "cpu": placement}}) if placement else Config()
+    engine = Engine(os.environ.get("KAI_OPT_CMP_ENGINE", "greedy"))
+    config = Config.model_validate({**({"placement": {"gpu": placement, "cpu": placement}} if placement else {}),
+                                    **({"solver": {"deterministic": True}} if engine == Engine.cpsat else {})})
     tree = Path(sys.path[0]).resolve()
     if not Path(kai_opt.__file__).resolve().is_relative_to(tree):
         sys.exit(f"kai_opt imported from {kai_opt.__file__}, not from {tree}")
@@ -68,7 +72,7 @@ def child(names: list[str]) -> None:
             objs = FAMILIES[fam].generate(int(nodes), int(seed))
         state = build_state(as_snapshot(objs))
         t = time.process_time()
-        plan, _fs = run_cycle(state, config, engine=Engine.greedy)
+        plan, _fs = run_cycle(state, config, engine=engine)
         cpu = time.process_time() - t
         out[name] = {
             "binds": sorted([p.pod, p.node, list(p.devices), p.moved] for p in plan.placements if not p.pipelined),
@@ -129,11 +133,15 @@ def main() -> int:
     ap.add_argument("--no-families", action="store_true", help="leave out the family instances")
     ap.add_argument("--placement", choices=("binpack", "spread", "fgd"),
                     help="the greedy engine's placement strategy for GPUs and CPUs (default: the config's)")
+    ap.add_argument("--engine", choices=("greedy", "cpsat"), default="greedy",
+                    help="the engine whose plans are compared; cpsat runs the deterministic solver (fixed seed, "
+                    "one worker, a deterministic time limit), so its plans repeat (default: greedy)")
     args = ap.parse_args()
     sizes = [] if args.no_scale else [int(x) for x in args.scale.split(",") if x]
     names = _instances(sizes, not args.no_families)
     if args.placement:
         os.environ["KAI_OPT_CMP_PLACEMENT"] = args.placement
+    os.environ["KAI_OPT_CMP_ENGINE"] = args.engine
     with trees((args.base, args.new), "compare_plans") as sides:
         a, b = _run(sides[0], names), _run(sides[1], names)
     diffs = 0

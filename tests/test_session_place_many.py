@@ -1,14 +1,15 @@
-"""Session.place_many and evict_each (the bulk paths the CP-SAT window uses to apply the greedy plan's decisions
-outside the model) leave the session exactly as place() / evict_many() called pod by pod: resources, devices, queue
-ledger (float sums equal to the bit), statuses and placements; place_many's log holds one op, whose pipelined pods
-claimed what each claims placed alone, and a rollback over either restores the session it started from exactly."""
+"""Session.place_many (and place_plan, its form for a plan's own placements) and evict_each (the bulk paths the
+CP-SAT window uses to apply the greedy plan's decisions outside the model) leave the session exactly as place() /
+evict_many() called pod by pod: resources, devices, queue ledger (float sums equal to the bit), statuses and
+placements; place_many's log holds one op, whose pipelined pods claimed what each claims placed alone, and a
+rollback over either restores the session it started from exactly."""
 
 from __future__ import annotations
 
 import random
 
 import numpy as np
-from builders import snapshot
+from builders import node, pod, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import clusters
@@ -61,6 +62,9 @@ def _both(state) -> tuple[tuple, tuple, int]:
     view = _view(bulk)
     bulk.rollback(start)
     assert _view(bulk) == _view(fresh)  # the runs undo exactly
+    planned = Session(state, fs, GREEDY)  # place_plan: the same from the plan's own placements
+    planned.place_plan([pl for pl in plan.placements if not pl.moved])
+    assert _view(planned) == view
     return _view(one), view, len(items)
 
 
@@ -131,3 +135,19 @@ def test_place_many_pipelined_pods_share_releasing_room_in_order(objs: list, rnd
     assert _view(bulk) == _view(one)
     bulk.rollback(start)
     assert _view(bulk) == fresh
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(objs=clusters(max_nodes=8, max_jobs=12), mem=st.lists(st.integers(1, 90_000), max_size=4),
+       node_mem=st.sampled_from([16_384, 40_000, 81_920]))
+def test_gpu_per_device_many_equals_one_by_one(objs: list, mem: list[int], node_mem: int) -> None:
+    """ClusterState.pod_gpu_per_device_many (place_many's) gives pod_gpu_per_device for every pod on every node,
+    gpu-memory pods (converted with each node's GPU memory) included."""
+    objs = objs + [node("mem-node", gpu_memory_mib=node_mem)] + [
+        pod(f"mem-{i}", annotations={"gpu-memory": str(m)}) for i, m in enumerate(mem)]
+    state = build_state(snapshot(objs))
+    assert int((state.pod_gpu_mem > 0).sum()) == len(mem)
+    pods = np.repeat(np.arange(state.n_pods), state.n_nodes)
+    nodes = np.tile(np.arange(state.n_nodes), state.n_pods)
+    want = [state.pod_gpu_per_device(p, n) for p, n in zip(pods.tolist(), nodes.tolist(), strict=True)]
+    assert state.pod_gpu_per_device_many(pods, nodes).tolist() == want

@@ -338,32 +338,38 @@ def fixed_work(sess: Session, greedy: Plan, groups: list[int],
     """(turn, leaf queue, queue request) of what the greedy placed for `groups` (positive) and evicted for them
     (negative), summed per group and leaf queue: the allocation changes apply_fixed is about to make."""
     st = sess.state
-    outside = set(groups)
-    rows: list[tuple[int, int, int]] = []  # (pod, node, sign)
-    for pl in greedy.placements:
-        g = int(st.pod_pg[pl.pod])
-        if not pl.moved and g in outside and int(sess.status[pl.pod]) == PodStatus.PENDING:
-            rows.append((pl.pod, pl.node, 1))
-    evicts = [e for e in greedy.evictions if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND]
-    rows.extend((e.pod, int(sess.node[e.pod]), -1) for e in evicts)
-    if not rows:
+    if not groups:
         return []
-    beneficiary = [int(st.pod_pg[p]) for p, _n, _s in rows[:len(rows) - len(evicts)]] + [e.beneficiary for e in evicts]
-    return _dated_work(sess, rows, [turn_of[b] for b in beneficiary])
+    mine = np.zeros(st.n_groups, dtype=bool)
+    mine[groups] = True
+    fresh = [pl for pl in greedy.placements if not pl.moved]
+    pods = np.fromiter((pl.pod for pl in fresh), dtype=np.int64, count=len(fresh))
+    nodes = np.fromiter((pl.node for pl in fresh), dtype=np.int64, count=len(fresh))
+    take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)
+    ev = greedy.evictions
+    ev_pods = np.fromiter((e.pod for e in ev), dtype=np.int64, count=len(ev))
+    ev_for = np.fromiter((e.beneficiary for e in ev), dtype=np.int64, count=len(ev))
+    ev_take = (ev_for >= 0) & mine[np.maximum(ev_for, 0)] & (sess.status[ev_pods] == PodStatus.BOUND)
+    turn = np.full(st.n_groups, -1, dtype=np.int64)
+    turn[list(turn_of)] = list(turn_of.values())
+    pods, ev_pods = pods[take], ev_pods[ev_take]
+    return _dated_work(sess, np.concatenate([pods, ev_pods]), np.concatenate([nodes[take], sess.node[ev_pods]]),
+                       np.r_[np.ones(len(pods), dtype=np.int64), -np.ones(len(ev_pods), dtype=np.int64)],
+                       np.concatenate([turn[st.pod_pg[pods]], turn[ev_for[ev_take]]]))
 
 
-def _dated_work(sess: Session, rows: list[tuple[int, int, int]],
-                turns: list[int]) -> list[tuple[int, int, np.ndarray]]:
-    """rows (pod, node, sign) with each one's turn -> (turn, leaf queue, signed queue request summed), by turn."""
+def _dated_work(sess: Session, pods: np.ndarray, nodes: np.ndarray, sign: np.ndarray,
+                turns: np.ndarray) -> list[tuple[int, int, np.ndarray]]:
+    """Pods placed (sign 1) on or evicted (-1) from `nodes`, each at its turn -> (turn, leaf queue, signed queue
+    request summed in row order), sorted by turn and queue."""
+    if not len(pods):
+        return []
     st = sess.state
-    pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
     amount = sess.queue_request(pods, nodes) * sign[:, None]
-    leaf = st.pg_queue[st.pod_pg[pods]]
-    sums: dict[tuple[int, int], np.ndarray] = {}
-    for t, q, a in zip(turns, leaf.tolist(), amount, strict=True):
-        k = (t, q)
-        sums[k] = sums[k] + a if k in sums else a.copy()
-    return [(t, q, a) for (t, q), a in sorted(sums.items())]
+    keys, at = np.unique(np.column_stack([turns, st.pg_queue[st.pod_pg[pods]]]), axis=0, return_inverse=True)
+    sums = np.zeros((len(keys), amount.shape[1]))
+    np.add.at(sums, at.ravel(), amount)  # (in row order: the float sums of adding one row after another)
+    return [(t, q, sums[i]) for i, (t, q) in enumerate(keys.tolist())]
 
 
 def replayed_work(sess: Session, greedy: Plan, replayed: list[Eviction],
@@ -376,7 +382,10 @@ def replayed_work(sess: Session, greedy: Plan, replayed: list[Eviction],
             if e.beneficiary in turn_of and st.pod_node[e.pod] >= 0}
     rows = [(p, int(st.pod_node[p]), -1) for p in turn]
     rows += [(pl.pod, pl.node, 1) for pl in greedy.placements if pl.moved and pl.pod in turn]
-    return _dated_work(sess, rows, [turn[p] for p, _n, _s in rows]) if rows else []
+    if not rows:
+        return []
+    pods, nodes, sign = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
+    return _dated_work(sess, pods, nodes, sign, np.array([turn[p] for p in pods.tolist()], dtype=np.int64))
 
 
 def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
@@ -396,9 +405,7 @@ def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
     mine = np.zeros(st.n_groups, dtype=bool)
     mine[list(outside)] = True
     take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)
-    starts = st.dev_start
-    sess.place_many([(pl.pod, pl.node, tuple(int(starts[pl.node]) + d for d in pl.devices) if pl.devices else (),
-                      pl.pipelined) for pl, ok in zip(fresh, take.tolist(), strict=True) if ok])
+    sess.place_plan([pl for pl, ok in zip(fresh, take.tolist(), strict=True) if ok])
 
 
 def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:
@@ -517,7 +524,9 @@ def _add_movers(sess: Session, acts: Actions, scope: Scope, movable: np.ndarray,
 
 def placed_per_group(st: ClusterState, plan: Plan) -> Counter[int]:
     """Podgroup -> pods the plan places (moves not counted)."""
-    return Counter(int(st.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved)
+    pods = np.fromiter((pl.pod for pl in plan.placements if not pl.moved), dtype=np.int64)
+    groups, counts = np.unique(st.pod_pg[pods], return_counts=True)
+    return Counter(dict(zip(groups.tolist(), counts.tolist(), strict=True)))
 
 
 def replayed_evictions(st: ClusterState, greedy: Plan) -> list[Eviction]:

@@ -602,21 +602,41 @@ class Session:
         the releasing room left on its node and devices after the pipelined items before it."""
         if not items:
             return
-        st = self.state
         k = len(items)
-        pods = np.fromiter((it[0] for it in items), dtype=np.int64, count=k)
-        nodes = np.fromiter((it[1] for it in items), dtype=np.int64, count=k)
-        piped = np.fromiter((it[3] for it in items), dtype=bool, count=k)
-        amounts = st.pod_req[pods].copy()
-        per_dev = np.zeros(k, dtype=np.int64)
         counts = np.fromiter((len(it[2]) for it in items), dtype=np.int64, count=k)
-        for i in np.nonzero((st.pod_gpu_mem[pods] > 0) | (counts > 0))[0].tolist():
-            p, n = int(pods[i]), int(nodes[i])
-            if st.pod_gpu_mem[p]:
-                amounts[i, R_GPU] = self.gpu_per_device(p, n) * int(st.pod_gpu_ndev[p])
-            if counts[i]:
-                per_dev[i] = self.gpu_per_device(p, n)
+        nodes = np.fromiter((it[1] for it in items), dtype=np.int64, count=k)
         devs = np.fromiter((d for it in items for d in it[2]), dtype=np.int64, count=int(counts.sum()))
+        base = np.repeat(self.dev_start[nodes], counts)
+        self._place_run(np.fromiter((it[0] for it in items), dtype=np.int64, count=k), nodes,
+                        np.fromiter((it[3] for it in items), dtype=bool, count=k), devs, counts,
+                        [Placement(p, n, tuple(d - b for d, b in zip(ds, bs, strict=True)), piped)
+                         for (p, n, ds, piped), bs in zip(items, _split(base.tolist(), counts), strict=True)],
+                        [it[2] for it in items])
+
+    def place_plan(self, placements: list[Placement]) -> None:
+        """place_many for a plan's own placements (devices within their node; none of them a move), in order."""
+        if not placements:
+            return
+        k = len(placements)
+        counts = np.fromiter((len(pl.devices) for pl in placements), dtype=np.int64, count=k)
+        nodes = np.fromiter((pl.node for pl in placements), dtype=np.int64, count=k)
+        devs = np.fromiter((d for pl in placements for d in pl.devices), dtype=np.int64, count=int(counts.sum())) \
+            + np.repeat(self.dev_start[nodes], counts)
+        self._place_run(np.fromiter((pl.pod for pl in placements), dtype=np.int64, count=k), nodes,
+                        np.fromiter((pl.pipelined for pl in placements), dtype=bool, count=k), devs, counts,
+                        placements, [tuple(ds) for ds in _split(devs.tolist(), counts)])
+
+    def _place_run(self, pods: np.ndarray, nodes: np.ndarray, piped: np.ndarray, devs: np.ndarray,
+                   counts: np.ndarray, placements: list[Placement], global_devs: list[tuple[int, ...]]) -> None:
+        """One AllocateRun: pod i goes to nodes[i] on the global devices devs[sum(counts[:i]):][:counts[i]]
+        (also global_devs[i]); placements[i] is its record."""
+        st = self.state
+        k = len(pods)
+        amounts = st.pod_req[pods].copy()
+        per_dev = st.pod_gpu_per_device_many(pods, nodes)
+        mem = st.pod_gpu_mem[pods] > 0
+        amounts[mem, R_GPU] = per_dev[mem] * st.pod_gpu_ndev[pods[mem]]
+        per_dev[counts == 0] = 0
         dev_amounts = np.repeat(per_dev, counts)
         claimed = np.zeros_like(amounts)
         dev_claimed = np.zeros(len(devs), dtype=np.int64)
@@ -647,10 +667,9 @@ class Session:
         self._apply_run(op, 1)
         self._status[pods] = np.where(piped, PodStatus.PIPELINED, PodStatus.ALLOCATED)
         self._node[pods] = nodes
-        starts = st.dev_start[nodes].tolist()
-        for (p, n, devices, pipelined), base in zip(items, starts, strict=True):
-            self.devices[p] = devices
-            self.placements[p] = Placement(p, n, tuple(d - base for d in devices), pipelined)
+        pod_list = pods.tolist()
+        self.devices.update(zip(pod_list, global_devs, strict=True))
+        self.placements.update(zip(pod_list, placements, strict=True))
         self._log(op)
         self.caches.touch_many(nodes.tolist())
 
@@ -816,3 +835,12 @@ class Session:
             self._dev_held[d] -= sign * op.dev_amount
             self._dev_rel[d] += sign * op.dev_amount
         self.ledger.add(int(self.queue_of_pod[op.pod]), -sign * op.queue_amount, non_preemptible=op.non_preemptible)
+
+
+def _split(values: list[int], counts: np.ndarray) -> list[list[int]]:
+    """values cut into consecutive runs of counts[i] each."""
+    out, at = [], 0
+    for c in counts.tolist():
+        out.append(values[at:at + c])
+        at += c
+    return out

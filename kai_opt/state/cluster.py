@@ -263,6 +263,14 @@ class ClusterState:
             return min(1000, -(-int(self.pod_gpu_mem[p]) * 1000 // mem))
         return 1000 if self.pod_gpu_whole[p] else 0
 
+    def pod_gpu_per_device_many(self, pods: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """pod_gpu_per_device for each (pods[i], nodes[i]), as int64."""
+        frac = self.pod_gpu_frac[pods].astype(np.int64)
+        mem = self.pod_gpu_mem[pods].astype(np.int64)
+        node_mem = self.node_gpu_mem_mib[nodes].astype(np.int64)
+        by_mem = np.minimum(1000, -(-mem * 1000 // np.where(node_mem == 0, 1, node_mem)))
+        return np.where(frac > 0, frac, np.where(mem > 0, by_mem, np.where(self.pod_gpu_whole[pods] > 0, 1000, 0)))
+
     @cached_property
     def _pod_qreq(self) -> np.ndarray:
         """float64[P, 3]: pod requests in queue units (gpu-memory pods fixed up per call)."""
