@@ -178,6 +178,10 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
     # ones formed after it)
     free0, idle0 = sess.idle().astype(np.int64), sess.whole_idle.astype(np.int64)
     fit0 = _fit_alone(sess, shapes, free0, idle0)
+    members0 = _class_members(state, free0, fit0)  # (the cheapest gate first: many classes is common at scale)
+    if isinstance(members0, str):
+        out.why = members0
+        return out
     room = fit0.sum(axis=0)  # (the replay binds more: room only shrinks)
     left = [g for g in groups if g not in kept]
     refused = hopeless_groups(state, fs, config, left)  # by its queue's limits or quota at the cycle start
@@ -185,7 +189,7 @@ def _build(state: ClusterState, fs: FairShare, config: Config, plan: Plan, budge
                                      for g in left if g not in refused):
         out.why = "no group left pending fits the free room alone and its queue's limits"
         return out
-    classes = _classes(sess, shapes, out, free0, idle0, fit0)
+    classes = _classes(sess, shapes, out, free0, idle0, fit0, members0)
     if classes is None:
         return out
     outside = sorted({int(state.pod_pg[pl.pod]) for pl in plan.placements if not pl.moved} - set(groups))
@@ -251,23 +255,32 @@ def _fit_alone(sess: Session, sh: _Shapes, free: np.ndarray, idle: np.ndarray) -
     return np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
 
 
-def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray,
-             fit: np.ndarray) -> _Classes | None:
-    """Nodes grouped by scheduling class and how many of each shape fit alone (`fit`: _fit_alone of `free` and
-    `idle`), with each class's maximal patterns; None (and out.why) when no node takes any shape or the patterns
-    are too many."""
-    st = sess.state
-    n_shapes = len(sh.rep)
+def _class_members(st: ClusterState, free: np.ndarray, fit: np.ndarray) -> list[np.ndarray] | str:
+    """The nodes of each class: nodes with room for some shape, grouped by scheduling class and how many of each
+    shape fit alone (`fit`: _fit_alone of `free`); or why there are none to model (no such node, too many
+    classes)."""
     nodes = np.flatnonzero(fit.any(axis=1) & (free >= 0).all(axis=1))
     if not len(nodes):
-        out.why = "no node has room for any of the pending shapes"
-        return None
+        return "no node has room for any of the pending shapes"
     keys = np.column_stack([st.node_class[nodes].astype(np.int64), fit[nodes]])
     cls = np.unique(keys, axis=0, return_inverse=True)[1].ravel()
     members = [nodes[cls == c] for c in range(int(cls.max()) + 1)]
     if len(members) > MAX_CLASSES:
-        out.why = f"{len(members)} node classes (more than {MAX_CLASSES})"
+        return f"{len(members)} node classes (more than {MAX_CLASSES})"
+    return members
+
+
+def _classes(sess: Session, sh: _Shapes, out: PatternModel, free: np.ndarray, idle: np.ndarray,
+             fit: np.ndarray, members: list[np.ndarray] | None = None) -> _Classes | None:
+    """Nodes grouped by scheduling class and how many of each shape fit alone (`fit`: _fit_alone of `free` and
+    `idle`; `members`: _class_members of them when known), with each class's maximal patterns; None (and out.why)
+    when no node takes any shape or the classes or patterns are too many."""
+    n_shapes = len(sh.rep)
+    got = _class_members(sess.state, free, fit) if members is None else members
+    if isinstance(got, str):
+        out.why = got
         return None
+    members = got
     patterns: list[list[np.ndarray]] = []
     total = 0
     for m in members:

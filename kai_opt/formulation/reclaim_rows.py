@@ -260,17 +260,23 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, paths: np
     late = late_work(st, scope, wanted, terms.scale)
     work, dated = RankedWork(m, st, scope, terms, rows), DatedEvictions(m, st, scope, terms, rows)
     within: dict[tuple[int, int, int], cp_model.IntVar] = {}
+    # the loop reads these per row: as Python numbers (the same values), not numpy scalars
+    share, alloc, scale = fs.fair_share.tolist(), terms.alloc.tolist(), terms.scale.tolist()
+    late_rows = {k: v.tolist() for k, v in late.items()}
+    asks_of: dict[int, np.ndarray] = {}  # group -> the resources its pods request
     for (j, s) in sorted(sides, key=lambda k: (k[0], k[1])):  # rank order: the running sums only grow
         q, turn, label = sides[(j, s)], scope.turn[j], st.pg_keys[groups[j].group]
-        asks = np.zeros(3, dtype=bool)
-        for sh in groups[j].shapes:
-            asks |= terms.qreqs[sh] > 0
+        asks = asks_of.get(j)
+        if asks is None:
+            asks = asks_of[j] = np.zeros(3, dtype=bool)
+            for sh in groups[j].shapes:
+                asks |= terms.qreqs[sh] > 0
         for r in np.flatnonzero(asks | freed[(j, s)]).tolist():
-            f_mine, f_sib = float(fs.fair_share[q, r]), float(fs.fair_share[s, r])
+            f_mine, f_sib = share[q][r], share[s][r]
             if f_mine == UNLIMITED or f_sib <= 0:  # never refuses (a sibling's unlimited share is -1)
                 continue
-            cap = int(np.floor(f_mine * terms.scale[r] * (1 + RATIO_EPS) + EPS))  # the greedy's ratio <= 1 + EPS
-            at_q = int(terms.alloc[q, r]) - int(late[(q, turn)][r])
+            cap = math.floor(f_mine * scale[r] * (1 + RATIO_EPS) + EPS)  # the greedy's ratio <= 1 + EPS
+            at_q = int(alloc[q][r]) - int(late_rows[(q, turn)][r])
             most_q = work.advance(q, r, j)
             if at_q + most_q <= cap:  # q never ends over its fair share: nothing to compare
                 continue
@@ -287,11 +293,11 @@ def reclaim_rows(m: cp_model.CpModel, st: ClusterState, fs: FairShare, paths: np
             if f_mine == 0:  # any allocation is infinitely saturated
                 m.add_implication(t, w)
                 continue
-            at_s = int(terms.alloc[s, r]) - int(late[(s, turn)][r])
+            at_s = int(alloc[s][r]) - int(late_rows[(s, turn)][r])
             most_s = work.advance(s, r, j)
             gone, gone_most = dated.upto(s, r, turn)
             sibling = at_s + work.value(s, r, label) - gone
-            row = comparison(mult, f_sib, f_mine, float(terms.scale[r]),
+            row = comparison(mult, f_sib, f_mine, float(scale[r]),
                              abs(at_q) + most_q + terms.evicted_most(q, r), abs(at_s) + most_s + gone_most)
             if row is not None:
                 n, d, rhs = row
