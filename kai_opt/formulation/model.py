@@ -247,10 +247,8 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
     future = sess.alloc - sess.held
     cols = [c for c in range(len(st.resources)) if c != R_GPU]
     on_node: dict[int, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    on_node_most: dict[int, list[int]] = defaultdict(list)  # node -> the upper bounds of its place variables
     for (pi, n), v in b.place.items():
         on_node[n].append((scope.pools[pi].pod, v))  # (a pod of the pool, its count here)
-        on_node_most[n].append(most_here[(pi, n)])
     # node -> (how many leave, one of them, at most): victim pods evicted, moved pods
     released: dict[int, list[tuple[Expr, int, int]]] = defaultdict(list)
     for vi, victim in enumerate(victims):
@@ -265,24 +263,39 @@ def _capacity_rows(sess: Session, scope: Scope, b: Built) -> None:
     # whole by the eviction: counting released whole GPUs per node would free it twice
     share_nodes |= {n for n, items in released.items() if _shared_devices(sess, [p for _x, p, _k in items])}
     _moves_leave_their_node(scope, b, share_nodes)
+    # per node, in bulk: what its place variables could take at their upper bounds (resources, whole GPUs), and
+    # whether a whole-GPU pod may go there at all; a row that holds even then, with nothing leaving, is implied
+    k = len(b.place)
+    item_node = np.fromiter((n for _pi, n in b.place), dtype=np.int64, count=k)
+    item_pod = np.fromiter((scope.pools[pi].pod for pi, _n in b.place), dtype=np.int64, count=k)
+    item_most = np.fromiter((most_here[key] for key in b.place), dtype=np.int64, count=k)
+    item_whole = st.pod_gpu_whole[item_pod].astype(np.int64)
+    peak = np.zeros((st.n_nodes, st.pod_req.shape[1]), dtype=np.int64)
+    np.add.at(peak, item_node, item_most[:, None] * st.pod_req[item_pod].astype(np.int64))
+    whole_peak = np.zeros(st.n_nodes, dtype=np.int64)
+    np.add.at(whole_peak, item_node, item_most * item_whole)
+    has_whole = np.zeros(st.n_nodes, dtype=bool)
+    has_whole[item_node[item_whole > 0]] = True
+    over = peak[:, cols] > future[:, cols]
+    whole_over = has_whole & (whole_peak > sess.whole_future)
     for n, items in on_node.items():
         rel = released[n]
-        # per resource: placed - released <= free now, one weighted sum per row (the coefficients in bulk)
-        exprs = [v for _p, v in items] + [x for x, _p, _k in rel]
-        pods = np.array([p for p, _v in items] + [p for _x, p, _k in rel], dtype=np.int64)
-        sign = np.concatenate((np.ones(len(items), dtype=np.int64), -np.ones(len(rel), dtype=np.int64)))
-        reqs = st.pod_req[pods].astype(np.int64) * sign[:, None]
-        # a row that holds even with every place variable at its upper bound and nothing leaving is implied
-        most = np.array(on_node_most[n], dtype=np.int64)
-        peak = most @ reqs[:len(items)]
-        for c in cols:
-            if peak[c] > int(future[n, c]):
+        rows = [c for c, o in zip(cols, over[n].tolist(), strict=True) if o]
+        if rows:  # per resource: placed - released <= free now, one weighted sum per row (the coefficients in bulk)
+            exprs = [v for _p, v in items] + [x for x, _p, _k in rel]
+            pods = np.array([p for p, _v in items] + [p for _x, p, _k in rel], dtype=np.int64)
+            sign = np.concatenate((np.ones(len(items), dtype=np.int64), -np.ones(len(rel), dtype=np.int64)))
+            reqs = st.pod_req[pods].astype(np.int64) * sign[:, None]
+            for c in rows:
                 m.add(wsum(exprs, reqs[:, c].tolist()) <= int(future[n, c]))
+        share = n in share_nodes
+        if not (share or whole_over[n]):
+            continue
         wpods = [(p, v) for p, v in items if st.pod_gpu_whole[p]]
         whole_use = wsum([v for _p, v in wpods], [int(st.pod_gpu_whole[p]) for p, _v in wpods])
-        if n in share_nodes:
+        if share:
             _device_constraints(sess, b, n, items, rel, whole_use)
-        elif wpods and int(most @ st.pod_gpu_whole[pods[:len(items)]].astype(np.int64)) > int(sess.whole_future[n]):
+        else:
             wrel = [(x, p) for x, p, _k in rel if st.pod_gpu_whole[p]]
             m.add(whole_use - wsum([x for x, _p in wrel], [int(st.pod_gpu_whole[p]) for _x, p in wrel])
                   <= int(sess.whole_future[n]))
