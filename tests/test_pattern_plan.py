@@ -4,6 +4,7 @@ nodes, as the CP-SAT model's starting plan (kai_opt/formulation/pattern_plan.py)
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -192,3 +193,27 @@ def test_too_many_node_classes_give_up_before_the_replay(monkeypatch) -> None:
     monkeypatch.setattr(pattern_plan, "apply_fixed", lambda *a: replays.append(a))
     pm = pattern_plan.pattern_plan(st, fs, config, greedy, 1.0)
     assert pm.plan is None and "node classes (more than 2)" in pm.why and not replays
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=hs.integers(1, 60), cols=hs.integers(1, 4), top=hs.integers(0, 3), cap=hs.integers(1, 12),
+       seed=hs.integers(0, 2**32 - 1))
+def test_class_members_gate_is_exact(rows: int, cols: int, top: int, cap: int, seed: int) -> None:
+    """The class count gate (hashed rows first, then the exact grouping) refuses exactly when the distinct (node
+    class, fit) rows are more than MAX_CLASSES, and otherwise groups every node with room by its row."""
+    rng = np.random.default_rng(seed)
+    fit = rng.integers(0, top + 1, size=(rows, cols))
+    node_class = rng.integers(0, 2, size=rows)
+    free = np.zeros((rows, 2), dtype=np.int64)
+    with mock.patch.object(pattern_plan, "MAX_CLASSES", cap):
+        got = pattern_plan._class_members(type("St", (), {"node_class": node_class})(), free, fit)
+    nodes = np.flatnonzero(fit.any(axis=1))
+    distinct = {(int(node_class[n]), *fit[n].tolist()) for n in nodes.tolist()}
+    if not len(nodes):
+        assert got == "no node has room for any of the pending shapes"
+    elif len(distinct) > cap:
+        assert isinstance(got, str) and f"(more than {cap})" in got
+    else:
+        assert not isinstance(got, str)
+        assert sorted(sorted(m.tolist()) for m in got) == sorted(
+            sorted(n for n in nodes.tolist() if (int(node_class[n]), *fit[n].tolist()) == key) for key in distinct)

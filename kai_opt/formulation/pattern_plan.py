@@ -255,6 +255,11 @@ def _fit_alone(sess: Session, sh: _Shapes, free: np.ndarray, idle: np.ndarray) -
     return np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
 
 
+def _row_hash_weights(n: int) -> np.ndarray:
+    """n fixed odd int64 weights: a row's dot product with them (wrapping) is its hash."""
+    return np.random.default_rng(0x5EED).integers(1, 2**62, size=n, dtype=np.int64) | 1
+
+
 def _class_members(st: ClusterState, free: np.ndarray, fit: np.ndarray) -> list[np.ndarray] | str:
     """The nodes of each class: nodes with room for some shape, grouped by scheduling class and how many of each
     shape fit alone (`fit`: _fit_alone of `free`); or why there are none to model (no such node, too many
@@ -263,6 +268,10 @@ def _class_members(st: ClusterState, free: np.ndarray, fit: np.ndarray) -> list[
     if not len(nodes):
         return "no node has room for any of the pending shapes"
     keys = np.column_stack([st.node_class[nodes].astype(np.int64), fit[nodes]])
+    # rows that hash apart differ: more than MAX_CLASSES distinct hashes decide the gate without sorting the rows
+    hashed = len(np.unique(keys @ _row_hash_weights(keys.shape[1])))
+    if hashed > MAX_CLASSES:
+        return f"at least {hashed} node classes (more than {MAX_CLASSES})"
     cls = np.unique(keys, axis=0, return_inverse=True)[1].ravel()
     members = [nodes[cls == c] for c in range(int(cls.max()) + 1)]
     if len(members) > MAX_CLASSES:
