@@ -17,6 +17,7 @@ starting plan or none, and none onto room being released. Everything else keeps 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -255,9 +256,13 @@ def _fit_alone(sess: Session, sh: _Shapes, free: np.ndarray, idle: np.ndarray) -
     return np.where(allowed, np.minimum(fit, sh.demand[None, :]), 0)
 
 
+@functools.cache
 def _row_hash_weights(n: int) -> np.ndarray:
-    """n fixed odd int64 weights: a row's dot product with them (wrapping) is its hash."""
-    return np.random.default_rng(0x5EED).integers(1, 2**62, size=n, dtype=np.int64) | 1
+    """n fixed odd int64 weights (made once per width, read-only): a row's dot product with them (wrapping) is its
+    hash."""
+    out = np.random.default_rng(0x5EED).integers(1, 2**62, size=n, dtype=np.int64) | 1
+    out.setflags(write=False)
+    return out
 
 
 def _class_members(st: ClusterState, free: np.ndarray, fit: np.ndarray) -> list[np.ndarray] | str:

@@ -23,7 +23,7 @@ from kai_opt.heuristics.cheapest_victims import queue_paths
 from kai_opt.heuristics.session import ACTIVE, Session
 from kai_opt.heuristics.tasks import group_shape, pending_mask
 from kai_opt.heuristics.victims import protected_by_min_runtime
-from kai_opt.plan import Eviction, Plan
+from kai_opt.plan import Eviction, Placement, Plan
 from kai_opt.state import R_GPU, ClusterState, PodStatus
 
 # config solver.keep_greedy_groups (default true): every group the greedy placed stays placed (the model may move
@@ -168,15 +168,17 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
                     for a, b in ((int(st.pg_pod_start[g]), int(st.pg_pod_start[g + 1])),)}
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
-    window = set(_window(eligible, pending_pods, placed_per_group(st, greedy), replayed_for, max_pods,
+    placed_count = placed_per_group(st, greedy)
+    window = set(_window(eligible, pending_pods, placed_count, replayed_for, max_pods,
                          len(eligible) if max_groups is None else max_groups))
     excluded = [g for g in ready if g not in window]
     if excluded:  # and the groups their greedy decisions rely on
         window -= relied_on(sess, greedy, set(excluded))
         excluded = [g for g in ready if g not in window]
     turn_of = {g: i for i, g in enumerate(ready)}
-    late_work = fixed_work(sess, greedy, excluded, turn_of) + replayed_work(sess, greedy, replayed, turn_of)
-    apply_fixed(sess, greedy, excluded)
+    kept_as_greedy = fixed_decisions(sess, greedy, excluded)
+    late_work = fixed_work(sess, kept_as_greedy, turn_of) + replayed_work(sess, greedy, replayed, turn_of)
+    apply_fixed(sess, greedy, excluded, kept_as_greedy)
     for g in (g for g in ready if g in window):  # (apply_fixed changed no pending pod of these groups)
         pods = st.group_pods(g)
         pend = pending_pods[g]
@@ -230,7 +232,6 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
                 if j not in v.reason_for:
                     v.beneficiaries.append(j)
                     v.reason_for[j] = e.reason
-    placed_count = placed_per_group(st, greedy)
     # a beneficiary whose placement a later search took back (WITHDRAWN) ends placed by no plan, and its victims' room
     # went to groups placed after it: their eviction is a placed beneficiary's of theirs (the first in turn order)
     for v in victims:
@@ -333,29 +334,50 @@ def relied_on(sess: Session, greedy: Plan, outside: set[int]) -> set[int]:
     return out
 
 
-def fixed_work(sess: Session, greedy: Plan, groups: list[int],
-               turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
-    """(turn, leaf queue, queue request) of what the greedy placed for `groups` (positive) and evicted for them
-    (negative), summed per group and leaf queue: the allocation changes apply_fixed is about to make."""
+@dataclass(frozen=True)
+class FixedDecisions:
+    """The greedy plan's decisions for pending groups outside the model that a session does not have yet: the
+    evictions made for them (of pods still bound) and their placements (of pods still pending; moves are
+    apply_consolidation's), each in plan order."""
+
+    evictions: list[Eviction]
+    placements: list[Placement]
+
+
+def fixed_decisions(sess: Session, greedy: Plan, groups: list[int]) -> FixedDecisions:
+    """What apply_fixed applies for `groups` on `sess` as it stands (fixed_work dates the same)."""
     st = sess.state
     if not groups:
-        return []
+        return FixedDecisions([], [])
     mine = np.zeros(st.n_groups, dtype=bool)
     mine[groups] = True
-    fresh = [pl for pl in greedy.placements if not pl.moved]
-    pods = np.fromiter((pl.pod for pl in fresh), dtype=np.int64, count=len(fresh))
-    nodes = np.fromiter((pl.node for pl in fresh), dtype=np.int64, count=len(fresh))
-    take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)
     ev = greedy.evictions
     ev_pods = np.fromiter((e.pod for e in ev), dtype=np.int64, count=len(ev))
     ev_for = np.fromiter((e.beneficiary for e in ev), dtype=np.int64, count=len(ev))
     ev_take = (ev_for >= 0) & mine[np.maximum(ev_for, 0)] & (sess.status[ev_pods] == PodStatus.BOUND)
+    fresh = [pl for pl in greedy.placements if not pl.moved]
+    pods = np.fromiter((pl.pod for pl in fresh), dtype=np.int64, count=len(fresh))
+    take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)  # (evictions leave pending pods be)
+    return FixedDecisions([e for e, ok in zip(ev, ev_take.tolist(), strict=True) if ok],
+                          [pl for pl, ok in zip(fresh, take.tolist(), strict=True) if ok])
+
+
+def fixed_work(sess: Session, fixed: FixedDecisions, turn_of: dict[int, int]) -> list[tuple[int, int, np.ndarray]]:
+    """(turn, leaf queue, queue request) of the `fixed` placements (positive) and evictions (negative), each dated
+    by its group's turn (the placed pod's group, the eviction's beneficiary), summed per turn and leaf queue: the
+    allocation changes apply_fixed is about to make."""
+    st = sess.state
     turn = np.full(st.n_groups, -1, dtype=np.int64)
     turn[list(turn_of)] = list(turn_of.values())
-    pods, ev_pods = pods[take], ev_pods[ev_take]
-    return _dated_work(sess, np.concatenate([pods, ev_pods]), np.concatenate([nodes[take], sess.node[ev_pods]]),
+    pl, ev = fixed.placements, fixed.evictions
+    pods = np.fromiter((x.pod for x in pl), dtype=np.int64, count=len(pl))
+    ev_pods = np.fromiter((e.pod for e in ev), dtype=np.int64, count=len(ev))
+    ev_for = np.fromiter((e.beneficiary for e in ev), dtype=np.int64, count=len(ev))
+    return _dated_work(sess, np.concatenate([pods, ev_pods]),
+                       np.concatenate([np.fromiter((x.node for x in pl), dtype=np.int64, count=len(pl)),
+                                       sess.node[ev_pods]]),
                        np.r_[np.ones(len(pods), dtype=np.int64), -np.ones(len(ev_pods), dtype=np.int64)],
-                       np.concatenate([turn[st.pod_pg[pods]], turn[ev_for[ev_take]]]))
+                       np.concatenate([turn[st.pod_pg[pods]], turn[ev_for]]))
 
 
 def _dated_work(sess: Session, pods: np.ndarray, nodes: np.ndarray, sign: np.ndarray,
@@ -388,24 +410,15 @@ def replayed_work(sess: Session, greedy: Plan, replayed: list[Eviction],
     return _dated_work(sess, pods, nodes, sign, np.array([turn[p] for p in pods.tolist()], dtype=np.int64))
 
 
-def apply_fixed(sess: Session, greedy: Plan, groups: list[int]) -> None:
+def apply_fixed(sess: Session, greedy: Plan, groups: list[int],
+                fixed: FixedDecisions | None = None) -> None:
     """Apply the greedy plan's decisions for pending `groups` (those outside the model) to a session of the cycle:
-    the evictions made for them, then their placements, as the greedy made them."""
-    if not groups:
-        return
-    st = sess.state
-    outside = set(groups)
-    # (a pod replayed already, e.g. by apply_consolidation, is no longer bound)
-    _replay_evictions(sess, [e for e in greedy.evictions
-                          if e.beneficiary in outside and int(sess.status[e.pod]) == PodStatus.BOUND])
-    fresh = [pl for pl in greedy.placements if not pl.moved]
-    if not fresh:
-        return
-    pods = np.fromiter((pl.pod for pl in fresh), dtype=np.int64, count=len(fresh))
-    mine = np.zeros(st.n_groups, dtype=bool)
-    mine[list(outside)] = True
-    take = mine[st.pod_pg[pods]] & (sess.status[pods] == PodStatus.PENDING)
-    sess.place_plan([pl for pl, ok in zip(fresh, take.tolist(), strict=True) if ok])
+    the evictions made for them, then their placements, as the greedy made them (`fixed`: fixed_decisions of
+    them on this session, when already known)."""
+    fixed = fixed_decisions(sess, greedy, groups) if fixed is None else fixed
+    # (a pod replayed already, e.g. by apply_consolidation, is no longer bound: not in `fixed`)
+    _replay_evictions(sess, fixed.evictions)
+    sess.place_plan(fixed.placements)
 
 
 def shape_pools(sess: Session, groups: list[GroupScope], shapes: list[Shape]) -> list[Pool]:
