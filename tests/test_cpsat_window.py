@@ -166,3 +166,39 @@ def test_decisions_outside_the_window_keep_the_evictions_their_pipelined_pods_ru
     assert not ((sess.held - sess.alloc) > 1e-6).any()  # the fixed decisions fit on their own
     plan = _cpsat_plan(state, fs, cfg, greedy=greedy)
     assert plan.solver is not None and "checker" not in (plan.solver.note or "")
+
+
+def test_the_window_counts_the_pods_evicted_for_a_group() -> None:
+    """A group's victims cost the model an eviction variable each and the reclaim rule's rows: the pods the greedy
+    evicted for it count VICTIM_WEIGHT pending pods each."""
+    from collections import Counter
+
+    eligible = list(range(10))
+    pending = {g: np.arange(10) for g in eligible}
+    placed = {g: 10 for g in range(6)}
+    w = scope_mod.VICTIM_WEIGHT
+    assert w > 1
+    evicted_for = Counter({5: 10})  # the greedy evicted 10 pods for group 5
+    # 40 pods: 6 and 7 (20, half the window), then 5 would cost 10 + 10w: left out; 4 and 3 come instead
+    chosen = scope_mod._window(eligible, pending, placed, set(), 40, 100, evicted_for)  # type: ignore[arg-type]
+    assert chosen == [3, 4, 6, 7]
+    assert scope_mod._window(eligible, pending, placed, set(), 40, 100) == [4, 5, 6, 7]  # type: ignore[arg-type]
+    # everything fits only when its victims do too
+    assert scope_mod._window(eligible, pending, placed, set(), 100, 100, evicted_for) != eligible  # type: ignore[arg-type]
+    assert scope_mod._window(eligible, pending, placed, set(), 100 + 10 * w, 100,  # type: ignore[arg-type]
+                             evicted_for) == eligible
+
+
+def test_a_scope_counts_its_groups_victims_in_the_window() -> None:
+    """On the scale instance with a window that binds, the pods the model's groups had evicted for them (weighted)
+    and their pending pods stay within the window's pods."""
+    state = _scale_state()
+    cfg = _cfg(60)
+    fs = compute_fair_share(state)
+    greedy = greedy_plan(state, fs, cfg)
+    _sess, scope = model_scope(state, fs, cfg, greedy)
+    inside = {gs.group for gs in scope.groups}
+    evicted = sum(1 for e in greedy.evictions if e.beneficiary in inside)
+    pending = sum(len(s.pods) for s in scope.shapes)
+    assert evicted and scope_mod.VICTIM_WEIGHT > 1  # (the rule is exercised)
+    assert pending + scope_mod.VICTIM_WEIGHT * evicted <= 60

@@ -169,8 +169,9 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
     placed_count = placed_per_group(st, greedy)
+    evicted_for = Counter(e.beneficiary for e in greedy.evictions if e.beneficiary >= 0)
     window = set(_window(eligible, pending_pods, placed_count, replayed_for, max_pods,
-                         len(eligible) if max_groups is None else max_groups))
+                         len(eligible) if max_groups is None else max_groups, evicted_for))
     excluded = [g for g in ready if g not in window]
     if excluded:  # and the groups their greedy decisions rely on
         window -= relied_on(sess, greedy, set(excluded))
@@ -208,7 +209,8 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
                                  int(st.pg_preferred_level[g]), fixed))
     if excluded:
         notes.append(f"{len(excluded)} pending podgroups outside the model (pod affinity, a sub-group's "
-                     f"required topology or the window of {max_pods} pods and {max_groups or len(eligible)} groups) "
+                     f"required topology or the window of {max_pods} pods, a pod evicted for a group counting "
+                     f"{VICTIM_WEIGHT}, and {max_groups or len(eligible)} groups) "
                      "keep the greedy plan's decisions")
     scope_groups = {gs.group for gs in groups}
     # victim groups the greedy evicted for a scoped group by a rule it judged at that group's turn (the session's
@@ -266,6 +268,8 @@ WINDOW_PODS_PER_SECOND = 1_000  # pending pods one model decides per second of t
 # the greedy plan's decisions): scope, model, solve and decode grow with them (see docs/DESIGN-NOTES.md)
 WINDOW_GROUPS_PER_SECOND = 300  # and groups: the per-group rows (gang, placed, the reclaim rule's running sums) grow
 # with groups whatever their size, so many one-pod groups need their own cap (docs/DESIGN-NOTES.md)
+VICTIM_WEIGHT = 3  # a pod the greedy evicted for a group counts this many pending pods in its window: an eviction
+# variable and the reclaim rule's rows against every sibling queue a reclaimer may take it from (docs/DESIGN-NOTES.md)
 
 
 def window_pods(cfg: Config, decisions: int = 0) -> int:
@@ -280,12 +284,14 @@ def window_groups(cfg: Config, decisions: int = 0) -> int:
 
 
 def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter[int], always: set[int],
-            max_pods: int, max_groups: int) -> list[int]:
+            max_pods: int, max_groups: int, victim_pods: Counter[int] | None = None) -> list[int]:
     """The groups the model decides, in queue order, within `max_pods` pending pods and `max_groups` groups.
-    When everything fits, all of them. Otherwise where a better plan can come from: first the groups the greedy
-    plan leaves pending (highest-ranked first), then the last groups the greedy placed (they hold the room the
-    others could use), then the rest in queue order; the groups in `always` count first."""
-    size = {g: len(pending[g]) for g in eligible}
+    A group's pods are its pending pods and, VICTIM_WEIGHT times each, the pods the greedy plan evicted for it
+    (`victim_pods`). When everything fits, all of them. Otherwise where a better plan can come from: first the
+    groups the greedy plan leaves pending (highest-ranked first), then the last groups the greedy placed (they hold
+    the room the others could use), then the rest in queue order; the groups in `always` count first."""
+    victim_pods = victim_pods or Counter()
+    size = {g: len(pending[g]) + VICTIM_WEIGHT * victim_pods[g] for g in eligible}
     if sum(size.values()) <= max_pods and len(eligible) <= max_groups:
         return eligible
     chosen: list[int] = [g for g in eligible if g in always]
