@@ -89,11 +89,14 @@ def test_plan_turns_are_the_decision_order_and_the_reclaim_row_counts_only_earli
 
 
 def test_reclaim_row_leaves_out_later_turns_of_groups_outside_the_model() -> None:
-    """As above with a one-pod window: `p` keeps the greedy's decisions outside the model (its placement and its
-    preempt eviction are in the model's session), yet r's reclaim row must not count them."""
+    """As above with a window that holds `r` alone (its pod and the pod evicted for it, VICTIM_WEIGHT pods; `p` would
+    take 2 + VICTIM_WEIGHT): `p` keeps the greedy's decisions outside the model (its placement and its preempt
+    eviction are in the model's session), yet r's reclaim row must not count them."""
+    from kai_opt.formulation.scope import VICTIM_WEIGHT
+
     state = _preempt_after_reclaim()
     config = parse_config({"engine": "cpsat", "solver": {"deterministic": True, "time_budget_s": 5, "seed": 0,
-                                                         "max_model_pods": 1}})
+                                                         "max_model_pods": 1 + VICTIM_WEIGHT}})
     fs = compute_fair_share(state)
     _sess, scope = model_scope(state, fs, config, greedy_plan(state, fs, config))
     assert [state.pg_keys[g] for g in scope.excluded] == ["default/p"]
