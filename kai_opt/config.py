@@ -130,7 +130,8 @@ class Solver(_Model):
     deterministic: bool = Field(False, description="deterministic time limit, fixed seed, one worker (tests)")
     seed: int = Field(0, ge=0, le=INT32_MAX, description="random seed of the solver")
     max_model_pods: int = Field(20_000, ge=1, le=INT32_MAX,
-                                description="pending pods in one model; larger cycles use a window")
+                                description="pending pods in one model (the pods the greedy evicted for a group count "
+                                "several times); larger cycles use a window")
     keep_greedy_groups: bool = Field(True, description="every group the greedy placed stays placed (KAI's queue "
                                      "order decides who goes first); false lets the model trade some for more "
                                      "priority-weighted GPUs")
