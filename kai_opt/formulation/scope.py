@@ -169,13 +169,10 @@ def build_scope(sess: Session, acts: Actions, greedy: Plan, *, max_pods: int, ma
     eligible = [g for g in ready if not sub_domain[g] and not any(
         st.pods[p].pod_affinity or st.pods[p].pod_anti_affinity for p in pending_pods[g].tolist())]
     placed_count = placed_per_group(st, greedy)
-    evicted_for = Counter(e.beneficiary for e in greedy.evictions if e.beneficiary >= 0)
-    window = set(_window(eligible, pending_pods, placed_count, replayed_for, max_pods,
-                         len(eligible) if max_groups is None else max_groups, evicted_for))
-    excluded = [g for g in ready if g not in window]
-    if excluded:  # and the groups their greedy decisions rely on
-        window -= relied_on(sess, greedy, set(excluded))
-        excluded = [g for g in ready if g not in window]
+    window, excluded = _in_and_out(sess, greedy, ready, _window(
+        eligible, pending_pods, placed_count, replayed_for, max_pods,
+        len(eligible) if max_groups is None else max_groups,
+        Counter(e.beneficiary for e in greedy.evictions if e.beneficiary >= 0)))
     turn_of = {g: i for i, g in enumerate(ready)}
     kept_as_greedy = fixed_decisions(sess, greedy, excluded)
     late_work = fixed_work(sess, kept_as_greedy, turn_of) + replayed_work(sess, greedy, replayed, turn_of)
@@ -310,6 +307,17 @@ def _window(eligible: list[int], pending: dict[int, np.ndarray], placed: Counter
             left -= size[g]
     rank = {g: i for i, g in enumerate(eligible)}
     return sorted(set(chosen), key=rank.__getitem__)
+
+
+def _in_and_out(sess: Session, greedy: Plan, ready: list[int], chosen: list[int]) -> tuple[set[int], list[int]]:
+    """(the groups the model decides, the pending groups left out in `ready`'s order): the window's `chosen` less
+    the groups whose greedy decisions those left out rely on (relied_on)."""
+    window = set(chosen)
+    excluded = [g for g in ready if g not in window]
+    if excluded:
+        window -= relied_on(sess, greedy, set(excluded))
+        excluded = [g for g in ready if g not in window]
+    return window, excluded
 
 
 def relied_on(sess: Session, greedy: Plan, outside: set[int]) -> set[int]:
