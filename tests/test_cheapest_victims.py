@@ -26,9 +26,10 @@ def test_reclaims_pass_kais_predicates_in_turn() -> None:
     plan = greedy_plan(st, fs, CHEAPEST)
     check_plan(st, plan, fs, CHEAPEST)
     reclaim = ACTION_BY_NAME["reclaim"].eviction_reason
+    moved = {p.pod for p in plan.placements if p.moved}  # victims re-placed: they keep running, no victims
     by_group: dict[int, list[int]] = {}
     for e in plan.evictions:
-        if e.reason == reclaim:
+        if e.reason == reclaim and e.pod not in moved:
             by_group.setdefault(e.beneficiary, []).append(e.pod)
     assert by_group, "the instance has reclaims under this search"
     placed: dict[int, list[tuple[int, int]]] = {}
@@ -116,3 +117,98 @@ def test_a_search_places_once_on_the_state_it_found_when_victims_come_back(monke
     assert failed, "the instance has searches whose placement fails"
     again = [g for (_, g, _, _), n in failed.items() if n > 1]
     assert not again, f"placed again on a state that failed in the same search: groups {sorted(set(again))[:5]}"
+
+
+def test_a_share_that_fits_no_device_looks_for_victims() -> None:
+    """A node whose free milli-GPUs sum to more than a share needs, spread over devices none of which holds it: the
+    scan's sum says it fits without victims, the placer finds no device. The search then asks for a whole device
+    and finds the plan KAI's search makes: a share reclaimed and moved next to the other one, the pending share on
+    the device it left (before: the search gave up without trying victims). No consolidation: it would make the
+    same move before reclaim."""
+    from builders import node, pod, podgroup, queue, state
+
+    objs = [node("n0", gpus=4), queue("a", gpu=(0, 1, -1)), queue("b", gpu=(2, 1, -1))]
+    for i, (gpus, dev) in enumerate(((0.5, "0"), (0.5, "1"), (1, "2"), (1, "3"))):
+        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name="n0", queue_name="a",
+                                            annotations={"kai-opt.io/gpu-devices": dev})]
+    objs += [podgroup("b", "b"), pod("b-0", group="b", gpus=0.75, queue_name="b")]
+    # b's demand beyond its deserved 2 GPUs (a job no node takes) puts queue a over its fair share
+    objs += [podgroup("big", "b", created_min=1),
+             pod("big-0", group="big", gpus=2, queue_name="b", nodeSelector={"pool": "none"})]
+    st = state(objs)
+    fs = compute_fair_share(st)
+
+    def decisions(search: str) -> tuple[list[tuple[str, tuple[int, ...], bool]], list[tuple[str, str]]]:
+        cfg = Config(engine=Engine.greedy, victim_search=search)
+        cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
+        plan = greedy_plan(st, fs, cfg)
+        check_plan(st, plan, fs, cfg)
+        return ([(st.pods[p.pod].key, p.devices, p.moved) for p in plan.placements],
+                [(st.pods[e.pod].key, e.reason) for e in plan.evictions])
+
+    kai = decisions("kai")
+    assert kai == ([("default/b-0", (0,), False), ("default/a0", (1,), True)], [("default/a0", "reclaim")])
+    assert decisions("cheapest") == kai
+
+
+def test_a_gang_with_a_required_rack_reclaims_inside_one_rack() -> None:
+    """The scan over every node finds room for the gang's two whole-node pods on two racks (one cheap victim
+    each); the placer must put both in one rack. The search then prices one rack at a time and finds the plan
+    KAI's search makes: the victims of rack r0, one of them moved to the free GPU on r1 (before: the gang stayed
+    pending)."""
+    from builders import node, pod, podgroup, queue, state
+
+    from kai_opt.snapshot import RawObject
+
+    objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
+    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
+    objs += [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1))]
+    for i, (n, gpus) in enumerate((("n0", 1), ("n1", 2), ("n2", 2), ("n3", 1), ("n4", 2), ("n5", 2))):
+        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name=n, queue_name="a")]
+    objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
+    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
+    objs += [podgroup("big", "b", created_min=1),
+             pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
+    st = state(objs)
+    fs = compute_fair_share(st)
+
+    def decisions(search: str) -> tuple[list[tuple[str, int, bool]], list[str]]:
+        cfg = Config(engine=Engine.greedy, victim_search=search)
+        cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
+        plan = greedy_plan(st, fs, cfg)
+        check_plan(st, plan, fs, cfg)
+        return ([(st.pods[p.pod].key, p.node, p.moved) for p in plan.placements],
+                [st.pods[e.pod].key for e in plan.evictions])
+
+    kai = decisions("kai")
+    assert kai == ([("default/g-0", 1, False), ("default/g-1", 0, False), ("default/a0", 3, True)],
+                   ["default/a0", "default/a1"])
+    assert decisions("cheapest") == kai
+
+
+def test_of_the_racks_that_could_hold_the_gang_the_cheapest_is_tried_first() -> None:
+    """Rack r0 has the most room free, but its only victim is a job that also runs on r2 (4 GPUs evicted); on r1
+    two single pods make the room (3 GPUs). The search prices the racks and takes r1, as KAI's search does."""
+    from builders import node, pod, podgroup, queue, state
+
+    from kai_opt.snapshot import RawObject
+
+    objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
+    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
+    objs += [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1))]
+    for i, (n, gpus) in enumerate((("n2", 1), ("n3", 2), ("n4", 2))):
+        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name=n, queue_name="a")]
+    objs += [podgroup("x", "a", min_member=2)]
+    objs += [pod(f"x-{i}", group="x", gpus=2, node_name=n, queue_name="a") for i, n in enumerate(("n1", "n5"))]
+    objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
+    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
+    objs += [podgroup("big", "b", created_min=1),
+             pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
+    st = state(objs)
+    fs = compute_fair_share(st)
+    cfg = Config(engine=Engine.greedy, victim_search="cheapest")
+    cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
+    plan = greedy_plan(st, fs, cfg)
+    check_plan(st, plan, fs, cfg)
+    assert sorted(st.pods[e.pod].key for e in plan.evictions) == ["default/a0", "default/a1"]
+    assert {st.node_names[p.node] for p in plan.placements if not p.moved} == {"n2", "n3"}

@@ -5,6 +5,7 @@ pin what the decisions are."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -80,6 +81,33 @@ def test_compiled_scan_agrees_with_the_numpy_reference(args: tuple[np.ndarray, .
     kernel = Kernel("victim scan", vs._scan_loops, vs.scan_numpy)
     assert kernel.use_compiled(), "numba is a dependency"
     assert _run(kernel.compiled[0], args) == _run(vs.scan_numpy, args)
+
+
+def _prices_args(args: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    reqs, feasible, room, live, node, _, frees, cost, _, _ = args
+    return reqs[0], feasible, room, live, node, frees, cost
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_node_prices_loops_agree_with_the_numpy_reference(args: tuple[np.ndarray, ...]) -> None:
+    a = _prices_args(args)
+    want = vs.node_prices_numpy(*a).tolist()
+    assert vs._node_prices_loops(*a).tolist() == want
+    kernel = Kernel("victim node prices", vs._node_prices_loops, vs.node_prices_numpy)
+    assert kernel.use_compiled(), "numba is a dependency"
+    assert kernel.compiled[0](*a).tolist() == want
+
+
+@pytest.mark.parametrize("fn", [vs.node_prices_numpy, vs._node_prices_loops], ids=["numpy", "loops"])
+def test_node_prices(fn: Callable[..., np.ndarray]) -> None:
+    one_gpu, two = [0, 0, 1, 0, 0], [0, 0, 2, 0, 0]
+    # node 0: room already (0); node 1: its units cheapest first until 2 GPUs are free (1 + 3); node 2: even its
+    # one live unit is not enough; node 3: infeasible
+    units = [(0, 1, 1, one_gpu), (1, 1, 3, one_gpu), (2, 1, 9, two), (3, 2, 1, one_gpu), (4, 3, 1, two)]
+    args = _instance(4, units, [[0, 0, 2, 0, 0], [0] * WIDTH, [0] * WIDTH, [0] * WIDTH], [True, True, True, False],
+                     [True] * 4 + [False], [two])
+    assert fn(*_prices_args(args)).tolist() == [0, 4, int(vs.BIG), int(vs.BIG)]
 
 
 def test_a_cycle_takes_the_same_plan_with_either_form(monkeypatch: pytest.MonkeyPatch) -> None:

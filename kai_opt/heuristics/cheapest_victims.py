@@ -6,13 +6,17 @@ first goes where room is free or being released, else to the node where evicting
 makes room (nodes shared between the pods); those victims are evicted, KAI's scenario simulation runs for the rules
 that ask for it (victims whose jobs it would allocate first go back, and are left out of the next scenario), the gang
 placer places the pods, victims whose room went unused go back, and the action's rules judge the victims that stay.
-Every plan is one KAI's rules admit; the victims are not the ones KAI's victim order would take.
+The scan's room is coarser than the placer's: when the pods fail on it with no victim given back, the next scenario
+asks for whole devices for GPU shares, and then, for a group with a required topology level, looks in one domain at
+a time (the cheapest of a few priced first). Every plan is one KAI's rules admit; the victims are not the ones KAI's
+victim order would take.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 
@@ -93,28 +97,139 @@ def queue_paths(sess: Session) -> np.ndarray:
 
 
 def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, feasible: np.ndarray,
-                     victim_ok: VictimFilter | None = None) -> np.ndarray | None:
+                     victim_ok: VictimFilter | None = None, *, whole_shares: bool = False) -> np.ndarray | None:
     """The victim groups (among `candidates`, and those `victim_ok` admits) that make room for every task, each on
     the node where that costs the fewest GPUs; empty when some task finds no such node; None when every task fits
-    without evicting anything (the scenario then evicts nothing). The scan itself: victim_scan."""
-    st = sess.state
+    without evicting anything (the scenario then evicts nothing). The scan itself: victim_scan.
+
+    The scan counts a GPU share against its node's free milli-GPUs summed over the devices, which may be spread
+    too thin for the share to fit on one. `whole_shares`: a share asks for whole free devices instead (as many as
+    it spans), which always hold it."""
+    return _scan(sess, tasks, _live_units(sess, victim_units(sess), candidates, feasible, victim_ok), feasible,
+                 whole_shares)
+
+
+def _scan(sess: Session, tasks: list[int], live: np.ndarray, feasible: np.ndarray,
+          whole_shares: bool) -> np.ndarray | None:
+    """cheapest_victims over the live units given (the caller's: every one on a feasible node)."""
     units = victim_units(sess)
     index = _unit_index(sess, units)
-    alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
-    wanted = np.zeros(st.n_groups, dtype=bool)
-    allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
-    wanted[candidates] = True if allowed is None else allowed
-    live = alive & wanted[units.group] & feasible[units.node]
-    room = sess.static("room_after_releases", lambda: _Room(sess)).now(sess).copy()  # once releases finish
-    # what a task needs: its resources, GPUs counted as whole devices for a whole-GPU task (it needs idle devices,
-    # which milli-GPU sums spread over shared devices overstate)
-    reqs = np.column_stack([st.pod_req[tasks], st.pod_gpu_whole[tasks]]).astype(np.int64)
-    reqs[reqs[:, -1] > 0, R_GPU] = 0
-    status, chosen = victim_scan.scan(reqs, feasible, room, live, units.node, units.group, units.frees, units.cost,
-                                      index.group_ptr, index.by_group)
+    status, chosen = victim_scan.scan(_task_rows(sess, tasks, whole_shares), feasible, _room(sess).copy(), live,
+                                      units.node, units.group, units.frees, units.cost, index.group_ptr,
+                                      index.by_group)
     if status == victim_scan.NO_ROOM:
         return np.zeros(0, dtype=np.int64)
     return chosen if status == victim_scan.FOUND else None
+
+
+def _live_units(sess: Session, units: VictimUnits, candidates: np.ndarray, feasible: np.ndarray,
+                victim_ok: VictimFilter | None) -> np.ndarray:
+    """Per victim unit: it still runs, its group is a candidate the filter admits, and its node is feasible."""
+    alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
+    wanted = np.zeros(sess.state.n_groups, dtype=bool)
+    allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
+    wanted[candidates] = True if allowed is None else allowed
+    return alive & wanted[units.group] & feasible[units.node]
+
+
+def _room(sess: Session) -> np.ndarray:
+    """Per node, its room once releases finish (shared: copy before changing it)."""
+    return sess.static("room_after_releases", lambda: _Room(sess)).now(sess)
+
+
+def _task_rows(sess: Session, tasks: list[int], whole_shares: bool) -> np.ndarray:
+    """What each task needs, in the scan's columns: its resources, GPUs counted as whole devices for a whole-GPU
+    task (it needs idle devices, which milli-GPU sums spread over shared devices overstate); with `whole_shares`,
+    a GPU share too (cheapest_victims)."""
+    st = sess.state
+    reqs = np.column_stack([st.pod_req[tasks], st.pod_gpu_whole[tasks]]).astype(np.int64)
+    reqs[reqs[:, -1] > 0, R_GPU] = 0
+    if whole_shares:
+        shares = (st.pod_gpu_frac[tasks] > 0) | (st.pod_gpu_mem[tasks] > 0)
+        reqs[shares, R_GPU] = 0
+        reqs[shares, -1] = np.maximum(st.pod_gpu_ndev[tasks][shares], 1)
+    return reqs
+
+
+def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], candidates: np.ndarray,
+                     feasible: np.ndarray, victim_ok: VictimFilter | None, whole_shares: bool) -> Iterator[np.ndarray]:
+    """For a group with a required topology level, where the scan over every node took victims the placer could
+    not use in one domain: the feasible nodes of each domain at that level (only the one its active pods sit in,
+    if any) that could hold the tasks with every eligible victim there gone, summed per resource the tasks ask for
+    (a necessary condition), in the order of an estimate of what their victims cost (then the most room free), the
+    cheapest of each few priced exactly first (_by_cost); each mask made when reached. Nothing for a group without
+    a required level."""
+    st = sess.state
+    topo, level = int(st.pg_topology[g]), int(st.pg_required_level[g])
+    if topo < 0 or level < 0:
+        return iter(())
+    dom = st.topologies[topo].domain[level]
+    n_dom = len(st.topologies[topo].domain_names[level])
+    within = gang.required_domain(g)
+    nodes = np.flatnonzero(feasible & (dom >= 0) & (within if within is not None else True))
+    if not len(nodes):
+        return iter(())
+    units = victim_units(sess)
+    live = _live_units(sess, units, candidates, feasible, victim_ok)
+    at = np.flatnonzero(live)
+    at = at[dom[units.node[at]] >= 0]
+    unit_dom, frees = dom[units.node[at]], units.frees[at]
+    room = np.maximum(_room(sess)[nodes], 0)
+    need = _task_rows(sess, tasks, whole_shares).sum(axis=0)
+    ok = np.ones(n_dom, dtype=bool)
+    for c in np.flatnonzero(need > 0).tolist():
+        have = np.bincount(dom[nodes], weights=room[:, c], minlength=n_dom)
+        have += np.bincount(unit_dom, weights=frees[:, c], minlength=n_dom)
+        ok &= have >= need[c]
+    present = np.zeros(n_dom, dtype=bool)
+    present[dom[nodes]] = True
+    ok &= present
+    main = -1 if need[-1] > 0 else R_GPU
+    free = np.bincount(dom[nodes], weights=room[:, main], minlength=n_dom)
+    estimate = _domain_estimates(sess, units, live, tasks, whole_shares, feasible, nodes, dom[nodes], n_dom)
+    order = np.flatnonzero(ok)
+    order = order[np.lexsort((order, -free[order], estimate[order]))]
+    return _by_cost(sess, tasks, live, whole_shares, (feasible & (dom == d) for d in order.tolist()))
+
+
+def _domain_estimates(sess: Session, units: VictimUnits, live: np.ndarray, tasks: list[int], whole_shares: bool,
+                      feasible: np.ndarray, nodes: np.ndarray, dom: np.ndarray, n_dom: int) -> np.ndarray:
+    """Per domain, an estimate of what its victims cost: of its nodes (`nodes`, in domain `dom`), the prices of the
+    first task's request (victim_scan.node_prices) summed over as many of the cheapest as there are tasks."""
+    price = victim_scan.node_prices(_task_rows(sess, tasks[:1], whole_shares)[0], feasible, _room(sess), live,
+                                    units.node, units.frees, units.cost)[nodes]
+    o = np.lexsort((price, dom))
+    d, p = dom[o], price[o]
+    first = np.searchsorted(d, d, side="left")
+    cheapest = np.arange(len(o)) - first < len(tasks)
+    return np.bincount(d[cheapest], weights=p[cheapest].astype(float), minlength=n_dom)
+
+
+DOMAIN_BATCH = 4  # domains whose victims the scan prices before the cheapest of them is tried
+
+
+def _by_cost(sess: Session, tasks: list[int], live: np.ndarray, whole_shares: bool,
+             masks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    """`masks` taken DOMAIN_BATCH at a time, each batch in the order of what the scan's victims there cost (the
+    GPUs of their groups; the batch's order among equals), less those where the scan finds no room. `live`: the
+    live units on every node the masks may hold."""
+    units = victim_units(sess)
+    cost = sess.static("victim_group_cost", lambda: _group_cost(sess, units))
+    while batch := list(islice(masks, DOMAIN_BATCH)):
+        priced = []
+        for i, m in enumerate(batch):
+            few = _scan(sess, tasks, live & m[units.node], m, whole_shares)
+            if few is None or len(few):
+                priced.append((0 if few is None else int(cost[few].sum()), i))
+        for _, i in sorted(priced):
+            yield batch[i]
+
+
+def _group_cost(sess: Session, units: VictimUnits) -> np.ndarray:
+    out = np.zeros(sess.state.n_groups, dtype=np.int64)
+    out[units.group] = units.cost
+    out.flags.writeable = False
+    return out
 
 
 class _Room:
@@ -173,10 +288,21 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
     # a scenario whose victims all come back leaves the session as this search found it, where placing is
     # deterministic: once that failed, it fails again
     failed_unchanged = False
+    # once the pods failed on the scan's room with no victim given back, the next scenario asks more of the scan:
+    # shares ask for whole devices (its sum over a node's devices may not hold them on one device), then a group
+    # with a required topology level looks in one domain at a time (it took room anywhere)
+    whole_shares = False
+    shares = bool(((sess.state.pod_gpu_frac[tasks] > 0) | (sess.state.pod_gpu_mem[tasks] > 0)).any())
+    domains: Iterator[np.ndarray] | None = None
+    where = feasible
     for _ in range(max(1, sess.cfg.max_victim_scenarios)):
-        few = cheapest_victims(sess, tasks, pool, feasible, victim_ok)
+        few = cheapest_victims(sess, tasks, pool, where, victim_ok, whole_shares=whole_shares)
         if few is not None and not len(few):
-            return Outcome(False, [], why)
+            nxt = next(domains, None) if domains is not None else None
+            if nxt is None:
+                return Outcome(False, [], why)
+            where = nxt
+            continue
         cp = sess.checkpoint()
         victims: list[int] = []
         back: set[int] = set()
@@ -193,7 +319,16 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
             sess.rollback(cp)
             why = "the pods do not fit once the cheapest victims go"
             if not back:
-                return Outcome(False, [], why)
+                if shares and not whole_shares:
+                    whole_shares = True
+                    continue
+                if domains is None:
+                    domains = required_domains(sess, gang, g, tasks, pool, feasible, victim_ok, whole_shares)
+                nxt = next(domains, None)
+                if nxt is None:
+                    return Outcome(False, [], why)
+                where = nxt
+                continue
             gone_back = {int(sess.state.pod_pg[chunks[i][0]]) for i in back}  # they come back first: not victims
             pool = pool[~np.isin(pool, list(gone_back))]
             continue

@@ -251,6 +251,15 @@ class GangPlacer:
             return np.zeros(sess.state.n_nodes, dtype=bool)  # already spread (or outside): no domain fits
         return dom == doms.pop()
 
+    def required_domain(self, g: int) -> np.ndarray | None:
+        """The nodes of the required-level domain g's active (or moved) pods sit in (all of g's pods must join
+        them); None when none is fixed yet (or g has no required level)."""
+        st = self.sess.state
+        topo, lvl = int(st.pg_topology[g]), int(st.pg_required_level[g])
+        if topo < 0 or lvl < 0:
+            return None
+        return self._active_domain(st.group_pods(g), topo, lvl)
+
     def some_domain_may_hold(self, g: int, tasks: list[int]) -> bool:
         """For a group with a required topology level: whether some domain it may still use (the one its active
         pods sit in, else any) _may_hold the tasks. A necessary condition of place() (True without a required
@@ -259,8 +268,7 @@ class GangPlacer:
         topo, lvl = int(st.pg_topology[g]), int(st.pg_required_level[g])
         if topo < 0 or lvl < 0:
             return True
-        within = self._active_domain(st.group_pods(g), topo, lvl)
-        return bool(_may_hold(self.sess, topo, lvl, within, tasks).any())
+        return bool(_may_hold(self.sess, topo, lvl, self.required_domain(g), tasks).any())
 
     def domain_for_move(self, p: int) -> np.ndarray | None:
         """Where a consolidated pod may be re-placed: inside the required domains its group's (and sub-group's)

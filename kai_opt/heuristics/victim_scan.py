@@ -247,6 +247,74 @@ def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: 
 SCAN = Kernel("victim scan", _scan_loops, scan_numpy)
 
 
+def node_prices_numpy(req: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray,
+                      unit_node: np.ndarray, frees: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Per node, what making room for one request there costs (the scan's price: 0 with room already, the GPUs of
+    the groups of its live units taken cheapest first until the request fits), BIG where it cannot be made (an
+    infeasible node, or too little even with every live unit gone). The reference, over arrays (_Prices)."""
+    need = req > 0
+    now = feasible & (room[:, need] >= req[need]).all(axis=1)
+    price = np.where(now, 0, BIG).astype(np.int64)
+    take = np.flatnonzero(live)
+    prices = _Prices(unit_node[take], frees[take], cost[take], len(room))
+    if len(prices.start):
+        _, made = prices._make(room, req, np.arange(len(prices.start)))
+        at = unit_node[take][prices.start]
+        price[at] = np.where(now[at] | ~feasible[at], price[at], made)
+    return price
+
+
+def _node_prices_loops(req: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray,
+                       unit_node: np.ndarray, frees: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """node_prices as plain loops (what numba compiles): one pass over the units, node by node."""
+    n_nodes, width = room.shape
+    price = np.full(n_nodes, BIG, dtype=np.int64)
+    for n in range(n_nodes):
+        if not feasible[n]:
+            continue
+        ok = True
+        for k in range(width):
+            if req[k] > 0 and room[n, k] < req[k]:
+                ok = False
+                break
+        if ok:
+            price[n] = 0
+    cum = np.zeros(width, dtype=np.int64)
+    i, n_units = 0, len(live)
+    while i < n_units:
+        n = unit_node[i]
+        j = i
+        while j < n_units and unit_node[j] == n:
+            j += 1
+        if feasible[n] and price[n] != 0:
+            spent = 0
+            for k in range(width):
+                cum[k] = 0
+            for u in range(i, j):
+                if not live[u]:
+                    continue
+                spent += cost[u]
+                ok = True
+                for k in range(width):
+                    cum[k] += frees[u, k]
+                    if req[k] > 0 and room[n, k] + cum[k] < req[k]:
+                        ok = False
+                if ok:
+                    price[n] = spent
+                    break
+        i = j
+    return price
+
+
+NODE_PRICES = Kernel("victim node prices", _node_prices_loops, node_prices_numpy)
+
+
+def node_prices(*args: Any) -> np.ndarray:
+    """node_prices_numpy's result, by the compiled loops once a long-lived process asked for them."""
+    out: np.ndarray = NODE_PRICES(*args)
+    return out
+
+
 def scan(*args: Any) -> tuple[int, np.ndarray]:
     """The scan (module docstring): the compiled loops once a long-lived process asked for them
     (kai_opt.compiled), else the numpy form."""
