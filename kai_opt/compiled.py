@@ -19,6 +19,14 @@ from typing import Any
 log = logging.getLogger("kai_opt.compiled")
 
 _when_used: list[bool] = []  # set by compile_when_used()
+_inner: list[Callable[..., Any]] = []  # set by inner()
+
+
+def inner(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a plain function that kernels' loops call: compiled with them (numba compiles calls to compiled code
+    only; the loops' module then calls the compiled one, in either form, with the same results)."""
+    _inner.append(fn)
+    return fn
 
 
 def compile_when_used() -> None:
@@ -42,12 +50,11 @@ class Kernel:
             import numba
         except ImportError:
             return False
-        jit: Any = numba.njit
-        try:
-            fn = jit(cache=True, nogil=True)(self.loops)
-        except RuntimeError:  # no writable cache location: compile in memory
-            fn = jit(nogil=True)(self.loops)
-        self.compiled.append(fn)
+        names = self.loops.__globals__
+        for helper in _inner:
+            if names.get(helper.__name__) is helper:
+                names[helper.__name__] = _jit(numba, helper)
+        self.compiled.append(_jit(numba, self.loops))
         return True
 
     def __call__(self, *args: Any) -> Any:
@@ -67,3 +74,11 @@ class Kernel:
         log.warning("the compiled %s failed %s; this process keeps the numpy form", self.name, what, exc_info=True)
         self.compiled.clear()
         self.failed = True
+
+
+def _jit(numba: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    try:
+        out: Callable[..., Any] = numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # no writable cache location: compile in memory
+        out = numba.njit(nogil=True)(fn)
+    return out

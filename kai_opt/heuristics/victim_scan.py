@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kai_opt.compiled import Kernel
+from kai_opt.compiled import Kernel, inner
 from kai_opt.state.resources import R_GPU
 
 FOUND, NONE_NEEDED, NO_ROOM = 0, 1, 2
@@ -133,6 +133,30 @@ def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: n
     return (FOUND, np.array(chosen, dtype=np.int64)) if chosen else (NONE_NEEDED, np.zeros(0, dtype=np.int64))
 
 
+@inner
+def _price(room: np.ndarray, req: np.ndarray, units: np.ndarray, a: int, b: int, live: np.ndarray,
+           frees: np.ndarray, cost: np.ndarray, cum: np.ndarray) -> tuple[int, int]:
+    """One node's price for req (its room `room`; its units units[a:b], cheapest first): the live units taken until
+    room plus what they free covers the request, as (GPUs of their groups, the last unit taken), else (BIG, -1).
+    `cum`: scratch of the row's width."""
+    spent = 0
+    for k in range(len(cum)):
+        cum[k] = 0
+    for i in range(a, b):
+        j = units[i]
+        if not live[j]:
+            continue
+        spent += cost[j]
+        ok = True
+        for k in range(len(cum)):
+            cum[k] += frees[j, k]
+            if req[k] > 0 and room[k] + cum[k] < req[k]:
+                ok = False
+        if ok:
+            return spent, j
+    return int(BIG), -1
+
+
 def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: np.ndarray,
                 unit_node: np.ndarray, unit_group: np.ndarray, frees: np.ndarray, cost: np.ndarray,
                 group_ptr: np.ndarray, by_group: np.ndarray) -> tuple[int, np.ndarray]:
@@ -182,24 +206,8 @@ def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: 
                     same = False
             todo = stale_list[:n_stale] if same else every
             for sg in todo:
-                n = seg_node[sg]
-                price[sg], last[sg] = BIG, -1
-                spent = 0
-                for k in range(width):
-                    cum[k] = 0
-                for i in range(seg_ptr[sg], seg_ptr[sg + 1]):
-                    j = lu[i]
-                    if not live[j]:
-                        continue
-                    spent += cost[j]
-                    ok = True
-                    for k in range(width):
-                        cum[k] += frees[j, k]
-                        if req[k] > 0 and room[n, k] + cum[k] < req[k]:
-                            ok = False
-                    if ok:
-                        price[sg], last[sg] = spent, j
-                        break
+                price[sg], last[sg] = _price(room[seg_node[sg]], req, lu, seg_ptr[sg], seg_ptr[sg + 1], live, frees,
+                                             cost, cum)
             for i in range(n_stale):
                 stale[stale_list[i]] = False
             n_stale = 0
@@ -280,6 +288,7 @@ def _node_prices_loops(req: np.ndarray, feasible: np.ndarray, room: np.ndarray, 
         if ok:
             price[n] = 0
     cum = np.zeros(width, dtype=np.int64)
+    every = np.arange(len(live))
     i, n_units = 0, len(live)
     while i < n_units:
         n = unit_node[i]
@@ -287,21 +296,7 @@ def _node_prices_loops(req: np.ndarray, feasible: np.ndarray, room: np.ndarray, 
         while j < n_units and unit_node[j] == n:
             j += 1
         if feasible[n] and price[n] != 0:
-            spent = 0
-            for k in range(width):
-                cum[k] = 0
-            for u in range(i, j):
-                if not live[u]:
-                    continue
-                spent += cost[u]
-                ok = True
-                for k in range(width):
-                    cum[k] += frees[u, k]
-                    if req[k] > 0 and room[n, k] + cum[k] < req[k]:
-                        ok = False
-                if ok:
-                    price[n] = spent
-                    break
+            price[n] = _price(room[n], req, every, i, j, live, frees, cost, cum)[0]
         i = j
     return price
 
