@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import node, pod, podgroup, queue, state
 
 from kai_opt.actions import ACTION_BY_NAME
 from kai_opt.checker import check_plan
@@ -14,7 +15,9 @@ from kai_opt.fairshare import compute_fair_share
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.reclaim import can_reclaim, reclaimable, victim_chunks
 from kai_opt.heuristics.cycle import greedy_plan
-from kai_opt.state import build_state
+from kai_opt.plan import Plan
+from kai_opt.snapshot import RawObject
+from kai_opt.state import ClusterState, build_state
 from models.generators import as_snapshot, scale
 
 CHEAPEST = Config(engine=Engine.greedy, victim_search="cheapest")
@@ -119,36 +122,67 @@ def test_a_search_places_once_on_the_state_it_found_when_victims_come_back(monke
     assert not again, f"placed again on a state that failed in the same search: groups {sorted(set(again))[:5]}"
 
 
+def _no_consolidation(search: str) -> Config:
+    """The greedy engine with this victim search and without consolidation (which would make these cases' room by
+    moving pods before reclaim runs)."""
+    cfg = Config(engine=Engine.greedy, victim_search=search)
+    return cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
+
+
+def _checked_plan(st: ClusterState, search: str) -> Plan:
+    fs = compute_fair_share(st)
+    cfg = _no_consolidation(search)
+    plan = greedy_plan(st, fs, cfg)
+    check_plan(st, plan, fs, cfg)
+    return plan
+
+
+def _decisions(st: ClusterState, search: str) -> tuple[list[tuple[str, int, tuple[int, ...], bool]], list[str]]:
+    plan = _checked_plan(st, search)
+    return ([(st.pods[p.pod].key, p.node, p.devices, p.moved) for p in plan.placements],
+            [st.pods[e.pod].key for e in plan.evictions])
+
+
+def _queues_a_over_b() -> list[RawObject]:
+    """Queue a (no quota) runs the victims; queue b (quota 10 GPUs) has, beside the cases' pending job, demand
+    beyond that no node takes, so a is over its fair share and b may reclaim."""
+    return [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1)), podgroup("big", "b", created_min=1),
+            pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
+
+
+def _running(placed: list[tuple[str, str, float]], **annotations: str) -> list[RawObject]:
+    """One single-pod group of queue a per (name, node, GPUs); `annotations`: a pod's GPU devices, by name."""
+    out: list[RawObject] = []
+    for name, n, gpus in placed:
+        ann = {"kai-opt.io/gpu-devices": annotations[name]} if name in annotations else None
+        out += [podgroup(name, "a"), pod(name, group=name, gpus=gpus, node_name=n, queue_name="a", annotations=ann)]
+    return out
+
+
 def test_a_share_that_fits_no_device_looks_for_victims() -> None:
     """A node whose free milli-GPUs sum to more than a share needs, spread over devices none of which holds it: the
     scan's sum says it fits without victims, the placer finds no device. The search then asks for a whole device
     and finds the plan KAI's search makes: a share reclaimed and moved next to the other one, the pending share on
-    the device it left (before: the search gave up without trying victims). No consolidation: it would make the
-    same move before reclaim."""
-    from builders import node, pod, podgroup, queue, state
-
-    objs = [node("n0", gpus=4), queue("a", gpu=(0, 1, -1)), queue("b", gpu=(2, 1, -1))]
-    for i, (gpus, dev) in enumerate(((0.5, "0"), (0.5, "1"), (1, "2"), (1, "3"))):
-        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name="n0", queue_name="a",
-                                            annotations={"kai-opt.io/gpu-devices": dev})]
-    objs += [podgroup("b", "b"), pod("b-0", group="b", gpus=0.75, queue_name="b")]
-    # b's demand beyond its deserved 2 GPUs (a job no node takes) puts queue a over its fair share
-    objs += [podgroup("big", "b", created_min=1),
-             pod("big-0", group="big", gpus=2, queue_name="b", nodeSelector={"pool": "none"})]
+    the device it left (before: the search gave up without trying victims)."""
+    objs = [node("n0", gpus=4), *_queues_a_over_b(), podgroup("b", "b"),
+            pod("b-0", group="b", gpus=0.75, queue_name="b")]
+    objs += _running([("a0", "n0", 0.5), ("a1", "n0", 0.5), ("a2", "n0", 1), ("a3", "n0", 1)],
+                     a0="0", a1="1", a2="2", a3="3")
     st = state(objs)
-    fs = compute_fair_share(st)
+    kai = _decisions(st, "kai")
+    assert kai == ([("default/b-0", 0, (0,), False), ("default/a0", 0, (1,), True)], ["default/a0"])
+    assert _decisions(st, "cheapest") == kai
 
-    def decisions(search: str) -> tuple[list[tuple[str, tuple[int, ...], bool]], list[tuple[str, str]]]:
-        cfg = Config(engine=Engine.greedy, victim_search=search)
-        cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
-        plan = greedy_plan(st, fs, cfg)
-        check_plan(st, plan, fs, cfg)
-        return ([(st.pods[p.pod].key, p.devices, p.moved) for p in plan.placements],
-                [(st.pods[e.pod].key, e.reason) for e in plan.evictions])
 
-    kai = decisions("kai")
-    assert kai == ([("default/b-0", (0,), False), ("default/a0", (1,), True)], [("default/a0", "reclaim")])
-    assert decisions("cheapest") == kai
+def _racks_and_a_gang(running: list[RawObject]) -> ClusterState:
+    """Three racks of two 2-GPU nodes (n0-n1, n2-n3, n4-n5), `running` on them, and queue b's gang g of two
+    whole-node pods that must share a rack."""
+    objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
+    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
+    objs += [*_queues_a_over_b(), *running]
+    objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
+    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
+    return state(objs)
 
 
 def test_a_gang_with_a_required_rack_reclaims_inside_one_rack() -> None:
@@ -156,59 +190,20 @@ def test_a_gang_with_a_required_rack_reclaims_inside_one_rack() -> None:
     each); the placer must put both in one rack. The search then prices one rack at a time and finds the plan
     KAI's search makes: the victims of rack r0, one of them moved to the free GPU on r1 (before: the gang stayed
     pending)."""
-    from builders import node, pod, podgroup, queue, state
-
-    from kai_opt.snapshot import RawObject
-
-    objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
-    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
-    objs += [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1))]
-    for i, (n, gpus) in enumerate((("n0", 1), ("n1", 2), ("n2", 2), ("n3", 1), ("n4", 2), ("n5", 2))):
-        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name=n, queue_name="a")]
-    objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
-    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
-    objs += [podgroup("big", "b", created_min=1),
-             pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
-    st = state(objs)
-    fs = compute_fair_share(st)
-
-    def decisions(search: str) -> tuple[list[tuple[str, int, bool]], list[str]]:
-        cfg = Config(engine=Engine.greedy, victim_search=search)
-        cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
-        plan = greedy_plan(st, fs, cfg)
-        check_plan(st, plan, fs, cfg)
-        return ([(st.pods[p.pod].key, p.node, p.moved) for p in plan.placements],
-                [st.pods[e.pod].key for e in plan.evictions])
-
-    kai = decisions("kai")
-    assert kai == ([("default/g-0", 1, False), ("default/g-1", 0, False), ("default/a0", 3, True)],
-                   ["default/a0", "default/a1"])
-    assert decisions("cheapest") == kai
+    st = _racks_and_a_gang(_running([("a0", "n0", 1), ("a1", "n1", 2), ("a2", "n2", 2), ("a3", "n3", 1),
+                                     ("a4", "n4", 2), ("a5", "n5", 2)]))
+    kai = _decisions(st, "kai")
+    assert kai == ([("default/g-0", 1, (0, 1), False), ("default/g-1", 0, (1, 0), False),
+                    ("default/a0", 3, (1,), True)], ["default/a0", "default/a1"])
+    assert _decisions(st, "cheapest") == kai
 
 
 def test_of_the_racks_that_could_hold_the_gang_the_cheapest_is_tried_first() -> None:
     """Rack r0 has the most room free, but its only victim is a job that also runs on r2 (4 GPUs evicted); on r1
     two single pods make the room (3 GPUs). The search prices the racks and takes r1, as KAI's search does."""
-    from builders import node, pod, podgroup, queue, state
-
-    from kai_opt.snapshot import RawObject
-
-    objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
-    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
-    objs += [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1))]
-    for i, (n, gpus) in enumerate((("n2", 1), ("n3", 2), ("n4", 2))):
-        objs += [podgroup(f"a{i}", "a"), pod(f"a{i}", group=f"a{i}", gpus=gpus, node_name=n, queue_name="a")]
-    objs += [podgroup("x", "a", min_member=2)]
-    objs += [pod(f"x-{i}", group="x", gpus=2, node_name=n, queue_name="a") for i, n in enumerate(("n1", "n5"))]
-    objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
-    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
-    objs += [podgroup("big", "b", created_min=1),
-             pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
-    st = state(objs)
-    fs = compute_fair_share(st)
-    cfg = Config(engine=Engine.greedy, victim_search="cheapest")
-    cfg = cfg.model_copy(update={"actions": cfg.actions.model_copy(update={"consolidate": False})})
-    plan = greedy_plan(st, fs, cfg)
-    check_plan(st, plan, fs, cfg)
+    x = [podgroup("x", "a", min_member=2)]
+    x += [pod(f"x-{i}", group="x", gpus=2, node_name=n, queue_name="a") for i, n in enumerate(("n1", "n5"))]
+    st = _racks_and_a_gang(_running([("a0", "n2", 1), ("a1", "n3", 2), ("a2", "n4", 2)]) + x)
+    plan = _checked_plan(st, "cheapest")
     assert sorted(st.pods[e.pod].key for e in plan.evictions) == ["default/a0", "default/a1"]
     assert {st.node_names[p.node] for p in plan.placements if not p.moved} == {"n2", "n3"}

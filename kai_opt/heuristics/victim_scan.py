@@ -134,6 +134,15 @@ def scan_numpy(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: n
 
 
 @inner
+def _fits(room: np.ndarray, req: np.ndarray) -> bool:
+    """Room (one node's row) holds the request in every resource it asks for."""
+    for k in range(len(req)):  # noqa: SIM110 (numba compiles loops, not generator expressions)
+        if req[k] > 0 and room[k] < req[k]:
+            return False
+    return True
+
+
+@inner
 def _price(room: np.ndarray, req: np.ndarray, units: np.ndarray, a: int, b: int, live: np.ndarray,
            frees: np.ndarray, cost: np.ndarray, cum: np.ndarray) -> tuple[int, int]:
     """One node's price for req (its room `room`; its units units[a:b], cheapest first): the live units taken until
@@ -190,14 +199,7 @@ def _scan_loops(reqs: np.ndarray, feasible: np.ndarray, room: np.ndarray, live: 
         req = reqs[t]
         best, best_gpu = -1, BIG
         for n in range(n_nodes):
-            if not feasible[n]:
-                continue
-            ok = True
-            for k in range(width):
-                if req[k] > 0 and room[n, k] < req[k]:
-                    ok = False
-                    break
-            if ok and room[n, R_GPU] < best_gpu:
+            if feasible[n] and _fits(room[n], req) and room[n, R_GPU] < best_gpu:
                 best, best_gpu = n, room[n, R_GPU]
         if best < 0:
             same = have_prices
@@ -278,14 +280,7 @@ def _node_prices_loops(req: np.ndarray, feasible: np.ndarray, room: np.ndarray, 
     n_nodes, width = room.shape
     price = np.full(n_nodes, BIG, dtype=np.int64)
     for n in range(n_nodes):
-        if not feasible[n]:
-            continue
-        ok = True
-        for k in range(width):
-            if req[k] > 0 and room[n, k] < req[k]:
-                ok = False
-                break
-        if ok:
+        if feasible[n] and _fits(room[n], req):
             price[n] = 0
     cum = np.zeros(width, dtype=np.int64)
     every = np.arange(len(live))
