@@ -4,6 +4,8 @@ follows the plan's decisions in their order (the victims differ from KAI's searc
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from builders import node, pod, podgroup, queue, state
@@ -143,11 +145,11 @@ def _decisions(st: ClusterState, search: str) -> tuple[list[tuple[str, int, tupl
             [st.pods[e.pod].key for e in plan.evictions])
 
 
-def _queues_a_over_b() -> list[RawObject]:
-    """Queue a (no quota) runs the victims; queue b (quota 10 GPUs) has, beside the cases' pending job, demand
+def _queues_a_over_b(quota: int = 10) -> list[RawObject]:
+    """Queue a (no quota) runs the victims; queue b (`quota` GPUs) has, beside the cases' pending job, demand
     beyond that no node takes, so a is over its fair share and b may reclaim."""
-    return [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(10, 1, -1)), podgroup("big", "b", created_min=1),
-            pod("big-0", group="big", gpus=8, queue_name="b", nodeSelector={"pool": "none"})]
+    return [queue("a", gpu=(0, 1, -1)), queue("b", gpu=(quota, 1, -1)), podgroup("big", "b", created_min=1),
+            pod("big-0", group="big", gpus=quota - 2, queue_name="b", nodeSelector={"pool": "none"})]
 
 
 def _running(placed: list[tuple[str, str, float]], **annotations: str) -> list[RawObject]:
@@ -174,14 +176,15 @@ def test_a_share_that_fits_no_device_looks_for_victims() -> None:
     assert _decisions(st, "cheapest") == kai
 
 
-def _racks_and_a_gang(running: list[RawObject]) -> ClusterState:
-    """Three racks of two 2-GPU nodes (n0-n1, n2-n3, n4-n5), `running` on them, and queue b's gang g of two
-    whole-node pods that must share a rack."""
+def _racks_and_a_gang(running: list[RawObject], racks: int = 3, per_rack: int = 2,
+                      pod_cpu: str = "1", quota: int = 10) -> ClusterState:
+    """`racks` racks of `per_rack` 2-GPU nodes (two each: n0-n1, n2-n3, ...), `running` on them, and queue b's gang
+    g of two whole-node pods (`pod_cpu` CPUs each) that must share a rack."""
     objs = [RawObject("Topology", {"metadata": {"name": "t"}, "spec": {"levels": [{"nodeLabel": "rack"}]}})]
-    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // 2}"}) for i in range(6)]
-    objs += [*_queues_a_over_b(), *running]
+    objs += [node(f"n{i}", gpus=2, labels={"rack": f"r{i // per_rack}"}) for i in range(per_rack * racks)]
+    objs += [*_queues_a_over_b(quota), *running]
     objs += [podgroup("g", "b", min_member=2, topologyConstraint={"topology": "t", "requiredTopologyLevel": "rack"})]
-    objs += [pod(f"g-{i}", group="g", gpus=2, queue_name="b") for i in range(2)]
+    objs += [pod(f"g-{i}", group="g", gpus=2, cpu=pod_cpu, queue_name="b") for i in range(2)]
     return state(objs)
 
 
@@ -207,3 +210,35 @@ def test_of_the_racks_that_could_hold_the_gang_the_cheapest_is_tried_first() -> 
     plan = _checked_plan(st, "cheapest")
     assert sorted(st.pods[e.pod].key for e in plan.evictions) == ["default/a0", "default/a1"]
     assert {st.node_names[p.node] for p in plan.placements if not p.moved} == {"n2", "n3"}
+
+
+def test_the_domains_priced_are_those_that_can_take_a_task_and_no_more_batches_than_scenarios(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six racks of three nodes whose summed room could hold the gang's two 2-GPU, 40-CPU pods. On r0 no node can
+    take one (30 of its 64 CPUs held by a pod that is no victim on each); on r1-r5 the first node can, once its
+    victim goes, the other two keep too few CPUs. The rack search prices r1-r5 only, and no more batches of them
+    than the search has scenarios."""
+    import kai_opt.heuristics.cheapest_victims as cv
+
+    racks = range(6)
+    running = [podgroup("keep", "a", priority_class="build", preemptible=False)]
+    held = [f"n{3 * r + i}" for r in racks for i in (0, 1, 2) if r == 0 or i > 0]
+    running += [pod(f"keep-{n}", group="keep", cpu="30", node_name=n, queue_name="a") for n in held]
+    running += _running([(f"v{r}", f"n{3 * r}", 2) for r in racks if r > 0])
+    st = _racks_and_a_gang(running, racks=6, per_rack=3, pod_cpu="40", quota=32)
+    scanned: list[frozenset[str]] = []
+    scan = cv._scan
+
+    def counting(sess: Any, tasks: list[int], live: np.ndarray, feasible: np.ndarray, whole: bool) -> Any:
+        scanned.append(frozenset(st.node_names[n] for n in np.flatnonzero(feasible)))
+        return scan(sess, tasks, live, feasible, whole)
+
+    monkeypatch.setattr(cv, "_scan", counting)
+    assert not _checked_plan(st, "cheapest").evictions
+    in_racks = [s for s in scanned if len(s) == 3]  # (the whole-cluster scans see every node)
+    assert sorted(in_racks, key=sorted) == sorted((frozenset(f"n{3 * r + i}" for i in (0, 1, 2)) for r in racks
+                                                   if r > 0), key=sorted)
+    scanned.clear()
+    one = _no_consolidation("cheapest").model_copy(update={"max_victim_scenarios": 1})
+    greedy_plan(st, compute_fair_share(st), one)
+    assert len([s for s in scanned if len(s) == 3]) == cv.DOMAIN_BATCH

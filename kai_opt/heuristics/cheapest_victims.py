@@ -186,23 +186,27 @@ def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], 
     ok &= present
     main = -1 if need[-1] > 0 else R_GPU
     free = np.bincount(dom[nodes], weights=room[:, main], minlength=n_dom)
-    estimate = _domain_estimates(sess, units, live, tasks, whole_shares, feasible, nodes, dom[nodes], n_dom)
-    order = np.flatnonzero(ok)
+    estimate, first_fits = _domain_estimates(sess, units, live, tasks, whole_shares, feasible, nodes, dom[nodes],
+                                             n_dom)
+    order = np.flatnonzero(ok & first_fits)
     order = order[np.lexsort((order, -free[order], estimate[order]))]
     return _by_cost(sess, tasks, live, whole_shares, (feasible & (dom == d) for d in order.tolist()))
 
 
 def _domain_estimates(sess: Session, units: VictimUnits, live: np.ndarray, tasks: list[int], whole_shares: bool,
-                      feasible: np.ndarray, nodes: np.ndarray, dom: np.ndarray, n_dom: int) -> np.ndarray:
+                      feasible: np.ndarray, nodes: np.ndarray, dom: np.ndarray,
+                      n_dom: int) -> tuple[np.ndarray, np.ndarray]:
     """Per domain, an estimate of what its victims cost: of its nodes (`nodes`, in domain `dom`), the prices of the
-    first task's request (victim_scan.node_prices) summed over as many of the cheapest as there are tasks."""
+    first task's request (victim_scan.node_prices) summed over as many of the cheapest as there are tasks; and
+    whether some node of it can take the first task at all (else the scan finds no room there: not tried)."""
     price = victim_scan.node_prices(_task_rows(sess, tasks[:1], whole_shares)[0], feasible, _room(sess), live,
                                     units.node, units.frees, units.cost)[nodes]
     o = np.lexsort((price, dom))
     d, p = dom[o], price[o]
     first = np.searchsorted(d, d, side="left")
     cheapest = np.arange(len(o)) - first < len(tasks)
-    return np.bincount(d[cheapest], weights=p[cheapest].astype(float), minlength=n_dom)
+    return (np.bincount(d[cheapest], weights=p[cheapest].astype(float), minlength=n_dom),
+            np.bincount(dom, weights=price < victim_scan.BIG, minlength=n_dom) > 0)
 
 
 DOMAIN_BATCH = 4  # domains whose victims the scan prices before the cheapest of them is tried
@@ -211,11 +215,15 @@ DOMAIN_BATCH = 4  # domains whose victims the scan prices before the cheapest of
 def _by_cost(sess: Session, tasks: list[int], live: np.ndarray, whole_shares: bool,
              masks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
     """`masks` taken DOMAIN_BATCH at a time, each batch in the order of what the scan's victims there cost (the
-    GPUs of their groups; the batch's order among equals), less those where the scan finds no room. `live`: the
-    live units on every node the masks may hold."""
+    GPUs of their groups; the batch's order among equals), less those where the scan finds no room; at most
+    `max_victim_scenarios` batches (a search tries no more domains than it has scenarios). `live`: the live units
+    on every node the masks may hold."""
     units = victim_units(sess)
     cost = sess.static("victim_group_cost", lambda: _group_cost(sess, units))
-    while batch := list(islice(masks, DOMAIN_BATCH)):
+    for _ in range(max(1, sess.cfg.max_victim_scenarios)):
+        batch = list(islice(masks, DOMAIN_BATCH))
+        if not batch:
+            return
         priced = []
         for i, m in enumerate(batch):
             few = _scan(sess, tasks, live & m[units.node], m, whole_shares)
