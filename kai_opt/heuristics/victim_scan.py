@@ -12,6 +12,9 @@ int64[N, C] and `live` bool[U] the units that may go (both may be changed), `uni
 int64[U, C] what a unit frees, `cost` int64[U] what evicting its group costs.
 Returns (status, victim groups in the order taken): status FOUND (victims needed and found), NONE_NEEDED (every
 task fits on room already free or being released) or NO_ROOM (some task finds no such node: victims meaningless).
+
+`node_prices` (the same two forms) is the scan's price of one request on every node, which a search over topology
+domains reads to estimate each domain's cost (cheapest_victims.required_domains).
 """
 
 from __future__ import annotations
