@@ -181,9 +181,6 @@ def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], 
         have = np.bincount(dom[nodes], weights=room[:, c], minlength=n_dom)
         have += np.bincount(unit_dom, weights=frees[:, c], minlength=n_dom)
         ok &= have >= need[c]
-    present = np.zeros(n_dom, dtype=bool)
-    present[dom[nodes]] = True
-    ok &= present
     main = -1 if need[-1] > 0 else R_GPU
     free = np.bincount(dom[nodes], weights=room[:, main], minlength=n_dom)
     estimate, first_fits = _domain_estimates(sess, units, live, tasks, whole_shares, feasible, nodes, dom[nodes],
