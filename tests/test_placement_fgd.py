@@ -218,7 +218,7 @@ def test_fgd_keeps_cpu_next_to_free_gpus() -> None:
     nodes = np.arange(st.n_nodes)
     a, b = st.node_names.index("a"), st.node_names.index("b")
     growth = fgd.model.expected(fgd.model.frag(fgd.cpu[nodes] - 8000, fgd.free[nodes] - 1000, fgd.cnt[nodes] - 1,
-                                               fgd.below[nodes], fgd.access[nodes])) - fgd.frag[nodes]
+                                               fgd.below[nodes], fgd.access[nodes]) - fgd.frag[nodes])
     assert growth[a] == growth[b] == 0  # FGD alone cannot tell them apart
     k2, _ = fgd.tie_keys(p, nodes, True)
     assert k2[a] > k2[b]  # the tie rule alone would take a
@@ -263,3 +263,35 @@ def test_explain_terms_of_a_share_under_fgd_add_up() -> None:
         assert split["gpu_sharing"] == sharing and "other" not in split, (strategy, split)
     placer = Placer(Session(st, compute_fair_share(st), parse_config({"placement": {"gpu": "fgd"}})))
     assert "fill cost" in str(device_choice(placer, p, st.node_names.index("a"), (0,), "fgd")["rule"])
+
+
+def test_a_placement_that_changes_no_fragmentation_scores_the_same_on_every_node() -> None:
+    # ~60 target shapes and nodes whose devices hold shares of many sizes: a node's expected fragmentation is a
+    # weighted sum over the shapes, which BLAS adds up in blocks that depend on how many nodes are scored at once.
+    # A tiny CPU-only pod changes no shape's fragmentation on any node, so its growth is 0 and its FGD score 50 on
+    # every node, scored over all nodes or one at a time (as the difference of two such sums, each made in a batch
+    # of another size, it was a few ulps off 0 on 4 of these nodes, which scored 49)
+    from kai_opt.fairshare import compute_fair_share
+    from kai_opt.heuristics.placer import Placer
+    from kai_opt.heuristics.session import Session
+
+    rng = np.random.default_rng(0)
+    objs = [queue("q", gpu=(10_000, 1, -1))]
+    for i in range(60):
+        objs.append(node(f"n{i:02d}", cpu="1000"))
+        for d in range(8):
+            r, cpu = rng.random(), str(int(rng.integers(1, 9)))
+            gpus = float(rng.choice([0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75])) if r < 0.4 else 1.0
+            if r < 0.6:
+                objs += [podgroup(f"r{i}-{d}", "q"),
+                         pod(f"r{i}-{d}-0", group=f"r{i}-{d}", gpus=gpus, cpu=cpu, node_name=f"n{i:02d}",
+                             annotations={"kai-opt.io/gpu-devices": str(d)})]
+    objs += [podgroup("tiny", "q"), pod("tiny-0", group="tiny", cpu="1m")]
+    st = state(objs)
+    sess = Session(st, compute_fair_share(st), parse_config({"placement": {"gpu": "fgd", "cpu": "fgd"}}))
+    fgd = Placer(sess).fgd
+    assert len(fgd.model.p) >= 50
+    p = int(st.pod_index["default/tiny-0"])
+    every = np.arange(st.n_nodes)
+    assert (fgd.score(p, every) == 50).all()
+    assert [int(fgd._score_of(p, np.array([n]))[0]) for n in every.tolist()] == [50] * st.n_nodes

@@ -616,7 +616,9 @@ class FgdScorer:
         self.below = np.zeros_like(self.cnt)
         self.free = np.zeros(n, dtype=np.int64)
         self.cpu = np.zeros(n, dtype=np.int64)
-        self.frag = np.zeros(n)
+        # per node and target shape, its fragmentation (milli-GPU, model.frag): a growth is the weighted sum of
+        # the per-shape differences (`_frag_growth`), never a difference of two weighted sums
+        self.frag = np.zeros((n, len(self.model.p)), dtype=np.int64)
         # pod shape (growth_key) -> its row of `_known`: each node's growth for that shape (nan: not known); a
         # node's column is dropped whenever its statistics are refreshed, so a gang's identical pods, and pods of
         # one shape across gangs, pay for the nodes that changed only
@@ -650,7 +652,7 @@ class FgdScorer:
         free = np.bincount(owner, weights=a, minlength=len(nodes)).astype(np.int64)[:len(nodes)]
         cpu = self._cpu_free(nodes)
         self.cnt[nodes], self.below[nodes], self.free[nodes], self.cpu[nodes] = cnt, below, free, cpu
-        self.frag[nodes] = self.model.expected(self.model.frag(cpu, free, cnt, below, self.access[nodes]))
+        self.frag[nodes] = self.model.frag(cpu, free, cnt, below, self.access[nodes])
         self._known[:, nodes] = np.nan
 
     def _sync(self) -> None:
@@ -724,6 +726,14 @@ class FgdScorer:
             np.maximum.at(out, owner, share_key(self.target.fill_cost, a, d, fgd_score(growth)))
         return out
 
+    def _frag_growth(self, nodes: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """How much each node's expected fragmentation grows from its kept per-shape fragmentation to `after`
+        (rows aligned with `nodes`): the differences first, then their weighted sum (as FGD's simulator), so a
+        placement that changes no shape's fragmentation grows it by exactly 0. Two weighted sums each made in a
+        batch of another size may differ in the last bits (BLAS sums in blocks), and fgd_score's step between 50
+        and 49 is at 0."""
+        return self.model.expected(after - self.frag[nodes])
+
     def _balance_growth(self, nodes: np.ndarray, cpu_after: np.ndarray, free_after: np.ndarray) -> np.ndarray:
         """BALANCE x how much a node's CPU/GPU imbalance (FgdTarget.imbalance) grows, after against before: a GPU
         pod that leaves a node with GPUs its CPU cannot feed, or CPU its free GPUs do not need, strands what is
@@ -742,7 +752,7 @@ class FgdScorer:
         if not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
             cnt = self.cnt[nodes] - whole
             after = model.frag(cpu, self.free[nodes] - whole * DEV, cnt, self.below[nodes], self.access[nodes])
-            growth = model.expected(after) - self.frag[nodes]
+            growth = self._frag_growth(nodes, after)
             return growth + self._balance_growth(nodes, cpu, self.free[nodes] - whole * DEV) if whole else growth
         per = self.placer.per_device(p, nodes)
         ndev = int(st.pod_gpu_ndev[p])
@@ -755,7 +765,7 @@ class FgdScorer:
         model = self.model
         cnt, below = model.step(self.cnt[nodes], self.below[nodes], model.levels, a, a - d)
         after = model.frag(cpu, self.free[nodes] - d, cnt, below, self.access[nodes])
-        return model.expected(after) - self.frag[nodes]
+        return self._frag_growth(nodes, after)
 
     def _multi_share_growth(self, nodes: np.ndarray, cpu: np.ndarray, per: np.ndarray, ndev: int) -> np.ndarray:
         model = self.model
@@ -775,7 +785,7 @@ class FgdScorer:
             c2, b2 = model.step(cnt, below, model.levels, ai, ai - di)
             cnt, below, free = c2, b2, free - di
         after = model.frag(cpu, free, cnt, below, self.access[nodes])
-        return model.expected(after) - self.frag[nodes]
+        return self._frag_growth(nodes, after)
 
     def device_growth(self, p: int, n: int, devices: np.ndarray) -> np.ndarray:
         """Growth of node n's expected fragmentation when pod p's share goes onto each of `devices` (global)."""
