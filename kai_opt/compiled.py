@@ -57,6 +57,11 @@ class Kernel:
         self.compiled.append(_jit(numba, self.loops))
         return True
 
+    def wanted(self) -> bool:
+        """Whether a call runs (or first compiles) the compiled loops: a caller whose numpy form is its own path
+        prepares the loops' arguments only then."""
+        return bool(self.compiled) or (bool(_when_used) and not self.failed)
+
     def __call__(self, *args: Any) -> Any:
         if _when_used and not self.compiled and not self.failed:
             try:

@@ -188,9 +188,7 @@ class NodeFilter:
              why: FitReasons | _ReasonRows | None = None) -> tuple[np.ndarray, np.ndarray]:
         sess, st = self.sess, self.sess.state
         req = st.pod_req[p]
-        cols = self._cols.get(p)
-        if cols is None:  # as kube: only what the pod requests
-            cols = self._cols[p] = self.non_gpu_cols[req[self.non_gpu_cols] > 0]
+        cols = self.requested_cols(p)
         if why is None and len(candidates) == 1 and not (st.pod_gpu_frac[p] or st.pod_gpu_mem[p]):
             return self._fit_one(p, int(candidates[0]), cols)
         # the candidates' rows of the node arrays: every node's read in place (no copy) when they are every node
@@ -243,6 +241,14 @@ class NodeFilter:
             now_ok &= known
             future_ok &= known
         return now_ok, future_ok
+
+    def requested_cols(self, p: int) -> np.ndarray:
+        """The resource columns other than GPUs that pod p requests: as kube, only those are checked."""
+        cols = self._cols.get(p)
+        if cols is None:
+            req = self.sess.state.pod_req[p]
+            cols = self._cols[p] = self.non_gpu_cols[req[self.non_gpu_cols] > 0]
+        return cols
 
     def _fit_one(self, p: int, n: int, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """_fit on one node for a pod without a GPU share, in scalars (the same checks, in the same order): the

@@ -35,14 +35,25 @@ from kai_opt.heuristics.fragmentation import (
     share_fill_cost,
 )
 from kai_opt.heuristics.nodefilter import FIT_MEMO_MIN, NodeFilter
+from kai_opt.heuristics.placer_judge import (
+    BALANCE,
+    BINPACK,
+    FGD,
+    JUDGE,
+    NO_FGD,
+    NO_NODE,
+    NO_TOPOLOGY,
+    REFRESH,
+    SPREAD,
+    TIER_AVAILABILITY,
+    TIER_RESOURCE_TYPE,
+)
 from kai_opt.heuristics.session import DEV, Session
 from kai_opt.state import R_CPU, R_GPU, ClusterState, PodStatus
 from kai_opt.state.segments import concat_ranges
 
 TIER_PREFERRED_AFFINITY = 100_000
 TIER_GPU_SHARING = 1_000
-TIER_AVAILABILITY = 100
-TIER_RESOURCE_TYPE = 10
 
 
 # the last node names ranked, with the list they were read from (held: its identity is not reused)
@@ -359,6 +370,8 @@ class Placer(NodeFilter):
             return
         nodes = kept.nodes if at is None else kept.nodes[at]
         kept.judged(at)
+        if JUDGE.wanted() and self._judge_compiled(p, kept, at, nodes, allow_pipeline):
+            return
         now_ok, future_ok = self.filter(p, nodes)
         ok = future_ok if allow_pipeline else now_ok
         kept.now[slice(None) if at is None else at] = now_ok
@@ -367,6 +380,33 @@ class Placer(NodeFilter):
             where = ok if at is None else at[ok]
             for have, fresh in zip(kept.keys, self.keys(p, nodes[ok], now_ok[ok]), strict=True):
                 have[where] = fresh
+
+    def _judge_compiled(self, p: int, kept: _Ranked, at: np.ndarray | None, nodes: np.ndarray,
+                        allow_pipeline: bool) -> bool:
+        """_judge by the compiled loops (placer_judge) for a pod without a GPU share; False: not judged here."""
+        st, sess = self.sess.state, self.sess
+        if self._shares(p):
+            return False
+        strategy = self._strategy(p)
+        whole = int(st.pod_gpu_whole[p])
+        ratio = 0.0
+        if strategy == Strategy.fgd:
+            fgd = self.fgd
+            fgd._sync()
+            model = fgd.model
+            frag: tuple[np.ndarray, ...] = (fgd.cnt, fgd.below, fgd.free, fgd.cpu, fgd.frag, fgd.access,
+                                            model.level_of, model.t_num, model.t_cpu, model.p)
+            code, col, minus_rel, ratio = FGD, 0, False, fgd.cpu_per_milli
+        else:
+            frag = NO_FGD
+            code = BINPACK if strategy == Strategy.binpack else SPREAD
+            col = R_GPU if whole else R_CPU
+            minus_rel = not (self._releasing_free and strategy == Strategy.binpack)
+        pos = np.arange(len(kept.nodes)) if at is None else at
+        topo = NO_TOPOLOGY if self.topology_score is None else self.topology_score
+        return bool(JUDGE(pos, nodes, allow_pipeline, self.requested_cols(p), st.pod_req[p], whole, sess.alloc,
+                          sess.held, sess.rel, sess.whole_idle, sess.whole_future, self.has_gpu, topo, code, col,
+                          minus_rel, *frag, ratio, kept.now, *kept.keys))
 
     def _shares(self, p: int) -> bool:
         st = self.sess.state
@@ -383,7 +423,7 @@ def fgd_score(growth: np.ndarray) -> np.ndarray:
 Keys = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # Placer.keys: (tier, k1, k2, k3) per candidate
 RANK_MIN = 64  # candidates from which a pod shape's keys over them are kept across placements (Placer.kept_keys)
 RANK_SHAPES = 64  # rank keys kept at most (5 arrays over the signature's nodes each)
-_NO_NODE = np.iinfo(np.int64).min  # a kept tier: the node may not take the pod
+_NO_NODE = NO_NODE  # a kept tier: the node may not take the pod
 
 
 class _Ranked:
@@ -497,7 +537,6 @@ def tie_score(k2: np.ndarray, k3: np.ndarray, gpu_pod: bool) -> np.ndarray:
     return 1.0 - (gpu + 0.001 * cpu / (np.abs(cpu).max() + 1.0)) / (gpu.max() + 1.0)
 
 
-BALANCE = 0.5  # weight of a GPU pod's CPU/GPU imbalance growth beside its fragmentation growth (FgdScorer)
 NO_DEVICE = -1e12  # FgdScorer.score of a node none of whose devices holds the share now
 
 
@@ -646,6 +685,12 @@ class FgdScorer:
     def _refresh(self, nodes: np.ndarray) -> None:
         if len(nodes) == 0:
             return
+        if REFRESH.wanted():
+            sess, model = self.sess, self.model
+            if REFRESH(nodes, sess.dev_start, sess.dev_held, sess.dev_rel, sess.alloc, sess.held, sess.rel,
+                       model.levels, model.level_of, model.t_num, model.t_cpu, self.access, self.cnt, self.below,
+                       self.free, self.cpu, self.frag, self._known):
+                return
         dev, owner = self.placer._devices_of(nodes)
         a = self._dev_free(dev)
         cnt, below = self.model.device_levels(a, owner, len(nodes))
