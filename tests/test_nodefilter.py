@@ -193,9 +193,9 @@ def test_one_node_verdicts_equal_the_array_checks_after_any_operations(objs: lis
 
 def _keys_of(rnd: random.Random, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Random choice keys over n positions, with many ties (and the tier of a node that may not take the pod)."""
-    from kai_opt.heuristics.placer import _NO_NODE
+    from kai_opt.heuristics.placer_judge import NO_NODE
 
-    tier = np.array([rnd.choice([_NO_NODE, 0, 100, 100, 110]) for _ in range(n)], dtype=np.int64)
+    tier = np.array([rnd.choice([NO_NODE, 0, 100, 100, 110]) for _ in range(n)], dtype=np.int64)
     return (tier, *(np.array([float(rnd.randint(-2, 2)) * rnd.choice([1.0, 0.5]) for _ in range(n)])
                      for _ in range(3)))
 
@@ -237,7 +237,7 @@ def test_ranked_best_is_lex_best_after_any_changes(rnd: random.Random, n: int, n
                 have[at] = new
             kept.now[at] = [rnd.random() < 0.5 for _ in range(len(at))]
             got = kept.best(name_rank)
-            if kept.keys[0].max() == placer_mod._NO_NODE:
+            if kept.keys[0].max() == placer_mod.NO_NODE:
                 assert got is None
             else:
                 i = placer_mod.lex_best(kept.keys, None, name_rank)

@@ -175,12 +175,17 @@ class Placer(NodeFilter):
             # order), so CPU is left where GPUs are left
             k2, k3 = self.fgd.tie_keys(p, candidates, gpu_pod)
             return tier, self.fgd.score(p, candidates), k2, k3
-        col = R_GPU if gpu_pod else R_CPU
+        col, minus_rel = self._free_key(gpu_pod, strategy)
         free = sess.alloc[candidates, col] - sess.held[candidates, col]
-        if not (self._releasing_free and strategy == Strategy.binpack):
+        if minus_rel:
             free = free - sess.rel[candidates, col]
         free = free.astype(float)
         return tier, (-free if strategy == Strategy.binpack else free), zero, zero
+
+    def _free_key(self, gpu_pod: bool, strategy: Strategy) -> tuple[int, bool]:
+        """Bin-pack's and spread's measure: the free room of the pod's main resource (column), less what is being
+        released (unless bin-packing inside consolidation's simulation, `releasing_free`)."""
+        return (R_GPU if gpu_pod else R_CPU), not (self._releasing_free and strategy == Strategy.binpack)
 
     def scores(self, p: int, candidates: np.ndarray, now_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tier score, fine score) per candidate; higher is better on both (what explain shows: the fine score
@@ -375,7 +380,7 @@ class Placer(NodeFilter):
         now_ok, future_ok = self.filter(p, nodes)
         ok = future_ok if allow_pipeline else now_ok
         kept.now[slice(None) if at is None else at] = now_ok
-        kept.keys[0][~ok if at is None else at[~ok]] = _NO_NODE
+        kept.keys[0][~ok if at is None else at[~ok]] = NO_NODE
         if ok.any():
             where = ok if at is None else at[ok]
             for have, fresh in zip(kept.keys, self.keys(p, nodes[ok], now_ok[ok]), strict=True):
@@ -400,8 +405,7 @@ class Placer(NodeFilter):
         else:
             frag = NO_FGD
             code = BINPACK if strategy == Strategy.binpack else SPREAD
-            col = R_GPU if whole else R_CPU
-            minus_rel = not (self._releasing_free and strategy == Strategy.binpack)
+            col, minus_rel = self._free_key(whole > 0, strategy)
         pos = np.arange(len(kept.nodes)) if at is None else at
         topo = NO_TOPOLOGY if self.topology_score is None else self.topology_score
         return bool(JUDGE(pos, nodes, allow_pipeline, self.requested_cols(p), st.pod_req[p], whole, sess.alloc,
@@ -423,7 +427,6 @@ def fgd_score(growth: np.ndarray) -> np.ndarray:
 Keys = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # Placer.keys: (tier, k1, k2, k3) per candidate
 RANK_MIN = 64  # candidates from which a pod shape's keys over them are kept across placements (Placer.kept_keys)
 RANK_SHAPES = 64  # rank keys kept at most (5 arrays over the signature's nodes each)
-_NO_NODE = NO_NODE  # a kept tier: the node may not take the pod
 
 
 class _Ranked:
@@ -440,8 +443,8 @@ class _Ranked:
     def __init__(self, nodes: np.ndarray, topology: np.ndarray | None, seen: int) -> None:
         self.nodes, self.topology, self.seen = nodes, topology, seen
         self.now = np.zeros(len(nodes), dtype=bool)  # fits now (not only once releases finish)
-        # the tier of a node that may not take the pod (now, or once releases finish if allowed) is _NO_NODE
-        self.keys: Keys = (np.full(len(nodes), _NO_NODE, dtype=np.int64), np.zeros(len(nodes)),
+        # the tier of a node that may not take the pod (now, or once releases finish if allowed) is NO_NODE
+        self.keys: Keys = (np.full(len(nodes), NO_NODE, dtype=np.int64), np.zeros(len(nodes)),
                            np.zeros(len(nodes)), np.zeros(len(nodes)))
         self.top: np.ndarray | None = None  # (None: not ranked since the keys were made)
         self.changed = np.zeros(len(nodes), dtype=bool)
@@ -462,7 +465,7 @@ class _Ranked:
         if self.rank is None or self.rank[0] is not name_rank:
             self.rank = (name_rank, name_rank[self.nodes])
         i = self._best(self.rank[1])
-        if self.keys[0][i] == _NO_NODE:  # (the best tier is the highest)
+        if self.keys[0][i] == NO_NODE:  # (the best tier is the highest)
             return None
         return int(self.nodes[i]), bool(self.now[i])
 
