@@ -219,10 +219,10 @@ def test_job_keys_at_once_equal_one_by_one(objs: list, rnd) -> None:
 
 
 @SETTINGS
-@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False))
-def test_a_few_groups_counts_equal_the_whole_sessions(objs: list, rnd) -> None:
+@given(clusters(max_nodes=8, max_jobs=12), st.randoms(use_true_random=False), st.integers(0, 30))
+def test_a_few_groups_counts_equal_the_whole_sessions(objs: list, rnd, n_ops: int) -> None:
     """_chunk_counts_of (a victim order over a few groups) gives _chunk_counts' values for those groups, after
-    evictions too."""
+    evictions too, and after any operations (placements, moves of evicted pods, rollbacks)."""
     from kai_opt.heuristics.victims import _chunk_counts, _chunk_counts_of
 
     sess = _session(objs)
@@ -230,6 +230,9 @@ def test_a_few_groups_counts_equal_the_whole_sessions(objs: list, rnd) -> None:
     for p in np.flatnonzero(sess.status == PodStatus.BOUND).tolist():
         if rnd.random() < 0.3:
             sess.evict(p, "reclaim", -1)
+    open_cps: list = []
+    for _ in range(n_ops):
+        _step(sess, rnd, open_cps)
     groups = np.arange(st_.n_groups, dtype=np.int64)
     gs = np.array(sorted(g for g in groups.tolist() if rnd.random() < 0.5), dtype=np.int64)
     victim, left, newly = _chunk_counts(sess)

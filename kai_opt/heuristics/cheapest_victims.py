@@ -96,17 +96,16 @@ def queue_paths(sess: Session) -> np.ndarray:
     return sess.static("queue_paths", make)
 
 
-def cheapest_victims(sess: Session, tasks: list[int], candidates: np.ndarray, feasible: np.ndarray,
-                     victim_ok: VictimFilter | None = None, *, whole_shares: bool = False) -> np.ndarray | None:
-    """The victim groups (among `candidates`, and those `victim_ok` admits) that make room for every task, each on
-    the node where that costs the fewest GPUs; empty when some task finds no such node; None when every task fits
-    without evicting anything (the scenario then evicts nothing). The scan itself: victim_scan.
+def cheapest_victims(sess: Session, tasks: list[int], wanted: np.ndarray, feasible: np.ndarray, *,
+                     whole_shares: bool = False) -> np.ndarray | None:
+    """The victim groups (those `wanted`: wanted_groups) that make room for every task, each on the node where that
+    costs the fewest GPUs; empty when some task finds no such node; None when every task fits without evicting
+    anything (the scenario then evicts nothing). The scan itself: victim_scan.
 
     The scan counts a GPU share against its node's free milli-GPUs summed over the devices, which may be spread
     too thin for the share to fit on one. `whole_shares`: a share asks for whole free devices instead (as many as
     it spans), which always hold it."""
-    return _scan(sess, tasks, _live_units(sess, victim_units(sess), candidates, feasible, victim_ok), feasible,
-                 whole_shares)
+    return _scan(sess, tasks, _live_units(sess, victim_units(sess), wanted, feasible), feasible, whole_shares)
 
 
 def _scan(sess: Session, tasks: list[int], live: np.ndarray, feasible: np.ndarray,
@@ -122,13 +121,18 @@ def _scan(sess: Session, tasks: list[int], live: np.ndarray, feasible: np.ndarra
     return chosen if status == victim_scan.FOUND else None
 
 
-def _live_units(sess: Session, units: VictimUnits, candidates: np.ndarray, feasible: np.ndarray,
-                victim_ok: VictimFilter | None) -> np.ndarray:
-    """Per victim unit: it still runs, its group is a candidate the filter admits, and its node is feasible."""
-    alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
+def wanted_groups(sess: Session, candidates: np.ndarray, victim_ok: VictimFilter | None) -> np.ndarray:
+    """bool[G]: the candidate victim groups the filter admits as the session stands (made once per search: every
+    scenario of a search starts from the state it found)."""
     wanted = np.zeros(sess.state.n_groups, dtype=bool)
     allowed = victim_ok(candidates) if victim_ok is not None and len(candidates) else None
     wanted[candidates] = True if allowed is None else allowed
+    return wanted
+
+
+def _live_units(sess: Session, units: VictimUnits, wanted: np.ndarray, feasible: np.ndarray) -> np.ndarray:
+    """Per victim unit: it still runs, its group is wanted, and its node is feasible."""
+    alive = sess.memo("victim_units_alive", lambda: _unit_counts(sess, units).any_active(sess))
     return alive & wanted[units.group] & feasible[units.node]
 
 
@@ -151,8 +155,8 @@ def _task_rows(sess: Session, tasks: list[int], whole_shares: bool) -> np.ndarra
     return reqs
 
 
-def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], candidates: np.ndarray,
-                     feasible: np.ndarray, victim_ok: VictimFilter | None, whole_shares: bool) -> Iterator[np.ndarray]:
+def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], wanted: np.ndarray,
+                     feasible: np.ndarray, whole_shares: bool) -> Iterator[np.ndarray]:
     """For a group with a required topology level, where the scan over every node took victims the placer could
     not use in one domain: the feasible nodes of each domain at that level (only the one its active pods sit in,
     if any) that could hold the tasks with every eligible victim there gone, summed per resource the tasks ask for
@@ -170,7 +174,7 @@ def required_domains(sess: Session, gang: GangPlacer, g: int, tasks: list[int], 
     if not len(nodes):
         return iter(())
     units = victim_units(sess)
-    live = _live_units(sess, units, candidates, feasible, victim_ok)
+    live = _live_units(sess, units, wanted, feasible)
     at = np.flatnonzero(live)
     at = at[dom[units.node[at]] >= 0]
     unit_dom, frees = dom[units.node[at]], units.frees[at]
@@ -287,7 +291,7 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
     unless it returns ok."""
     ledger_before = sess.ledger.copy()
     order = sess.memo("pending_order", lambda: _PendingOrder(sess)) if rules.allocation_order else None
-    pool = np.asarray(candidates, dtype=np.int64)
+    pool = wanted_groups(sess, np.asarray(candidates, dtype=np.int64), victim_ok)
     limited = {a for a in sess.ledger.ancestors[int(sess.state.pg_queue[g])] if bool(np.any(sess.fs.limit[a] != -1))}
     why = "no victims the rules admit make room for every pod"
     # a scenario whose victims all come back leaves the session as this search found it, where placing is
@@ -301,7 +305,7 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
     domains: Iterator[np.ndarray] | None = None
     where = feasible
     for _ in range(max(1, sess.cfg.max_victim_scenarios)):
-        few = cheapest_victims(sess, tasks, pool, where, victim_ok, whole_shares=whole_shares)
+        few = cheapest_victims(sess, tasks, pool, where, whole_shares=whole_shares)
         if few is not None and not len(few):
             nxt = next(domains, None) if domains is not None else None
             if nxt is None:
@@ -328,14 +332,14 @@ def solve_cheapest(sess: Session, gang: GangPlacer, g: int, tasks: list[int], ca
                     whole_shares = True
                     continue
                 if domains is None:
-                    domains = required_domains(sess, gang, g, tasks, pool, feasible, victim_ok, whole_shares)
+                    domains = required_domains(sess, gang, g, tasks, pool, feasible, whole_shares)
                 nxt = next(domains, None)
                 if nxt is None:
                     return Outcome(False, [], why)
                 where = nxt
                 continue
             gone_back = {int(sess.state.pod_pg[chunks[i][0]]) for i in back}  # they come back first: not victims
-            pool = pool[~np.isin(pool, list(gone_back))]
+            pool[list(gone_back)] = False
             continue
         scenario = [c for i, c in enumerate(chunks) if i not in back]
         if scenario:  # victims whose room the placement did not use go back (KAI's keep-unneeded step)

@@ -341,14 +341,15 @@ def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndar
     owner = np.repeat(gs, lens)
     victim = np.zeros(len(st.pg_pods), dtype=bool)
     victim[slots] = _victim_mask_of(sess, pods, owner)
+    # per group arrays, right at `gs` only (untouched pages of np.zeros cost nothing: no pass over every group)
     left = np.zeros(st.n_groups, dtype=np.int64)
     np.add.at(left, owner, victim[slots])
     newly = np.zeros(st.n_groups, dtype=np.int64)
     np.add.at(newly, owner, IS_ACTIVE[sess.status[pods]])
-    newly -= left
+    newly[gs] -= left[gs]
     if sess.moves:
         moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
-        newly += np.bincount(moved[moved >= 0], minlength=len(newly))
+        np.add.at(newly, moved[np.isin(moved, gs)], 1)
     return victim, left, newly
 
 
