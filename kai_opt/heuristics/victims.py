@@ -336,7 +336,7 @@ def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndar
     start = st.pg_pod_start
     a, b = start[gs], start[gs + 1]
     lens = b - a
-    slots = np.repeat(a - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    slots = np.repeat(a - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
     pods = st.pg_pods[slots]
     owner = np.repeat(gs, lens)
     victim = np.zeros(len(st.pg_pods), dtype=bool)
@@ -349,7 +349,9 @@ def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndar
     newly[gs] -= left[gs]
     if sess.moves:
         moved = st.pod_pg[np.fromiter(sess.moves, dtype=np.int64, count=len(sess.moves))]
-        np.add.at(newly, moved[np.isin(moved, gs)], 1)
+        mine = np.zeros(st.n_groups + 1, dtype=bool)  # (slot -1: a moved pod of no group)
+        mine[gs] = True
+        np.add.at(newly, moved[mine[moved]], 1)
     return victim, left, newly
 
 
@@ -403,21 +405,30 @@ class _VictimTree:
         self.parent = sess.state.q_parent
         self.priority = sess.state.q_priority
         self.allocated = sess.ledger.allocated.copy()
-        self.share = np.where(fs.allocatable_share == -1, fs.total, fs.allocatable_share)
+        self.share = sess.static("victim_tree_share", lambda: np.where(fs.allocatable_share == -1, fs.total,
+                                                                        fs.allocatable_share))
         self.jobs: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         # parent (-1: top) -> (key, version, queue)
         self.children: dict[int, list[tuple[tuple[Any, ...], int, int]]] = {}
         self.version: dict[int, int] = {}
         self.levels: dict[int, tuple[Any, ...]] = {}
-        self.over = np.all(fs.fair_share < self.allocated, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.drf = np.where(self.share == 0, self.allocated * 1000.0, self.allocated / self.share).max(axis=1)
         # leaf queue -> (first, end) of its jobs in the sorted arrays, until its heap is made, and the key of its
         # first job (its best)
         self.el, self.rk, self.gs = el, rk, gs
         bounds = np.flatnonzero(np.r_[True, qs[1:] != qs[:-1], True]) if len(qs) else np.zeros(1, dtype=np.int64)
         firsts, ends = bounds[:-1], bounds[1:]
         leaves = qs[firsts].tolist()
+        # over its fair share, and its dominant share, of the queues the tree holds (the leaves and their ancestors;
+        # a victim order over a few jobs reads a few queues of the whole tree)
+        ancestors = sess.ledger.ancestors
+        self.queues = sorted({a for q in leaves for a in ancestors[q]})
+        at = np.array(self.queues, dtype=np.int64)
+        alloc, share = self.allocated[at], self.share[at]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drf = np.where(share == 0, alloc * 1000.0, alloc / share).max(axis=1) if len(at) else np.zeros(0)
+        self.over: dict[int, bool] = dict(zip(self.queues, np.all(fs.fair_share[at] < alloc, axis=1).tolist(),
+                                              strict=True))
+        self.drf: dict[int, float] = dict(zip(self.queues, drf.tolist(), strict=True))
         self.slices: dict[int, tuple[int, int]] = dict(zip(leaves, zip(firsts.tolist(), ends.tolist(), strict=True),
                                                            strict=True))
         self.first: dict[int, tuple[int, int]] = dict(zip(leaves, zip(el[firsts].tolist(), rk[firsts].tolist(),
@@ -436,7 +447,7 @@ class _VictimTree:
     def level_key(self, q: int) -> tuple[Any, ...]:
         k = self.levels.get(q)
         if k is None:
-            k = self.levels[q] = (not bool(self.over[q]), int(self.priority[q]), -float(self.drf[q]))
+            k = self.levels[q] = (not self.over[q], int(self.priority[q]), -self.drf[q])
         return k
 
     def push_job(self, q: int, key: tuple[Any, ...], g: int) -> None:
@@ -445,10 +456,9 @@ class _VictimTree:
     def build(self) -> None:
         """Every queue with jobs below it keyed in its parent's heap, bottom-up (one entry per queue)."""
         ancestors = self.sess.ledger.ancestors
-        queues = {a for q in self.slices for a in ancestors[q]}
-        over, priority, drf = self.over.tolist(), self.priority.tolist(), self.drf.tolist()
-        self.levels.update((q, (not over[q], int(priority[q]), -float(drf[q]))) for q in queues)  # (level_key)
-        for q in sorted(queues, key=lambda q: -len(ancestors[q])):  # children before their parents
+        over, priority, drf = self.over, self.priority, self.drf
+        self.levels.update((q, (not over[q], int(priority[q]), -drf[q])) for q in self.queues)  # (level_key)
+        for q in sorted(self.queues, key=lambda q: -len(ancestors[q])):  # children before their parents
             h = self.children.get(q)
             if h is not None:
                 heapq.heapify(h)
@@ -486,12 +496,13 @@ class _VictimTree:
 
     def release(self, q: int, amount: np.ndarray) -> None:
         """A chunk of leaf q's allocation is taken: q and its ancestors count less from now on."""
+        fair = self.sess.static("fair_share_rows", lambda: self.fs.fair_share.tolist())
         for a in self.sess.ledger.ancestors[q]:
             self.allocated[a] -= amount
-            alloc, share = self.allocated[a], self.share[a]
-            self.over[a] = bool(np.all(self.fs.fair_share[a] < alloc))
+            alloc = self.allocated[a].tolist()
+            self.over[a] = all(f < x for f, x in zip(fair[a], alloc, strict=True))
             self.drf[a] = max((x * 1000.0 if d == 0 else x / d)
-                              for x, d in zip(alloc.tolist(), share.tolist(), strict=True))
+                              for x, d in zip(alloc, self.share[a].tolist(), strict=True))
             self.levels.pop(a, None)
 
     def pop_job(self) -> int | None:
