@@ -24,6 +24,7 @@ import numpy as np
 from kai_opt.fairshare.capacity import capacity_violation
 from kai_opt.fairshare.ledger import QueueLedger
 from kai_opt.fairshare.quantities import le, less_all
+from kai_opt.fairshare.share import NO_SHARE_DRF_PENALTY, UNLIMITED
 from kai_opt.heuristics.gang import Attempt, GangPlacer
 from kai_opt.heuristics.jobs import JobQueue, job_keys
 from kai_opt.heuristics.session import DEV, IS_ACTIVE, Session
@@ -341,7 +342,7 @@ def _chunk_counts_of(sess: Session, gs: np.ndarray) -> tuple[np.ndarray, np.ndar
     owner = np.repeat(gs, lens)
     victim = np.zeros(len(st.pg_pods), dtype=bool)
     victim[slots] = _victim_mask_of(sess, pods, owner)
-    # per group arrays, right at `gs` only (untouched pages of np.zeros cost nothing: no pass over every group)
+    # per group arrays, right at `gs` only (nothing reads the other groups' entries: no pass over every group)
     left = np.zeros(st.n_groups, dtype=np.int64)
     np.add.at(left, owner, victim[slots])
     newly = np.zeros(st.n_groups, dtype=np.int64)
@@ -405,7 +406,7 @@ class _VictimTree:
         self.parent = sess.state.q_parent
         self.priority = sess.state.q_priority
         self.allocated = sess.ledger.allocated.copy()
-        self.share = sess.static("victim_tree_share", lambda: np.where(fs.allocatable_share == -1, fs.total,
+        self.share = sess.static("victim_tree_share", lambda: np.where(fs.allocatable_share == UNLIMITED, fs.total,
                                                                         fs.allocatable_share))
         self.jobs: dict[int, list[tuple[tuple[Any, ...], int]]] = {}
         # parent (-1: top) -> (key, version, queue)
@@ -425,7 +426,8 @@ class _VictimTree:
         at = np.array(self.queues, dtype=np.int64)
         alloc, share = self.allocated[at], self.share[at]
         with np.errstate(divide="ignore", invalid="ignore"):
-            drf = np.where(share == 0, alloc * 1000.0, alloc / share).max(axis=1) if len(at) else np.zeros(0)
+            drf = np.where(share == 0, alloc * NO_SHARE_DRF_PENALTY, alloc / share).max(axis=1) if len(at) \
+                else np.zeros(0)
         self.over: dict[int, bool] = dict(zip(self.queues, np.all(fs.fair_share[at] < alloc, axis=1).tolist(),
                                               strict=True))
         self.drf: dict[int, float] = dict(zip(self.queues, drf.tolist(), strict=True))
@@ -501,7 +503,7 @@ class _VictimTree:
             self.allocated[a] -= amount
             alloc = self.allocated[a].tolist()
             self.over[a] = all(f < x for f, x in zip(fair[a], alloc, strict=True))
-            self.drf[a] = max((x * 1000.0 if d == 0 else x / d)
+            self.drf[a] = max((x * NO_SHARE_DRF_PENALTY if d == 0 else x / d)
                               for x, d in zip(alloc, self.share[a].tolist(), strict=True))
             self.levels.pop(a, None)
 
